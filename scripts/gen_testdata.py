@@ -1,0 +1,319 @@
+#!/usr/bin/env python3
+"""Builds the tiny random-weight exports in testdata/.
+
+Every model is made from a transformers config in this file (no weights are
+downloaded: HF_HUB_OFFLINE=1), with a fixed seed, and exported by the real
+exporters: torch.onnx's TorchScript exporter, its dynamo exporter, and
+Optimum. The near-miss models (one per precondition the fusion passes check)
+are made by editing a real export with the onnx package, so they differ from
+a fusable model in exactly one point.
+
+Writes testdata/*.onnx and testdata/MANIFEST.json (where each file came
+from). Run it through scripts/gen_testdata.sh, which makes the environment.
+"""
+
+import json
+import os
+import sys
+import tempfile
+import warnings
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+warnings.filterwarnings("ignore")
+
+import numpy as np  # noqa: E402
+import onnx  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from onnx import helper, numpy_helper, TensorProto  # noqa: E402
+
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testdata")
+MANIFEST = {}
+
+SMALL = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+             num_attention_heads=4, max_position_embeddings=64)
+
+
+def configs():
+    """The transformers configs: tiny, but of the real model classes."""
+    t = transformers
+    return {
+        "llama": t.LlamaConfig(**SMALL, num_key_value_heads=2, rms_norm_eps=1e-6),
+        "gemma": t.GemmaConfig(**SMALL, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6),
+        "qwen2": t.Qwen2Config(**SMALL, num_key_value_heads=2, rms_norm_eps=1e-5),
+        "gpt2": t.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                             layer_norm_epsilon=1e-5),
+        "bert": t.BertConfig(**SMALL, type_vocab_size=2, layer_norm_eps=1e-12),
+        "t5": t.T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+                         layer_norm_epsilon=1e-6, decoder_start_token_id=0),
+        "whisper": t.WhisperConfig(vocab_size=64, d_model=32, encoder_layers=2, decoder_layers=2,
+                                   encoder_attention_heads=4, decoder_attention_heads=4,
+                                   encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=16,
+                                   max_source_positions=16, max_target_positions=32,
+                                   decoder_start_token_id=1, pad_token_id=0, bos_token_id=1,
+                                   eos_token_id=2, suppress_tokens=[], begin_suppress_tokens=[]),
+    }
+
+
+def use_mask_without_vmap():
+    """transformers builds causal masks with torch.vmap on torch >= 2.6, which
+    the TorchScript exporter cannot trace; its pre-2.6 code path makes the
+    same mask with plain tensor ops (Optimum patches it the same way)."""
+    mu = transformers.masking_utils
+    mu.sdpa_mask = mu.sdpa_mask_older_torch
+    mu.AttentionMaskInterface._global_mapping["sdpa"] = mu.sdpa_mask_older_torch
+
+
+def build(kind, attn="eager"):
+    torch.manual_seed(0)
+    cfg = configs()[kind]
+    cfg._attn_implementation = attn
+    t = transformers
+    if kind == "t5":
+        model = t.T5EncoderModel(cfg)
+    elif kind == "whisper":
+        model = t.WhisperModel(cfg).get_encoder()
+    elif kind == "bert":
+        model = t.BertModel(cfg)
+    else:
+        model = t.AutoModelForCausalLM.from_config(cfg, attn_implementation=attn)
+    return model.eval()
+
+
+class Wrap(torch.nn.Module):
+    """Gives every model a plain tensor in, tensor out forward()."""
+
+    def __init__(self, model, kind):
+        super().__init__()
+        self.model, self.kind = model, kind
+
+    def forward(self, x, mask=None):
+        if self.kind == "whisper":
+            return self.model(input_features=x).last_hidden_state
+        out = self.model(input_ids=x, attention_mask=mask, use_cache=False) \
+            if self.kind not in ("t5", "bert") else self.model(input_ids=x, attention_mask=mask)
+        return out.logits if hasattr(out, "logits") else out.last_hidden_state
+
+
+def sample_inputs(kind):
+    if kind == "whisper":
+        return (torch.randn(1, 16, 32),), ["input_features"], {"input_features": {0: "batch"}}
+    ids = torch.randint(0, 64, (1, 7))
+    mask = torch.ones(1, 7, dtype=torch.int64)
+    axes = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}}
+    return (ids, mask), ["input_ids", "attention_mask"], axes
+
+
+def record(name, **how):
+    MANIFEST[name] = how
+    print(f"wrote {name}", file=sys.stderr)
+
+
+def export_torch(name, kind, *, opset, dynamo=False, fp16=False, attn="eager"):
+    model = build(kind, attn)
+    if fp16:
+        model = model.half()
+    args, names, axes = sample_inputs(kind)
+    if fp16 and kind == "whisper":
+        args = (args[0].half(),)
+    path = os.path.join(OUT, name)
+    wrapped = Wrap(model, kind)
+    if dynamo:
+        torch.onnx.export(wrapped, args, path, input_names=names, output_names=["out"],
+                          opset_version=opset, dynamo=True, optimize=True,
+                          dynamic_shapes=None, external_data=False)
+    else:
+        torch.onnx.export(wrapped, args, path, input_names=names, output_names=["out"],
+                          dynamic_axes=axes, opset_version=opset, dynamo=False,
+                          do_constant_folding=True)
+    record(name, model=kind, exporter="torch.onnx dynamo" if dynamo else "torch.onnx TorchScript",
+           opset=opset, dtype="float16" if fp16 else "float32", attention=attn,
+           config=configs()[kind].to_diff_dict())
+
+
+def export_optimum(name, kind, task, *, opset=None, fp16=False):
+    from optimum.exporters.onnx import main_export
+    torch.manual_seed(0)
+    cfg = configs()[kind]
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = os.path.join(tmp, "src"), os.path.join(tmp, "dst")
+        if kind == "bert":
+            transformers.BertModel(cfg).save_pretrained(src)
+        else:
+            transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(src)
+        kw = dict(opset=opset) if opset else {}
+        main_export(src, dst, task=task, no_post_process=True, do_validation=False,
+                    dtype="fp16" if fp16 else "fp32", device="cpu", **kw)
+        model = onnx.load(os.path.join(dst, "model.onnx"))
+        onnx.save(model, os.path.join(OUT, name))
+    record(name, model=kind, exporter="optimum main_export", task=task, opset=opset or "default",
+           dtype="float16" if fp16 else "float32", config=cfg.to_diff_dict())
+
+
+# --- near-misses: one precondition broken in a real export -------------------
+
+def load(name):
+    return onnx.load(os.path.join(OUT, name))
+
+
+def save_near_miss(model, name, base, what):
+    onnx.save(model, os.path.join(OUT, name))
+    record(name, near_miss_of=base, broken=what)
+
+
+def first(model, op, pred=lambda n: True):
+    return next(n for n in model.graph.node if n.op_type == op and pred(n))
+
+
+def const_node(model, value_name):
+    """The Constant node or initializer that defines value_name."""
+    for n in model.graph.node:
+        if n.op_type == "Constant" and n.output[0] == value_name:
+            return n
+    for t in model.graph.initializer:
+        if t.name == value_name:
+            return t
+    raise KeyError(value_name)
+
+
+def set_const(model, value_name, array):
+    c = const_node(model, value_name)
+    t = numpy_helper.from_array(np.asarray(array), value_name)
+    if isinstance(c, onnx.TensorProto):
+        c.CopyFrom(t)
+    else:
+        c.attribute[0].t.CopyFrom(t)
+
+
+def consumers(model, value):
+    return [n for n in model.graph.node if value in n.input]
+
+
+def near_misses_rms(base):
+    """Each near-miss breaks exactly one precondition of rms-norm in `base`."""
+    m = load(base)
+    pow_ = first(m, "Pow")
+    set_const(m, pow_.input[1], np.array(3.0, dtype=np.float32))
+    save_near_miss(m, "nm_rms_exponent3.onnx", base, "exponent 3")
+
+    m = load(base)
+    rm = first(m, "ReduceMean", lambda n: n.input[0] == first(m, "Pow").output[0])
+    add = consumers(m, rm.output[0])[0]
+    eps_in = [i for i in add.input if i != rm.output[0]][0]
+    # eps becomes a graph input: no longer a constant.
+    m.graph.input.append(helper.make_tensor_value_info("eps_input", TensorProto.FLOAT, []))
+    add.input[list(add.input).index(eps_in)] = "eps_input"
+    save_near_miss(m, "nm_rms_eps_not_constant.onnx", base, "eps not constant")
+
+    m = load(base)
+    rm = first(m, "ReduceMean", lambda n: n.input[0] == first(m, "Pow").output[0])
+    set_axes(m, rm, [0])
+    save_near_miss(m, "nm_rms_axis0.onnx", base, "ReduceMean over axis 0")
+
+    m = load(base)
+    rm = first(m, "ReduceMean", lambda n: n.input[0] == first(m, "Pow").output[0])
+    for a in rm.attribute:
+        if a.name == "keepdims":
+            a.i = 0
+            break
+    else:
+        rm.attribute.append(helper.make_attribute("keepdims", 0))
+    save_near_miss(m, "nm_rms_keepdims0.onnx", base, "keepdims 0")
+
+    m = load(base)
+    rm = first(m, "ReduceMean", lambda n: n.input[0] == first(m, "Pow").output[0])
+    m.graph.output.append(helper.make_tensor_value_info(rm.output[0], TensorProto.FLOAT, None))
+    save_near_miss(m, "nm_rms_intermediate_output.onnx", base,
+                   "an intermediate (the ReduceMean) is also a graph output")
+
+    m = load(base)
+    weight = rms_weight(m)
+    t = next(t for t in m.graph.initializer if t.name == weight)
+    arr = numpy_helper.to_array(t)
+    t.CopyFrom(numpy_helper.from_array(arr.reshape(1, -1), weight))
+    save_near_miss(m, "nm_rms_weight_2d.onnx", base, "a 2-D weight")
+
+
+def rms_weight(m):
+    """The weight initializer of the first RMSNorm in m."""
+    inits = {t.name for t in m.graph.initializer}
+    for n in m.graph.node:
+        if n.op_type == "Mul":
+            ws = [i for i in n.input if i in inits and "norm" in i]
+            if ws:
+                return ws[0]
+    raise KeyError("no norm weight")
+
+
+def set_axes(m, node, axes):
+    for a in node.attribute:
+        if a.name == "axes":
+            del a.ints[:]
+            a.ints.extend(axes)
+            return
+    if len(node.input) > 1:
+        name = node.name + "_nm_axes"
+        m.graph.initializer.append(numpy_helper.from_array(np.array(axes, dtype=np.int64), name))
+        node.input[1] = name
+    else:
+        node.attribute.append(helper.make_attribute("axes", axes))
+
+
+def near_misses_ln(base):
+    m = load(base)
+    sub = first(m, "Sub")
+    rm0 = next(n for n in m.graph.node if n.output[0] in sub.input and n.op_type == "ReduceMean")
+    set_axes(m, rm0, [0])
+    save_near_miss(m, "nm_ln_mean_axis0.onnx", base, "the mean's ReduceMean over axis 0")
+
+    m = load(base)
+    sub = first(m, "Sub")
+    m.graph.output.append(helper.make_tensor_value_info(sub.output[0], TensorProto.FLOAT, None))
+    save_near_miss(m, "nm_ln_centered_output.onnx", base, "the centered value is also a graph output")
+
+
+def main():
+    os.makedirs(OUT, exist_ok=True)
+    use_mask_without_vmap()
+    which = set(sys.argv[1:])
+
+    def want(name):
+        return not which or name in which
+
+    jobs = [
+        ("llama_ts_op14.onnx", lambda n: export_torch(n, "llama", opset=14)),
+        ("llama_ts_op17_fp16.onnx", lambda n: export_torch(n, "llama", opset=17, fp16=True)),
+        ("llama_dynamo_op18.onnx", lambda n: export_torch(n, "llama", opset=18, dynamo=True)),
+        ("llama_sdpa_ts_op14.onnx", lambda n: export_torch(n, "llama", opset=14, attn="sdpa")),
+        ("gemma_ts_op14.onnx", lambda n: export_torch(n, "gemma", opset=14)),
+        ("gemma_ts_op17_fp16.onnx", lambda n: export_torch(n, "gemma", opset=17, fp16=True)),
+        ("qwen2_dynamo_op18_fp16.onnx", lambda n: export_torch(n, "qwen2", opset=18, dynamo=True, fp16=True)),
+        ("gpt2_ts_op14.onnx", lambda n: export_torch(n, "gpt2", opset=14)),
+        ("gpt2_ts_op13_fp16.onnx", lambda n: export_torch(n, "gpt2", opset=13, fp16=True)),
+        ("bert_ts_op14.onnx", lambda n: export_torch(n, "bert", opset=14)),
+        ("t5_encoder_ts_op14.onnx", lambda n: export_torch(n, "t5", opset=14)),
+        ("t5_encoder_ts_op17_fp16.onnx", lambda n: export_torch(n, "t5", opset=17, fp16=True)),
+        ("whisper_encoder_ts_op14.onnx", lambda n: export_torch(n, "whisper", opset=14)),
+        ("llama_optimum.onnx", lambda n: export_optimum(n, "llama", "text-generation", opset=14)),
+        ("bert_optimum.onnx", lambda n: export_optimum(n, "bert", "feature-extraction", opset=14)),
+    ]
+    for name, job in jobs:
+        if want(name):
+            try:
+                job(name)
+            except Exception as e:  # keep going: report which exports failed
+                print(f"FAILED {name}: {type(e).__name__}: {e}", file=sys.stderr)
+    if want("near-misses"):
+        near_misses_rms("llama_ts_op14.onnx")
+        near_misses_ln("gpt2_ts_op14.onnx")
+    path = os.path.join(OUT, "MANIFEST.json")
+    old = json.load(open(path)) if os.path.exists(path) else {}
+    old.update(MANIFEST)
+    with open(path, "w") as f:
+        json.dump(dict(sorted(old.items())), f, indent=1, sort_keys=True, default=str)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()

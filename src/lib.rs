@@ -1,0 +1,14 @@
+//! onnx-fuse: exact fusion passes for ONNX transformer exports.
+//!
+//! `io` loads and writes models without loss, `graph` is the read-only view
+//! that patterns match against, `pattern` holds the matchers they share,
+//! `rewrite` applies matches (the only code that edits graphs), `passes`
+//! holds one file per fusion, `report` says what happened.
+
+pub mod graph;
+pub mod io;
+pub mod onnx;
+pub mod passes;
+pub mod pattern;
+pub mod report;
+pub mod rewrite;

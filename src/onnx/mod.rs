@@ -1,0 +1,207 @@
+//! The ONNX types generated from `proto/onnx.proto`, and the few accessors
+//! every other module needs to read nodes, attributes and small tensors.
+
+pub mod proto {
+    #![allow(clippy::all)]
+    include!(concat!(env!("OUT_DIR"), "/onnx.rs"));
+}
+pub mod unknown;
+
+pub use proto::{
+    attribute_proto::AttributeType, tensor_proto::DataType, AttributeProto, FunctionProto,
+    GraphProto, ModelProto, NodeProto, OperatorSetIdProto, StringStringEntryProto, TensorProto,
+    TypeProto, ValueInfoProto,
+};
+
+/// The metadata key every replacement node carries (spec, ground rule 6).
+pub const FUSED_KEY: &str = "transmuter.fused";
+
+impl NodeProto {
+    pub fn attr(&self, name: &str) -> Option<&AttributeProto> {
+        self.attribute.iter().find(|a| a.name() == name)
+    }
+
+    pub fn attr_int(&self, name: &str) -> Option<i64> {
+        self.attr(name).map(|a| a.i())
+    }
+
+    pub fn attr_float(&self, name: &str) -> Option<f32> {
+        self.attr(name).map(|a| a.f())
+    }
+
+    pub fn attr_ints(&self, name: &str) -> Option<&[i64]> {
+        self.attr(name).map(|a| a.ints.as_slice())
+    }
+
+    /// True for an operator of the default ONNX domain with this op type.
+    pub fn is(&self, op_type: &str) -> bool {
+        self.op_type() == op_type && is_default_domain(self.domain())
+    }
+
+    pub fn metadata(&self, key: &str) -> Option<&str> {
+        self.metadata_props
+            .iter()
+            .find(|p| p.key() == key)
+            .map(|p| p.value())
+    }
+
+    /// Every graph held in this node's attributes (`If`, `Loop`, `Scan`
+    /// bodies and any other graph-valued attribute).
+    pub fn subgraphs(&self) -> impl Iterator<Item = &GraphProto> {
+        self.attribute
+            .iter()
+            .flat_map(|a| a.g.iter().chain(a.graphs.iter()))
+    }
+
+    pub fn subgraphs_mut(&mut self) -> impl Iterator<Item = &mut GraphProto> {
+        self.attribute
+            .iter_mut()
+            .flat_map(|a| a.g.iter_mut().chain(a.graphs.iter_mut()))
+    }
+}
+
+pub fn is_default_domain(domain: &str) -> bool {
+    domain.is_empty() || domain == "ai.onnx"
+}
+
+impl AttributeProto {
+    pub fn int(name: &str, value: i64) -> Self {
+        AttributeProto {
+            name: Some(name.into()),
+            r#type: Some(AttributeType::Int as i32),
+            i: Some(value),
+            ..Default::default()
+        }
+    }
+
+    pub fn float(name: &str, value: f32) -> Self {
+        AttributeProto {
+            name: Some(name.into()),
+            r#type: Some(AttributeType::Float as i32),
+            f: Some(value),
+            ..Default::default()
+        }
+    }
+}
+
+impl StringStringEntryProto {
+    pub fn new(key: &str, value: String) -> Self {
+        StringStringEntryProto {
+            key: Some(key.into()),
+            value: Some(value),
+        }
+    }
+}
+
+impl ModelProto {
+    /// The opset version imported for the default domain (1 when absent, as
+    /// the IR spec says for a model that imports none).
+    pub fn default_opset(&self) -> i64 {
+        self.opset_import
+            .iter()
+            .find(|o| is_default_domain(o.domain()))
+            .map(|o| o.version())
+            .unwrap_or(1)
+    }
+}
+
+/// The floating-point element types onnx-fuse reasons about by name.
+pub const FLOAT: i32 = DataType::Float as i32;
+pub const FLOAT16: i32 = DataType::Float16 as i32;
+pub const BFLOAT16: i32 = DataType::Bfloat16 as i32;
+pub const DOUBLE: i32 = DataType::Double as i32;
+pub const INT64: i32 = DataType::Int64 as i32;
+pub const BOOL: i32 = DataType::Bool as i32;
+
+pub fn is_float_type(elem_type: i32) -> bool {
+    matches!(elem_type, FLOAT | FLOAT16 | BFLOAT16 | DOUBLE)
+}
+
+impl TensorProto {
+    /// Number of elements the dims describe (1 for a scalar).
+    pub fn numel(&self) -> Option<u64> {
+        self.dims.iter().try_fold(1u64, |n, &d| {
+            u64::try_from(d).ok().and_then(|d| n.checked_mul(d))
+        })
+    }
+
+    pub fn is_external(&self) -> bool {
+        self.data_location == Some(proto::tensor_proto::DataLocation::External as i32)
+    }
+
+    /// The single value of a one-element tensor, exactly (every type we read
+    /// widens to f64 without rounding). None for anything else: more than
+    /// one element, external data, or a type that is not a number.
+    pub fn scalar(&self) -> Option<f64> {
+        if self.numel()? != 1 || self.is_external() {
+            return None;
+        }
+        self.values().and_then(|v| v.into_iter().next())
+    }
+
+    /// All values of a small numeric tensor as f64 (integers up to 2^53 are
+    /// exact, which covers axes and indices). None for external data or
+    /// types we do not read.
+    pub fn values(&self) -> Option<Vec<f64>> {
+        if self.is_external() {
+            return None;
+        }
+        let n = usize::try_from(self.numel()?).ok()?;
+        let raw = self.raw_data.as_deref();
+        let from_raw = |size: usize, f: &dyn Fn(&[u8]) -> f64| -> Option<Vec<f64>> {
+            let raw = raw?;
+            (raw.len() == n * size).then(|| raw.chunks_exact(size).map(f).collect())
+        };
+        let arr = |b: &[u8]| -> [u8; 8] {
+            let mut a = [0u8; 8];
+            a[..b.len()].copy_from_slice(b);
+            a
+        };
+        let values: Vec<f64> = match DataType::try_from(self.data_type()).ok()? {
+            DataType::Float if raw.is_some() => {
+                from_raw(4, &|b| f32::from_le_bytes(b.try_into().unwrap()) as f64)?
+            }
+            DataType::Float => self.float_data.iter().map(|&v| v as f64).collect(),
+            DataType::Double if raw.is_some() => from_raw(8, &|b| f64::from_le_bytes(arr(b)))?,
+            DataType::Double => self.double_data.clone(),
+            DataType::Float16 if raw.is_some() => {
+                from_raw(2, &|b| half::f16::from_le_bytes([b[0], b[1]]).to_f64())?
+            }
+            DataType::Float16 => self
+                .int32_data
+                .iter()
+                .map(|&v| half::f16::from_bits(v as u16).to_f64())
+                .collect(),
+            DataType::Bfloat16 if raw.is_some() => {
+                from_raw(2, &|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f64())?
+            }
+            DataType::Bfloat16 => self
+                .int32_data
+                .iter()
+                .map(|&v| half::bf16::from_bits(v as u16).to_f64())
+                .collect(),
+            DataType::Int64 if raw.is_some() => {
+                from_raw(8, &|b| i64::from_le_bytes(arr(b)) as f64)?
+            }
+            DataType::Int64 => self.int64_data.iter().map(|&v| v as f64).collect(),
+            DataType::Int32 if raw.is_some() => {
+                from_raw(4, &|b| i32::from_le_bytes(b.try_into().unwrap()) as f64)?
+            }
+            DataType::Int8 if raw.is_some() => from_raw(1, &|b| b[0] as i8 as f64)?,
+            DataType::Uint8 | DataType::Bool if raw.is_some() => from_raw(1, &|b| b[0] as f64)?,
+            DataType::Int32 | DataType::Int8 | DataType::Uint8 | DataType::Bool => {
+                self.int32_data.iter().map(|&v| v as f64).collect()
+            }
+            _ => return None,
+        };
+        (values.len() == n).then_some(values)
+    }
+
+    /// The values of a small integer tensor (axes, indices, shapes).
+    pub fn ints(&self) -> Option<Vec<i64>> {
+        if !matches!(self.data_type(), INT64) && self.data_type() != DataType::Int32 as i32 {
+            return None;
+        }
+        Some(self.values()?.into_iter().map(|v| v as i64).collect())
+    }
+}

@@ -1,0 +1,98 @@
+//! layer-norm: `d = x - mean(x, axis=-1)`, `(d / sqrt(mean(d², -1) + eps)) * gamma + beta`
+//!          → `LayerNormalization(x, gamma, beta)`, axis -1, epsilon eps, stash_type 1.
+//!
+//! The normalization of `d` is the rms-norm core, so this pass reuses it;
+//! when rms-norm ran first and already turned `… * gamma` into a
+//! `SimplifiedLayerNormalization(d, gamma)`, that node is accepted in its
+//! place and its provenance list folds into this one.
+
+use crate::graph::{Check, Graph, Miss};
+use crate::onnx::AttributeProto;
+use crate::pattern::{self, either_order};
+use crate::require;
+use crate::rewrite::{node, Match, Pass, Rewrite};
+
+use super::rms_norm::rms_core;
+
+pub const PASS: Pass = Pass {
+    name: "layer-norm",
+    summary: "(x - mean(x)) / sqrt(var(x) + eps) * gamma + beta  ->  LayerNormalization",
+    default: true,
+    rule,
+};
+
+fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
+    let out = pattern::anchor(g, index, "Add")?;
+    either_order(
+        out,
+        "a constant beta",
+        |b| g.constant(b).is_some(),
+        |scaled, beta| {
+            let mut m = Match::new(index);
+            let (d, gamma, eps) = scaled_norm(g, &mut m, scaled)?;
+            let sub = m.take(g.produced_by(d, "Sub")?);
+            let (x, mean) = (g.node(sub).input[0].as_str(), g.node(sub).input[1].as_str());
+            let mean = m.take(g.produced_by(mean, "ReduceMean")?);
+            require!(
+                g.node(mean).input[0] == x,
+                "the mean is not of the value it is subtracted from"
+            );
+            pattern::reduce_mean_last_axis(g, mean)?;
+            pattern::weight(g, gamma, x, "gamma")?;
+            pattern::weight(g, beta, x, "beta")?;
+            let types = [g.elem_type(gamma), g.elem_type(beta)];
+            require!(
+                types[0] == types[1] && g.elem_type(x).is_none_or(|t| Some(t) == types[0]),
+                "x, gamma and beta do not share one element type"
+            );
+            let attributes = vec![
+                AttributeProto::int("axis", -1),
+                AttributeProto::float("epsilon", eps),
+                AttributeProto::int("stash_type", 1),
+            ];
+            Ok(m.replace_with(node("LayerNormalization", &[x, gamma, beta], attributes)))
+        },
+    )
+}
+
+/// `n(d) * gamma` as primitives, or as the `SimplifiedLayerNormalization`
+/// rms-norm writes for it. Returns d, gamma and eps.
+fn scaled_norm<'a>(
+    g: &Graph<'a>,
+    m: &mut Match,
+    scaled: &'a str,
+) -> Check<(&'a str, &'a str, f32)> {
+    let p = g
+        .producer(scaled)
+        .ok_or_else(|| Miss::Because(format!("{scaled} is not computed by the graph")))?;
+    let node = g.node(p);
+    if node.is("SimplifiedLayerNormalization") && node.input.len() == 2 {
+        require!(
+            node.attr_int("axis").unwrap_or(-1) == -1,
+            "the SimplifiedLayerNormalization is not over the last axis"
+        );
+        require!(
+            node.attr_int("stash_type").unwrap_or(1) == 1,
+            "the SimplifiedLayerNormalization does not compute in f32"
+        );
+        m.take(p);
+        return Ok((
+            &node.input[0],
+            &node.input[1],
+            node.attr_float("epsilon").unwrap_or(1e-5),
+        ));
+    }
+    require!(node.is("Mul"), "{scaled} is not n * gamma");
+    m.take(p);
+    either_order(
+        node,
+        "a constant gamma",
+        |c| g.constant(c).is_some(),
+        |n, gamma| {
+            let mut inner = Match::new(p);
+            let core = rms_core(g, &mut inner, n)?;
+            m.absorb(inner);
+            Ok((core.x, gamma, core.eps))
+        },
+    )
+}

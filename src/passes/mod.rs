@@ -1,0 +1,50 @@
+//! The fusion passes, one file each, and the pipeline's names for them.
+//! A new pass: write `passes/NAME.rs` with a `PASS`, and list it in `ALL`.
+
+use anyhow::{bail, Result};
+
+use crate::rewrite::Pass;
+
+pub mod layer_norm;
+pub mod rms_norm;
+
+/// Every pass, in the order `default` runs them. layer-norm comes first so
+/// a LayerNorm is fused whole; in the other order it still is (layer-norm
+/// folds a SimplifiedLayerNormalization of the centered input).
+pub const ALL: &[&Pass] = &[&layer_norm::PASS, &rms_norm::PASS];
+
+/// The pipeline a `--passes` list names (`default` expands to every default
+/// pass), less the `--disable` list. Unknown names are an error.
+pub fn pipeline(passes: &[String], disable: &[String]) -> Result<Vec<&'static Pass>> {
+    for name in disable {
+        find(name)?;
+    }
+    let mut chosen: Vec<&'static Pass> = Vec::new();
+    for name in passes {
+        let named: Vec<&'static Pass> = if name == "default" {
+            ALL.iter().copied().filter(|p| p.default).collect()
+        } else {
+            vec![find(name)?]
+        };
+        for pass in named {
+            if !chosen.iter().any(|p| p.name == pass.name) {
+                chosen.push(pass);
+            }
+        }
+    }
+    chosen.retain(|p| !disable.iter().any(|d| d == p.name));
+    Ok(chosen)
+}
+
+fn find(name: &str) -> Result<&'static Pass> {
+    match ALL.iter().find(|p| p.name == name) {
+        Some(pass) => Ok(pass),
+        None => {
+            let known: Vec<&str> = ALL.iter().map(|p| p.name).collect();
+            bail!(
+                "unknown pass {name:?} (known: default, {})",
+                known.join(", ")
+            )
+        }
+    }
+}

@@ -1,0 +1,401 @@
+//! The one place that changes graphs.
+//!
+//! A pass is a rule: a pure function from a graph view and an anchor node to
+//! a [`Rewrite`] (or the reason it does not apply). The driver here runs the
+//! rules of the pipeline over every graph and subgraph body to a fixed
+//! point, keeps matches from overlapping, refuses any match whose inner
+//! values escape, and applies the rest: removes the matched nodes, puts the
+//! replacement at the anchor's position under the anchor's output name,
+//! names it uniquely and stamps its provenance (`transmuter.fused`).
+
+use std::collections::{BTreeSet, HashSet};
+
+use crate::graph::{free_values, Check, Graph, Miss, Scope};
+use crate::onnx::{
+    AttributeProto, GraphProto, ModelProto, NodeProto, StringStringEntryProto, FUSED_KEY,
+};
+use crate::require;
+
+/// A fusion pass: a name, what it does, and its rule.
+pub struct Pass {
+    pub name: &'static str,
+    pub summary: &'static str,
+    /// In the pipeline `default`. A pass whose output some runtimes cannot
+    /// run is only applied when asked for by name.
+    pub default: bool,
+    pub rule: fn(&Graph, usize) -> Check<Rewrite>,
+}
+
+/// What a rule proved: the nodes to remove and the node that replaces them.
+#[derive(Debug, Clone)]
+pub struct Rewrite {
+    /// The node whose output the replacement takes over.
+    pub anchor: usize,
+    /// Every matched node, the anchor included.
+    pub nodes: BTreeSet<usize>,
+    /// The replacement: op, domain, inputs, attributes. The driver sets its
+    /// name, its output and its metadata.
+    pub replacement: NodeProto,
+}
+
+/// Accumulates the nodes a rule walks through, anchored at one node.
+pub struct Match {
+    anchor: usize,
+    nodes: BTreeSet<usize>,
+}
+
+impl Match {
+    pub fn new(anchor: usize) -> Self {
+        Match {
+            anchor,
+            nodes: BTreeSet::from([anchor]),
+        }
+    }
+
+    /// Adds a node to the match; returns it for chaining.
+    pub fn take(&mut self, node: usize) -> usize {
+        self.nodes.insert(node);
+        node
+    }
+
+    /// True when every reader of `value` is already in the match (and it is
+    /// not a graph output), so the node producing it can join.
+    pub fn only_read_inside(&self, g: &Graph, value: &str) -> bool {
+        !g.is_graph_output(value) && g.consumers(value).iter().all(|c| self.nodes.contains(c))
+    }
+
+    /// Adds every node of a sub-match.
+    pub fn absorb(&mut self, other: Match) {
+        self.nodes.extend(other.nodes);
+    }
+
+    pub fn replace_with(self, replacement: NodeProto) -> Rewrite {
+        Rewrite {
+            anchor: self.anchor,
+            nodes: self.nodes,
+            replacement,
+        }
+    }
+}
+
+/// Builds a replacement node in the default domain.
+pub fn node(op_type: &str, inputs: &[&str], attributes: Vec<AttributeProto>) -> NodeProto {
+    NodeProto {
+        op_type: Some(op_type.into()),
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        attribute: attributes,
+        ..Default::default()
+    }
+}
+
+/// One replacement the pipeline made.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Fused {
+    pub pass: &'static str,
+    pub op_type: String,
+    pub name: String,
+    /// Where the node is: `main`, or the path of a subgraph body.
+    pub graph: String,
+    /// The original nodes it stands for, as in its `transmuter.fused` value.
+    pub replaced: Vec<String>,
+}
+
+/// An anchor candidate a rule looked at and turned down.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Declined {
+    pub pass: &'static str,
+    pub node: String,
+    pub graph: String,
+    pub reason: String,
+}
+
+#[derive(Debug, Default)]
+pub struct Outcome {
+    pub fused: Vec<Fused>,
+    pub declined: Vec<Declined>,
+}
+
+/// Runs `passes` over the model's graph and every subgraph body, each graph
+/// to a fixed point.
+pub fn run(model: &mut ModelProto, passes: &[&Pass]) -> Outcome {
+    let opset = model.default_opset();
+    let mut outcome = Outcome::default();
+    if let Some(graph) = model.graph.as_mut() {
+        run_graph(
+            graph,
+            opset,
+            &Scope::default(),
+            passes,
+            "main",
+            &mut outcome,
+        );
+    }
+    outcome
+}
+
+fn run_graph(
+    graph: &mut GraphProto,
+    opset: i64,
+    outer: &Scope,
+    passes: &[&Pass],
+    path: &str,
+    outcome: &mut Outcome,
+) {
+    // Bodies first: what they stop reading may free an outer match.
+    let scope = Graph::new(graph, opset, outer).scope_for_subgraphs();
+    for node in graph.node.iter_mut() {
+        let holder = display_name(node);
+        for attribute in node.attribute.iter_mut() {
+            let name = attribute.name().to_string();
+            let bodies = attribute.g.iter_mut().chain(attribute.graphs.iter_mut());
+            for (i, body) in bodies.enumerate() {
+                let sub_path = format!(
+                    "{path}/{holder}.{name}{}",
+                    if i > 0 {
+                        format!("[{i}]")
+                    } else {
+                        String::new()
+                    }
+                );
+                run_graph(body, opset, &scope, passes, &sub_path, outcome);
+            }
+        }
+    }
+    loop {
+        let mut changed = false;
+        for pass in passes {
+            let rewrites = find(
+                &Graph::new(graph, opset, outer),
+                pass,
+                path,
+                &mut outcome.declined,
+            );
+            if !rewrites.is_empty() {
+                apply(graph, rewrites, pass.name, path, &mut outcome.fused);
+                changed = true;
+            }
+        }
+        if !changed {
+            break;
+        }
+        // A later round only ever repeats reasons already recorded.
+        outcome.declined.retain(|d| d.graph != path);
+    }
+}
+
+/// Every non-overlapping match of `pass` in node order.
+fn find(g: &Graph, pass: &Pass, path: &str, declined: &mut Vec<Declined>) -> Vec<Rewrite> {
+    let mut claimed = HashSet::new();
+    let mut found = Vec::new();
+    for anchor in 0..g.len() {
+        if claimed.contains(&anchor) {
+            continue;
+        }
+        let checked = (pass.rule)(g, anchor).and_then(|mut rewrite| {
+            absorb_constants(g, &mut rewrite);
+            check_nothing_escapes(g, &rewrite)?;
+            Ok(rewrite)
+        });
+        match checked {
+            Ok(rewrite) if rewrite.nodes.iter().all(|n| !claimed.contains(n)) => {
+                claimed.extend(rewrite.nodes.iter().copied());
+                found.push(rewrite);
+            }
+            Ok(_) => {}
+            Err(Miss::NotAnchor) => {}
+            Err(Miss::Because(reason)) => declined.push(Declined {
+                pass: pass.name,
+                node: display_name(g.node(anchor)),
+                graph: path.to_string(),
+                reason,
+            }),
+        }
+    }
+    found
+}
+
+/// `Constant` nodes that feed only the match become part of it: once the
+/// match is replaced nothing would read them.
+fn absorb_constants(g: &Graph, rewrite: &mut Rewrite) {
+    let inputs: Vec<&str> = rewrite
+        .nodes
+        .iter()
+        .flat_map(|&n| g.node(n).input.iter().map(String::as_str))
+        .collect();
+    for value in inputs {
+        if let Some(p) = g.producer(value) {
+            if g.node(p).is("Constant")
+                && !g.is_graph_output(value)
+                && g.consumers(value).iter().all(|c| rewrite.nodes.contains(c))
+            {
+                rewrite.nodes.insert(p);
+            }
+        }
+    }
+}
+
+/// Spec, ground rule 2: no value made inside the match, other than the
+/// anchor's output, is read outside it.
+fn check_nothing_escapes(g: &Graph, rewrite: &Rewrite) -> Check<()> {
+    let anchor = g.node(rewrite.anchor);
+    require!(
+        anchor.output.len() == 1
+            || anchor.output[1..]
+                .iter()
+                .all(|o| o.is_empty() || unused(g, o)),
+        "the anchor {} has more than one used output",
+        display_name(anchor)
+    );
+    for &n in &rewrite.nodes {
+        for value in g.node(n).output.iter().filter(|o| !o.is_empty()) {
+            if n == rewrite.anchor && *value == anchor.output[0] {
+                continue;
+            }
+            require!(!g.is_graph_output(value), "{value} is also a graph output");
+            require!(
+                g.consumers(value).iter().all(|c| rewrite.nodes.contains(c)),
+                "{value} is also read outside the matched nodes"
+            );
+        }
+    }
+    Ok(())
+}
+
+fn unused(g: &Graph, value: &str) -> bool {
+    g.consumers(value).is_empty() && !g.is_graph_output(value)
+}
+
+/// How provenance lists and reports name a node: `OpType name`, or for an
+/// unnamed node `OpType <first output>` (output names are unique in a graph).
+pub fn provenance_entry(node: &NodeProto) -> String {
+    format!("{} {}", node.op_type(), display_name(node))
+}
+
+fn display_name(node: &NodeProto) -> String {
+    if node.name().is_empty() {
+        format!("<{}>", node.output.first().map_or("", String::as_str))
+    } else {
+        node.name().to_string()
+    }
+}
+
+/// The provenance of a rewrite: the anchor first, then the other nodes in
+/// graph order; a node that is itself a replacement stands for its list.
+fn provenance(graph: &GraphProto, rewrite: &Rewrite) -> Vec<String> {
+    let order = std::iter::once(rewrite.anchor).chain(
+        rewrite
+            .nodes
+            .iter()
+            .copied()
+            .filter(|&n| n != rewrite.anchor),
+    );
+    order
+        .flat_map(|n| {
+            let node = &graph.node[n];
+            match node.metadata(FUSED_KEY) {
+                Some(list) => list.split(", ").map(str::to_string).collect(),
+                None => vec![provenance_entry(node)],
+            }
+        })
+        .collect()
+}
+
+fn apply(
+    graph: &mut GraphProto,
+    rewrites: Vec<Rewrite>,
+    pass: &'static str,
+    path: &str,
+    fused: &mut Vec<Fused>,
+) {
+    let mut names: HashSet<String> = graph.node.iter().map(|n| n.name().to_string()).collect();
+    let mut removed_values = HashSet::new();
+    let mut read_by_removed = HashSet::new();
+    let mut replacements = Vec::new();
+    for rewrite in rewrites {
+        let anchor = &graph.node[rewrite.anchor];
+        let replaced = provenance(graph, &rewrite);
+        let mut node = rewrite.replacement.clone();
+        node.name = Some(unique_name(&mut names, anchor.name(), node.op_type()));
+        node.output = vec![anchor.output[0].clone()];
+        node.metadata_props = anchor
+            .metadata_props
+            .iter()
+            .filter(|p| p.key() != FUSED_KEY)
+            .cloned()
+            .collect();
+        node.metadata_props
+            .push(StringStringEntryProto::new(FUSED_KEY, replaced.join(", ")));
+        fused.push(Fused {
+            pass,
+            op_type: node.op_type().to_string(),
+            name: node.name().to_string(),
+            graph: path.to_string(),
+            replaced,
+        });
+        for &n in &rewrite.nodes {
+            let old = &graph.node[n];
+            removed_values.extend(
+                old.output
+                    .iter()
+                    .filter(|o| **o != anchor.output[0])
+                    .cloned(),
+            );
+            read_by_removed.extend(old.input.iter().cloned());
+        }
+        replacements.push((rewrite.anchor, rewrite.nodes, node));
+    }
+    let mut replacement_at = std::collections::HashMap::new();
+    let mut removed = HashSet::new();
+    for (anchor, nodes, node) in replacements {
+        removed.extend(nodes);
+        replacement_at.insert(anchor, node);
+    }
+    let old = std::mem::take(&mut graph.node);
+    graph.node = old
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, n)| {
+            replacement_at
+                .remove(&i)
+                .or((!removed.contains(&i)).then_some(n))
+        })
+        .collect();
+    // What the removed nodes leave behind: type annotations of values that
+    // no longer exist, and initializers nothing reads any more.
+    graph
+        .value_info
+        .retain(|vi| !removed_values.contains(vi.name()));
+    let still_read = values_read(graph);
+    let inputs: HashSet<String> = graph.input.iter().map(|i| i.name().to_string()).collect();
+    graph.initializer.retain(|t| {
+        !read_by_removed.contains(t.name())
+            || still_read.contains(t.name())
+            || inputs.contains(t.name())
+    });
+}
+
+/// Every value something in the graph reads: node inputs, subgraph bodies'
+/// captures, graph outputs.
+fn values_read(graph: &GraphProto) -> HashSet<String> {
+    let mut read: HashSet<String> = graph.output.iter().map(|o| o.name().to_string()).collect();
+    for node in &graph.node {
+        read.extend(node.input.iter().cloned());
+        for body in node.subgraphs() {
+            read.extend(free_values(body));
+        }
+    }
+    read
+}
+
+/// `scope/OpType` after the anchor's name scope (`/model/layers.0/norm/`),
+/// with a numeric suffix when taken; just `OpType` for an unscoped anchor.
+fn unique_name(names: &mut HashSet<String>, anchor: &str, op_type: &str) -> String {
+    let scope = anchor.rfind('/').map_or("", |i| &anchor[..=i]);
+    let base = format!("{scope}{op_type}");
+    let name = std::iter::once(base.clone())
+        .chain((1..).map(|i| format!("{base}_{i}")))
+        .find(|n| !names.contains(n))
+        .expect("an unused suffix exists");
+    names.insert(name.clone());
+    name
+}
