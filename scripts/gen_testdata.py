@@ -235,6 +235,40 @@ def near_misses_rms(base):
     save_near_miss(m, "nm_rms_weight_2d.onnx", base, "a 2-D weight")
 
 
+    m = load(base)
+    div = first(m, "Div", lambda n: n.input[1] == first(m, "Sqrt").output[0])
+    set_const(m, div.input[0], np.array(2.0, dtype=np.float32))
+    save_near_miss(m, "nm_rms_numerator2.onnx", base, "Div(2, sqrt): numerator not 1")
+
+    m = load(base)
+    weight = rms_weight(m)
+    mul = first(m, "Mul", lambda n: weight in n.input)
+    m.graph.input.append(helper.make_tensor_value_info("weight_input", TensorProto.FLOAT, [32]))
+    mul.input[list(mul.input).index(weight)] = "weight_input"
+    save_near_miss(m, "nm_rms_weight_not_constant.onnx", base, "the weight is a graph input")
+
+    m = load(base)
+    pow_ = first(m, "Pow")
+    other = helper.make_node("Neg", [pow_.input[0]], ["nm_negated"], name="nm_Neg")
+    m.graph.node.insert(list(m.graph.node).index(pow_), other)
+    pow_.input[0] = "nm_negated"
+    save_near_miss(m, "nm_rms_square_of_other_value.onnx", base, "the square reads another value than the numerator")
+
+
+def near_misses_rms_op18(base):
+    """ReduceMean takes its axes as an input from opset 18 on."""
+    m = load(base)
+    rm = first(m, "ReduceMean", lambda n: n.input[0] == first(m, "Pow").output[0])
+    del rm.input[1:]
+    save_near_miss(m, "nm_rms_op18_no_axes.onnx", base, "ReduceMean without axes: all axes")
+
+    m = load(base)
+    rm = first(m, "ReduceMean", lambda n: n.input[0] == first(m, "Pow").output[0])
+    m.graph.input.append(helper.make_tensor_value_info("axes_input", TensorProto.INT64, [1]))
+    rm.input[1] = "axes_input"
+    save_near_miss(m, "nm_rms_op18_axes_not_constant.onnx", base, "ReduceMean axes not a constant")
+
+
 def rms_weight(m):
     """The weight initializer of the first RMSNorm in m."""
     inits = {t.name for t in m.graph.initializer}
@@ -272,6 +306,83 @@ def near_misses_ln(base):
     m.graph.output.append(helper.make_tensor_value_info(sub.output[0], TensorProto.FLOAT, None))
     save_near_miss(m, "nm_ln_centered_output.onnx", base, "the centered value is also a graph output")
 
+    m = load(base)
+    add = next(n for n in m.graph.node if n.op_type == "Add" and any(i.endswith("ln_1.bias") for i in n.input))
+    bias = next(i for i in add.input if i.endswith("ln_1.bias"))
+    t = next(t for t in m.graph.initializer if t.name == bias)
+    t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).reshape(1, -1), bias))
+    save_near_miss(m, "nm_ln_beta_2d.onnx", base, "a 2-D beta")
+
+    m = load(base)
+    sub = first(m, "Sub")
+    rm0 = next(n for n in m.graph.node if n.output[0] in sub.input and n.op_type == "ReduceMean")
+    other = helper.make_node("Neg", [rm0.input[0]], ["nm_negated"], name="nm_Neg")
+    m.graph.node.insert(list(m.graph.node).index(rm0), other)
+    rm0.input[0] = "nm_negated"
+    save_near_miss(m, "nm_ln_mean_of_other_value.onnx", base, "the mean is of another value than x")
+
+
+def rms_chain(prefix, x, eps_name, weight_name):
+    """The primitive RMSNorm chain, as nodes (for hand-made subgraph bodies)."""
+    mk = helper.make_node
+    return [
+        mk("Pow", [x, "two"], [prefix + "sq"], name=prefix + "Pow"),
+        mk("ReduceMean", [prefix + "sq"], [prefix + "mean"], name=prefix + "ReduceMean", axes=[-1]),
+        mk("Add", [prefix + "mean", eps_name], [prefix + "var"], name=prefix + "Add"),
+        mk("Sqrt", [prefix + "var"], [prefix + "rms"], name=prefix + "Sqrt"),
+        mk("Div", [x, prefix + "rms"], [prefix + "normed"], name=prefix + "Div"),
+        mk("Mul", [prefix + "normed", weight_name], [prefix + "out"], name=prefix + "Mul"),
+    ]
+
+
+def subgraph_models():
+    """RMSNorms inside If branches, reading eps, the exponent and the weight
+    from the enclosing graph (ground rules 4 and 5), and an outer RMSNorm
+    whose intermediate a branch reads (ground rule 2: must not fuse)."""
+    rng = np.random.default_rng(0)
+    consts = [numpy_helper.from_array(np.array(2.0, dtype=np.float32), "two"),
+              numpy_helper.from_array(np.array(1e-6, dtype=np.float32), "eps"),
+              numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "weight")]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 5, 16])
+    cond = helper.make_tensor_value_info("cond", TensorProto.BOOL, [])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    then_body = helper.make_graph(rms_chain("/then/", "x", "eps", "weight"), "then", [],
+                                  [helper.make_tensor_value_info("/then/out", TensorProto.FLOAT, ["batch", 5, 16])])
+    else_nodes = [helper.make_node("Neg", ["x"], ["/else/neg"], name="/else/Neg")] + \
+        rms_chain("/else/", "/else/neg", "eps", "weight")
+    else_body = helper.make_graph(else_nodes, "else", [],
+                                  [helper.make_tensor_value_info("/else/out", TensorProto.FLOAT, ["batch", 5, 16])])
+    node = helper.make_node("If", ["cond"], ["y"], name="/If", then_branch=then_body, else_branch=else_body)
+    graph = helper.make_graph([node], "subgraphs", [x, cond], [y], initializer=consts)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)], producer_name="gen_testdata")
+    model.ir_version = 7
+    onnx.save(model, os.path.join(OUT, "if_branches_rms.onnx"))
+    record("if_branches_rms.onnx", made_by="onnx.helper", what="RMSNorm in both If branches, constants from the outer graph")
+
+    # The outer norm's mean is also read by a branch: it escapes.
+    outer = rms_chain("/outer/", "x", "eps", "weight")
+    leak = helper.make_graph([helper.make_node("Identity", ["/outer/mean"], ["/leak/out"], name="/leak/Identity")],
+                             "leak", [], [helper.make_tensor_value_info("/leak/out", TensorProto.FLOAT, ["batch", 5, 1])])
+    keep = helper.make_graph([helper.make_node("Identity", ["/outer/out"], ["/keep/out"], name="/keep/Identity")],
+                             "keep", [], [helper.make_tensor_value_info("/keep/out", TensorProto.FLOAT, ["batch", 5, 16])])
+    node = helper.make_node("If", ["cond"], ["y"], name="/If", then_branch=leak, else_branch=keep)
+    graph = helper.make_graph(outer + [node], "escape", [x, cond], [y], initializer=consts)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)], producer_name="gen_testdata")
+    model.ir_version = 7
+    save_near_miss(model, "nm_rms_read_by_subgraph.onnx", "(hand-made)", "the mean is read inside an If branch")
+
+
+def external_data_model(base):
+    """The same export with every tensor in one external data file."""
+    m = load(base)
+    folder = os.path.join(OUT, "external")
+    os.makedirs(folder, exist_ok=True)
+    for f in os.listdir(folder):
+        os.remove(os.path.join(folder, f))
+    onnx.save(m, os.path.join(folder, "model.onnx"), save_as_external_data=True,
+              all_tensors_to_one_file=True, location="model.weights", size_threshold=0)
+    record("external/model.onnx", external_data_of=base, location="model.weights")
+
 
 def main():
     os.makedirs(OUT, exist_ok=True)
@@ -307,6 +418,9 @@ def main():
     if want("near-misses"):
         near_misses_rms("llama_ts_op14.onnx")
         near_misses_ln("gpt2_ts_op14.onnx")
+        near_misses_rms_op18("llama_dynamo_op18.onnx")
+        subgraph_models()
+        external_data_model("llama_ts_op14.onnx")
     path = os.path.join(OUT, "MANIFEST.json")
     old = json.load(open(path)) if os.path.exists(path) else {}
     old.update(MANIFEST)
