@@ -8,12 +8,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto/onnx.proto");
     let descriptors = protox::compile(["onnx.proto"], ["proto"])?;
     let out_dir = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
-    std::fs::write(
-        out_dir.join("onnx_descriptor.bin"),
-        descriptors.encode_to_vec(),
-    )?;
-    prost_build::Config::new()
-        .bytes(["."])
-        .compile_fds(descriptors)?;
+    std::fs::write(out_dir.join("onnx_descriptor.bin"), descriptors.encode_to_vec())?;
+    prost_build::Config::new().bytes(["."]).compile_fds(descriptors)?;
     Ok(())
 }

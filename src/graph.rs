@@ -11,9 +11,8 @@ use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 
 use crate::onnx::{
-    proto::tensor_shape_proto::dimension::Value as Dim, proto::type_proto::Value as TypeValue,
-    proto::TensorShapeProto, GraphProto, NodeProto, TensorProto, ValueInfoProto, BOOL, FLOAT,
-    INT64,
+    proto::tensor_shape_proto::dimension::Value as Dim, proto::type_proto::Value as TypeValue, proto::TensorShapeProto,
+    GraphProto, NodeProto, TensorProto, ValueInfoProto, BOOL, FLOAT, INT64,
 };
 
 /// Why a pattern did not match at a node.
@@ -115,10 +114,7 @@ impl<'a> Graph<'a> {
     /// The name as this graph stores it, so the maps can borrow it. Values
     /// of graphs further out are not this graph's to track.
     fn lookup_name(&self, name: &str) -> Option<&'a str> {
-        self.defined
-            .get(name)
-            .copied()
-            .or_else(|| self.consts.get_key_value(name).map(|(k, _)| *k))
+        self.defined.get(name).copied().or_else(|| self.consts.get_key_value(name).map(|(k, _)| *k))
     }
 
     pub fn node(&self, index: usize) -> &'a NodeProto {
@@ -141,17 +137,13 @@ impl<'a> Graph<'a> {
     pub fn produced_by(&self, value: &str, op_type: &str) -> Check<usize> {
         match self.producer(value) {
             Some(i) if self.node(i).is(op_type) => Ok(i),
-            _ => Err(Miss::Because(format!(
-                "{value} is not produced by {op_type}"
-            ))),
+            _ => Err(Miss::Because(format!("{value} is not produced by {op_type}"))),
         }
     }
 
     /// The nodes reading `value`, including nodes whose subgraph bodies read it.
     pub fn consumers(&self, value: &str) -> &[usize] {
-        self.consumers
-            .get(value)
-            .map_or(NO_CONSUMERS, Vec::as_slice)
+        self.consumers.get(value).map_or(NO_CONSUMERS, Vec::as_slice)
     }
 
     pub fn is_graph_output(&self, value: &str) -> bool {
@@ -177,10 +169,7 @@ impl<'a> Graph<'a> {
     }
 
     pub fn elem_type(&self, value: &str) -> Option<i32> {
-        self.types
-            .get(value)
-            .copied()
-            .or_else(|| self.constant(value).map(|t| t.data_type()))
+        self.types.get(value).copied().or_else(|| self.constant(value).map(|t| t.data_type()))
     }
 
     /// The rank of `value`, from its declared shape or its constant dims.
@@ -205,9 +194,7 @@ impl<'a> Graph<'a> {
     /// The constants this graph makes visible to its subgraph bodies.
     pub fn scope_for_subgraphs(&self) -> Scope {
         let mut scope = self.outer.clone();
-        scope
-            .0
-            .retain(|name, _| !self.defined.contains(name.as_str()));
+        scope.0.retain(|name, _| !self.defined.contains(name.as_str()));
         for (name, t) in &self.consts {
             scope.0.insert(name.to_string(), t.as_ref().clone());
         }
@@ -246,13 +233,11 @@ impl<'a> Graph<'a> {
                     "CastLike" => from_input(1),
                     "Where" => from_input(1).or_else(|| from_input(2)),
                     "Shape" | "Size" | "NonZero" | "ArgMax" | "ArgMin" => Some(INT64),
-                    "Equal" | "Less" | "Greater" | "LessOrEqual" | "GreaterOrEqual" | "Not"
-                    | "And" | "Or" | "Xor" | "IsNaN" | "IsInf" => Some(BOOL),
-                    "ConstantOfShape" => Some(
-                        node.attr("value")
-                            .and_then(|a| a.t.as_ref())
-                            .map_or(FLOAT, |t| t.data_type()),
-                    ),
+                    "Equal" | "Less" | "Greater" | "LessOrEqual" | "GreaterOrEqual" | "Not" | "And" | "Or" | "Xor"
+                    | "IsNaN" | "IsInf" => Some(BOOL),
+                    "ConstantOfShape" => {
+                        Some(node.attr("value").and_then(|a| a.t.as_ref()).map_or(FLOAT, |t| t.data_type()))
+                    }
                     op if SAME_TYPE_AS_FIRST_INPUT.contains(&op) => from_input(0),
                     _ => None,
                 }
@@ -356,29 +341,17 @@ fn tensor_type(vi: &ValueInfoProto) -> Option<(i32, Option<&TensorShapeProto>)> 
 /// The tensor a `Constant` node produces, for every numeric `value*` form.
 fn constant_value(node: &NodeProto) -> Option<Cow<'_, TensorProto>> {
     let a = node.attribute.first()?;
-    let made = |data_type: i32, dims: Vec<i64>| TensorProto {
-        data_type: Some(data_type),
-        dims,
-        ..Default::default()
-    };
+    let made = |data_type: i32, dims: Vec<i64>| TensorProto { data_type: Some(data_type), dims, ..Default::default() };
     Some(match a.name() {
         "value" => Cow::Borrowed(a.t.as_ref()?),
-        "value_float" => Cow::Owned(TensorProto {
-            float_data: vec![a.f()],
-            ..made(FLOAT, vec![])
-        }),
-        "value_floats" => Cow::Owned(TensorProto {
-            float_data: a.floats.clone(),
-            ..made(FLOAT, vec![a.floats.len() as i64])
-        }),
-        "value_int" => Cow::Owned(TensorProto {
-            int64_data: vec![a.i()],
-            ..made(INT64, vec![])
-        }),
-        "value_ints" => Cow::Owned(TensorProto {
-            int64_data: a.ints.clone(),
-            ..made(INT64, vec![a.ints.len() as i64])
-        }),
+        "value_float" => Cow::Owned(TensorProto { float_data: vec![a.f()], ..made(FLOAT, vec![]) }),
+        "value_floats" => {
+            Cow::Owned(TensorProto { float_data: a.floats.clone(), ..made(FLOAT, vec![a.floats.len() as i64]) })
+        }
+        "value_int" => Cow::Owned(TensorProto { int64_data: vec![a.i()], ..made(INT64, vec![]) }),
+        "value_ints" => {
+            Cow::Owned(TensorProto { int64_data: a.ints.clone(), ..made(INT64, vec![a.ints.len() as i64]) })
+        }
         _ => return None,
     })
 }
@@ -391,12 +364,7 @@ pub fn free_values(body: &GraphProto) -> HashSet<String> {
     fn walk(g: &GraphProto, used: &mut HashSet<String>, defined: &mut HashSet<String>) {
         defined.extend(g.input.iter().map(|i| i.name().to_string()));
         defined.extend(g.initializer.iter().map(|t| t.name().to_string()));
-        defined.extend(
-            g.sparse_initializer
-                .iter()
-                .filter_map(|s| s.values.as_ref())
-                .map(|t| t.name().to_string()),
-        );
+        defined.extend(g.sparse_initializer.iter().filter_map(|s| s.values.as_ref()).map(|t| t.name().to_string()));
         for node in &g.node {
             used.extend(node.input.iter().filter(|i| !i.is_empty()).cloned());
             defined.extend(node.output.iter().cloned());

@@ -37,18 +37,14 @@ pub struct LoadOptions {
 pub fn load(path: &Path, options: LoadOptions) -> Result<Loaded> {
     let shown = path.display();
     let file = File::open(path).with_context(|| format!("{shown}: cannot open"))?;
-    let len = file
-        .metadata()
-        .with_context(|| format!("{shown}: cannot stat"))?
-        .len();
+    let len = file.metadata().with_context(|| format!("{shown}: cannot stat"))?.len();
     if len == 0 {
         bail!("{shown}: the file is empty, not an ONNX model");
     }
     // SAFETY: the map is read-only; onnx-fuse never writes the input, and a
     // file truncated by another process under us is outside what any reader
     // of a memory-mapped file can defend against.
-    let map =
-        unsafe { memmap2::Mmap::map(&file) }.with_context(|| format!("{shown}: cannot map"))?;
+    let map = unsafe { memmap2::Mmap::map(&file) }.with_context(|| format!("{shown}: cannot map"))?;
     let bytes = Bytes::from_owner(map);
     match unknown::find_unknown_field(&bytes) {
         Err(why) => bail!("{shown}: not an ONNX model (invalid protobuf: {why})"),
@@ -58,27 +54,18 @@ pub fn load(path: &Path, options: LoadOptions) -> Result<Loaded> {
         ),
         Ok(_) => {}
     }
-    let model = ModelProto::decode(bytes.clone())
-        .map_err(|e| anyhow!("{shown}: not an ONNX model ({e})"))?;
+    let model = ModelProto::decode(bytes.clone()).map_err(|e| anyhow!("{shown}: not an ONNX model ({e})"))?;
     if model.graph.is_none() {
         bail!("{shown}: not an ONNX model (it has no graph)");
     }
     let dir = parent(path);
     for location in external_locations(&model) {
-        check_location(&location)
-            .map_err(|why| anyhow!("{shown}: external data location {location:?} {why}"))?;
+        check_location(&location).map_err(|why| anyhow!("{shown}: external data location {location:?} {why}"))?;
         if !dir.join(&location).is_file() {
-            bail!(
-                "{shown}: external data file {location:?} is missing (looked in {})",
-                dir.display()
-            );
+            bail!("{shown}: external data file {location:?} is missing (looked in {})", dir.display());
         }
     }
-    Ok(Loaded {
-        path: path.to_path_buf(),
-        bytes,
-        model,
-    })
+    Ok(Loaded { path: path.to_path_buf(), bytes, model })
 }
 
 /// How external data files reach an output in another directory.
@@ -102,10 +89,7 @@ pub fn save(loaded: &Loaded, unchanged: bool, out: &Path, external: ExternalData
     }
     let out_dir = parent(out);
     if !out_dir.is_dir() {
-        bail!(
-            "{shown}: the directory {} does not exist",
-            out_dir.display()
-        );
+        bail!("{shown}: the directory {} does not exist", out_dir.display());
     }
     let in_dir = parent(&loaded.path);
     if !same_file(&in_dir, &out_dir) {
@@ -119,17 +103,15 @@ pub fn save(loaded: &Loaded, unchanged: bool, out: &Path, external: ExternalData
             file.write_all(&loaded.bytes)
         } else {
             let mut sink = FileSink::new(file);
-            loaded
-                .model
-                .encode(&mut sink)
-                .map_err(std::io::Error::other)?;
+            loaded.model.encode(&mut sink).map_err(std::io::Error::other)?;
             sink.finish()
         }
     })
     .with_context(|| format!("{shown}: cannot write"))
 }
 
-fn parent(path: &Path) -> PathBuf {
+/// The directory a model's relative paths (external data) resolve against.
+pub fn parent(path: &Path) -> PathBuf {
     match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
@@ -172,17 +154,12 @@ pub fn external_locations(model: &ModelProto) -> BTreeSet<String> {
     fn graph(g: &GraphProto, visit: &mut dyn FnMut(&TensorProto)) {
         g.initializer.iter().for_each(&mut *visit);
         for s in &g.sparse_initializer {
-            s.values
-                .iter()
-                .chain(s.indices.iter())
-                .for_each(&mut *visit);
+            s.values.iter().chain(s.indices.iter()).for_each(&mut *visit);
         }
         for node in &g.node {
             for a in &node.attribute {
                 a.t.iter().chain(a.tensors.iter()).for_each(&mut *visit);
-                a.g.iter()
-                    .chain(a.graphs.iter())
-                    .for_each(|g| graph(g, visit));
+                a.g.iter().chain(a.graphs.iter()).for_each(|g| graph(g, visit));
             }
         }
     }
@@ -190,10 +167,7 @@ pub fn external_locations(model: &ModelProto) -> BTreeSet<String> {
         graph(g, &mut visit);
     }
     for t in &model.training_info {
-        t.initialization
-            .iter()
-            .chain(t.algorithm.iter())
-            .for_each(|g| graph(g, &mut visit));
+        t.initialization.iter().chain(t.algorithm.iter()).for_each(|g| graph(g, &mut visit));
     }
     found
 }
@@ -206,9 +180,7 @@ fn place_external(src: &Path, dst: &Path, how: ExternalData) -> Result<()> {
     std::fs::create_dir_all(&dir)?;
     match how {
         ExternalData::HardLink => {
-            let tmp = tempfile::Builder::new()
-                .prefix(".onnx-fuse-")
-                .make_in(&dir, |p| std::fs::hard_link(src, p))?;
+            let tmp = tempfile::Builder::new().prefix(".onnx-fuse-").make_in(&dir, |p| std::fs::hard_link(src, p))?;
             tmp.persist(dst)?;
         }
         ExternalData::Copy => write_atomically(dst, |out| {
@@ -234,20 +206,12 @@ fn clone_file(src: &File, dst: &File) -> bool {
 
 /// Writes through a temporary file in the target's directory, synced and
 /// renamed over the target only when complete.
-fn write_atomically(
-    target: &Path,
-    write: impl FnOnce(&mut File) -> std::io::Result<()>,
-) -> std::io::Result<()> {
+fn write_atomically(target: &Path, write: impl FnOnce(&mut File) -> std::io::Result<()>) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".onnx-fuse-")
-        .tempfile_in(parent(target))?;
+    let mut tmp = tempfile::Builder::new().prefix(".onnx-fuse-").tempfile_in(parent(target))?;
     write(tmp.as_file_mut())?;
-    let mode = std::fs::metadata(target)
-        .map(|m| m.permissions().mode())
-        .unwrap_or(0o644);
-    tmp.as_file()
-        .set_permissions(std::fs::Permissions::from_mode(mode))?;
+    let mode = std::fs::metadata(target).map(|m| m.permissions().mode()).unwrap_or(0o644);
+    tmp.as_file().set_permissions(std::fs::Permissions::from_mode(mode))?;
     tmp.as_file().sync_all()?;
     tmp.persist(target).map_err(|e| e.error)?;
     Ok(())
@@ -266,11 +230,7 @@ const SINK_BUFFER: usize = 1 << 20;
 
 impl<'a> FileSink<'a> {
     fn new(file: &'a mut File) -> Self {
-        FileSink {
-            file,
-            buf: Vec::with_capacity(SINK_BUFFER),
-            error: None,
-        }
+        FileSink { file, buf: Vec::with_capacity(SINK_BUFFER), error: None }
     }
 
     fn write(&mut self, data: &[u8]) {

@@ -3,7 +3,8 @@
 //! `io` loads and writes models without loss, `graph` is the read-only view
 //! that patterns match against, `pattern` holds the matchers they share,
 //! `rewrite` applies matches (the only code that edits graphs), `passes`
-//! holds one file per fusion, `report` says what happened.
+//! holds one file per fusion, `report` says what happened, `verify` proves
+//! a rewrite through ONNX Runtime.
 
 pub mod graph;
 pub mod io;
@@ -12,3 +13,4 @@ pub mod passes;
 pub mod pattern;
 pub mod report;
 pub mod rewrite;
+pub mod verify;

@@ -11,18 +11,22 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use onnx_fuse::io::{self, ExternalData, LoadOptions};
 use onnx_fuse::report::{self, Report};
+use onnx_fuse::verify;
 use onnx_fuse::{passes, rewrite};
 
 const EXAMPLES: &str = "\
 Examples:
   onnx-fuse model.onnx -o out.onnx                  fuse with the default passes
   onnx-fuse model.onnx -o out.onnx --report         and list every fused node
+  onnx-fuse model.onnx -o out.onnx --verify         prove it through ONNX Runtime first
+  onnx-fuse verify model.onnx out.onnx              compare any two models the same way
   onnx-fuse model.onnx -o out.onnx --passes rms-norm --report-json report.json
   onnx-fuse model.onnx -o out.onnx --explain        also say why candidates did not fuse
   onnx-fuse show out.onnx                           list the fused nodes a model contains
   onnx-fuse --list-passes
 
-Exit codes: 0 success, 1 error (bad input, cannot write), 2 usage.";
+Exit codes: 0 success, 1 error (bad input, cannot write), 2 usage,
+            3 verification failed (the output is then not written).";
 
 #[derive(Parser)]
 #[command(name = "onnx-fuse", version, about = "Exact fusion passes for ONNX transformer exports",
@@ -42,6 +46,58 @@ enum Command {
         #[arg(long)]
         allow_unknown_fields: bool,
     },
+    /// Run two models through ONNX Runtime on the same inputs and compare them.
+    Verify {
+        original: PathBuf,
+        rewritten: PathBuf,
+        #[command(flatten)]
+        verify: VerifyArgs,
+        /// Write the comparison as JSON to FILE.
+        #[arg(long, value_name = "FILE")]
+        report_json: Option<PathBuf>,
+        #[arg(long)]
+        allow_unknown_fields: bool,
+    },
+}
+
+#[derive(Args, Clone)]
+struct VerifyArgs {
+    /// The ONNX Runtime library (else ORT_DYLIB_PATH, .ort/lib from scripts/fetch-ort.sh, or Python's onnxruntime).
+    #[arg(long, value_name = "PATH")]
+    ort_lib: Option<PathBuf>,
+    /// Relative tolerance for every floating-point output (default per type: f32 1e-4, f16 1e-2, bf16 4e-2).
+    #[arg(long)]
+    rtol: Option<f64>,
+    /// Absolute tolerance (default per type: f32 1e-5, f16 1e-3, bf16 1e-2).
+    #[arg(long)]
+    atol: Option<f64>,
+    /// Seed of the random float inputs.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Value of a symbolic dimension, e.g. --dim batch=1 --dim sequence=16.
+    #[arg(long, value_name = "NAME=VALUE", value_parser = parse_dim)]
+    dim: Vec<(String, i64)>,
+}
+
+impl VerifyArgs {
+    fn options(&self) -> verify::Options {
+        verify::Options {
+            library: self.ort_lib.clone(),
+            rtol: self.rtol,
+            atol: self.atol,
+            seed: self.seed,
+            dims: self.dim.iter().cloned().collect(),
+        }
+    }
+}
+
+fn parse_dim(s: &str) -> Result<(String, i64), String> {
+    let (name, value) = s.split_once('=').ok_or("expected NAME=VALUE")?;
+    let value: i64 = value.parse().map_err(|_| format!("{value:?} is not a whole number"))?;
+    if value < 0 {
+        return Err("a dimension cannot be negative".into());
+    }
+    Ok((name.to_string(), value))
 }
 
 #[derive(Args)]
@@ -79,24 +135,31 @@ struct FuseArgs {
     /// Hard-link external data files into another output directory instead of copying them.
     #[arg(long)]
     link_external_data: bool,
+    /// Before writing, run the original and the fused model through ONNX Runtime and compare them.
+    #[arg(long)]
+    verify: bool,
+    #[command(flatten)]
+    verify_args: VerifyArgs,
+}
+
+/// What a run ends with besides errors.
+enum Done {
+    Ok,
+    VerificationFailed,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Some(Command::Show {
-            model,
-            allow_unknown_fields,
-        }) => show(
-            &model,
-            LoadOptions {
-                allow_unknown_fields,
-            },
-        ),
+        Some(Command::Show { model, allow_unknown_fields }) => show(&model, LoadOptions { allow_unknown_fields }),
+        Some(Command::Verify { original, rewritten, verify, report_json, allow_unknown_fields }) => {
+            compare(&original, &rewritten, &verify, report_json.as_deref(), LoadOptions { allow_unknown_fields })
+        }
         None => fuse(cli.fuse),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(Done::Ok) => ExitCode::SUCCESS,
+        Ok(Done::VerificationFailed) => ExitCode::from(3),
         Err(e) => {
             eprintln!("onnx-fuse: error: {e:#}");
             ExitCode::from(1)
@@ -104,73 +167,86 @@ fn main() -> ExitCode {
     }
 }
 
-fn fuse(args: FuseArgs) -> Result<()> {
+fn fuse(args: FuseArgs) -> Result<Done> {
     let pipeline = passes::pipeline(&args.passes, &args.disable)?;
     if args.list_passes {
         for pass in passes::ALL {
-            let when = if pass.default {
-                "default"
-            } else {
-                "on request"
-            };
+            let when = if pass.default { "default" } else { "on request" };
             println!("{:<12} {:<11} {}", pass.name, when, pass.summary);
         }
-        return Ok(());
+        return Ok(Done::Ok);
     }
-    let (input, output) = (
-        args.input.expect("required by clap"),
-        args.output.expect("required by clap"),
-    );
+    let (input, output) = (args.input.expect("required by clap"), args.output.expect("required by clap"));
     let progress = Progress::new(args.quiet);
 
     progress.step(format!("loading {}", input.display()));
-    let mut loaded = io::load(
-        &input,
-        LoadOptions {
-            allow_unknown_fields: args.allow_unknown_fields,
-        },
-    )?;
+    let mut loaded = io::load(&input, LoadOptions { allow_unknown_fields: args.allow_unknown_fields })?;
     progress.step("fusing".into());
+    let original = args.verify.then(|| loaded.model.clone());
     let outcome = rewrite::run(&mut loaded.model, &pipeline);
     let unchanged = outcome.fused.is_empty();
-    progress.step(format!("writing {}", output.display()));
-    let external = if args.link_external_data {
-        ExternalData::HardLink
-    } else {
-        ExternalData::Copy
+    let verification = match &original {
+        Some(original) => {
+            progress.step("verifying through ONNX Runtime".into());
+            let dir = io::parent(&input);
+            Some(verify::verify((original, &dir), (&loaded.model, &dir), &args.verify_args.options())?)
+        }
+        None => None,
     };
-    io::save(&loaded, unchanged, &output, external)?;
+    let failed = verification.as_ref().is_some_and(|v| !v.passed);
+    if !failed {
+        progress.step(format!("writing {}", output.display()));
+        let external = if args.link_external_data { ExternalData::HardLink } else { ExternalData::Copy };
+        io::save(&loaded, unchanged, &output, external)?;
+    }
     progress.finish();
 
-    let report = Report::new(
-        input.display().to_string(),
-        output.display().to_string(),
-        &pipeline,
-        outcome,
-        args.explain,
-    );
-    if let Some(path) = &args.report_json {
-        let json = serde_json::to_string_pretty(&report)?;
-        std::fs::write(path, json + "\n")
-            .with_context(|| format!("{}: cannot write the report", path.display()))?;
-    }
+    let mut report =
+        Report::new(input.display().to_string(), output.display().to_string(), &pipeline, outcome, args.explain);
+    report.verification = verification;
+    write_json(args.report_json.as_deref(), &report)?;
     if args.report || args.explain {
         print!("{}", report.text());
+    }
+    if let Some(v) = &report.verification {
+        if !args.quiet || !v.passed {
+            eprint!("{}", v.text());
+        }
+    }
+    if failed {
+        eprintln!("onnx-fuse: verification failed: {} not written", output.display());
+        return Ok(Done::VerificationFailed);
     }
     if !args.quiet {
         eprintln!("{}", report.summary());
     }
+    Ok(Done::Ok)
+}
+
+fn compare(a: &Path, b: &Path, args: &VerifyArgs, json: Option<&Path>, options: LoadOptions) -> Result<Done> {
+    let (original, rewritten) = (io::load(a, options)?, io::load(b, options)?);
+    let progress = Progress::new(false);
+    progress.step("verifying through ONNX Runtime".into());
+    let v = verify::verify((&original.model, &io::parent(a)), (&rewritten.model, &io::parent(b)), &args.options())?;
+    progress.finish();
+    write_json(json, &v)?;
+    print!("{}", v.text());
+    Ok(if v.passed { Done::Ok } else { Done::VerificationFailed })
+}
+
+fn write_json(path: Option<&Path>, value: &impl serde::Serialize) -> Result<()> {
+    if let Some(path) = path {
+        let json = serde_json::to_string_pretty(value)? + "\n";
+        std::fs::write(path, json).with_context(|| format!("{}: cannot write the report", path.display()))?;
+    }
     Ok(())
 }
 
-fn show(path: &Path, options: LoadOptions) -> Result<()> {
+fn show(path: &Path, options: LoadOptions) -> Result<Done> {
     let loaded = io::load(path, options)?;
     let fused = report::fused_in(&loaded.model);
     if fused.is_empty() {
-        bail!(
-            "{}: contains no fused nodes (no `transmuter.fused` metadata)",
-            path.display()
-        );
+        bail!("{}: contains no fused nodes (no `transmuter.fused` metadata)", path.display());
     }
     for (op_type, name, replaced) in fused {
         println!("{op_type} {name}");
@@ -178,7 +254,7 @@ fn show(path: &Path, options: LoadOptions) -> Result<()> {
             println!("    {r}");
         }
     }
-    Ok(())
+    Ok(Done::Ok)
 }
 
 /// A spinner on stderr, drawn only when stderr is a terminal and the run is
@@ -192,9 +268,7 @@ impl Progress {
             return Progress(None);
         }
         let bar = ProgressBar::with_draw_target(None, target);
-        bar.set_style(
-            ProgressStyle::with_template("{spinner} {msg} ({elapsed})").expect("valid template"),
-        );
+        bar.set_style(ProgressStyle::with_template("{spinner} {msg} ({elapsed})").expect("valid template"));
         bar.enable_steady_tick(Duration::from_millis(200));
         Progress(Some(bar))
     }

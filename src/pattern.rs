@@ -27,25 +27,14 @@ pub fn either_order<'a, T>(
     fits: impl Fn(&str) -> bool,
     mut f: impl FnMut(&'a str, &'a str) -> Check<T>,
 ) -> Check<T> {
-    require!(
-        node.input.len() == 2,
-        "{} {} does not have two operands",
-        node.op_type(),
-        node.name()
-    );
+    require!(node.input.len() == 2, "{} {} does not have two operands", node.op_type(), node.name());
     let (a, b) = (node.input[0].as_str(), node.input[1].as_str());
-    let mut result = Err(Miss::Because(format!(
-        "no operand of {} {} is {role}",
-        node.op_type(),
-        node.name()
-    )));
+    let mut result = Err(Miss::Because(format!("no operand of {} {} is {role}", node.op_type(), node.name())));
     for (other, fitting) in [(a, b), (b, a)] {
         if fits(fitting) {
             match f(other, fitting) {
                 Ok(found) => return Ok(found),
-                Err(miss) if result.as_ref().is_err_and(|m| m.is_no_operand()) => {
-                    result = Err(miss)
-                }
+                Err(miss) if result.as_ref().is_err_and(|m| m.is_no_operand()) => result = Err(miss),
                 Err(_) => {}
             }
         }
@@ -61,8 +50,7 @@ impl Miss {
 
 /// The value of a constant with exactly one element.
 pub fn scalar(g: &Graph, value: &str, what: &str) -> Check<f64> {
-    g.scalar(value)
-        .ok_or_else(|| Miss::Because(format!("{what} ({value}) is not a constant with one value")))
+    g.scalar(value).ok_or_else(|| Miss::Because(format!("{what} ({value}) is not a constant with one value")))
 }
 
 /// `node` is a ReduceMean over the last axis only that keeps it.
@@ -72,24 +60,16 @@ pub fn scalar(g: &Graph, value: &str, what: &str) -> Check<f64> {
 pub fn reduce_mean_last_axis(g: &Graph, index: usize) -> Check<()> {
     let node = g.node(index);
     require!(node.is("ReduceMean"), "{} is not a ReduceMean", node.name());
-    require!(
-        node.attr_int("keepdims").unwrap_or(1) == 1,
-        "ReduceMean {} does not keep dims",
-        node.name()
-    );
+    require!(node.attr_int("keepdims").unwrap_or(1) == 1, "ReduceMean {} does not keep dims", node.name());
     let axes = if g.opset < 18 {
-        node.attr_ints("axes")
-            .map(<[i64]>::to_vec)
-            .unwrap_or_default()
+        node.attr_ints("axes").map(<[i64]>::to_vec).unwrap_or_default()
     } else {
         match node.input.get(1).filter(|a| !a.is_empty()) {
             None => vec![],
-            Some(axes) => g.constant(axes).and_then(|t| t.ints()).ok_or_else(|| {
-                Miss::Because(format!(
-                    "the axes of ReduceMean {} are not a constant",
-                    node.name()
-                ))
-            })?,
+            Some(axes) => g
+                .constant(axes)
+                .and_then(|t| t.ints())
+                .ok_or_else(|| Miss::Because(format!("the axes of ReduceMean {} are not a constant", node.name())))?,
         }
     };
     let last = g.rank(&node.input[0]).map(|r| r as i64 - 1);
@@ -106,32 +86,17 @@ pub fn reduce_mean_last_axis(g: &Graph, index: usize) -> Check<()> {
 /// accepted only where the last axis of `x` is proved to be 1, since the
 /// fused kernels want one value per element of that axis.
 pub fn weight(g: &Graph, value: &str, x: &str, what: &str) -> Check<()> {
-    let t = g
-        .constant(value)
-        .ok_or_else(|| Miss::Because(format!("the {what} ({value}) is not a constant")))?;
-    require!(
-        t.dims.len() <= 1,
-        "the {what} ({value}) has rank {}, more than 1",
-        t.dims.len()
-    );
+    let t = g.constant(value).ok_or_else(|| Miss::Because(format!("the {what} ({value}) is not a constant")))?;
+    require!(t.dims.len() <= 1, "the {what} ({value}) has rank {}, more than 1", t.dims.len());
     let n = t.dims.first().copied().unwrap_or(1);
     match g.last_dim(x) {
-        Some(d) => require!(
-            d == n,
-            "the {what} ({value}) has {n} values but the last axis of {x} is {d}"
-        ),
-        None => require!(
-            n > 1,
-            "the {what} ({value}) has one value and the last axis of {x} is unknown"
-        ),
+        Some(d) => require!(d == n, "the {what} ({value}) has {n} values but the last axis of {x} is {d}"),
+        None => require!(n > 1, "the {what} ({value}) has one value and the last axis of {x} is unknown"),
     }
     Ok(())
 }
 
 /// The `to` type of a Cast node.
 pub fn cast_to(node: &NodeProto) -> Option<i32> {
-    node.is("Cast")
-        .then(|| node.attr_int("to"))
-        .flatten()
-        .map(|t| t as i32)
+    node.is("Cast").then(|| node.attr_int("to")).flatten().map(|t| t as i32)
 }

@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use crate::onnx::{GraphProto, ModelProto, FUSED_KEY};
 use crate::rewrite::{Declined, Fused, Outcome, Pass};
+use crate::verify::Verification;
 
 #[derive(Debug, Serialize)]
 pub struct Report {
@@ -19,6 +20,9 @@ pub struct Report {
     /// Filled only with `--explain`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub declined: Vec<Declined>,
+    /// Filled only with `--verify`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verification: Option<Verification>,
 }
 
 #[derive(Debug, Serialize)]
@@ -28,49 +32,19 @@ pub struct PassCount {
 }
 
 impl Report {
-    pub fn new(
-        input: String,
-        output: String,
-        pipeline: &[&Pass],
-        outcome: Outcome,
-        explain: bool,
-    ) -> Self {
+    pub fn new(input: String, output: String, pipeline: &[&Pass], outcome: Outcome, explain: bool) -> Self {
         let passes = pipeline
             .iter()
-            .map(|p| PassCount {
-                name: p.name,
-                fused: outcome.fused.iter().filter(|f| f.pass == p.name).count(),
-            })
+            .map(|p| PassCount { name: p.name, fused: outcome.fused.iter().filter(|f| f.pass == p.name).count() })
             .collect();
-        let declined = if explain {
-            outcome.declined
-        } else {
-            Vec::new()
-        };
-        Report {
-            schema: 1,
-            input,
-            output,
-            passes,
-            fused: outcome.fused,
-            declined,
-        }
+        let declined = if explain { outcome.declined } else { Vec::new() };
+        Report { schema: 1, input, output, passes, fused: outcome.fused, declined, verification: None }
     }
 
     /// The one-line summary printed unless `--quiet`.
     pub fn summary(&self) -> String {
-        let counts: Vec<String> = self
-            .passes
-            .iter()
-            .map(|p| format!("{} {}", p.name, p.fused))
-            .collect();
-        format!(
-            "{}: fused {} ({}) -> {}",
-            self.input,
-            self.fused.len(),
-            counts.join(", "),
-            self.output
-        )
+        let counts: Vec<String> = self.passes.iter().map(|p| format!("{} {}", p.name, p.fused)).collect();
+        format!("{}: fused {} ({}) -> {}", self.input, self.fused.len(), counts.join(", "), self.output)
     }
 
     pub fn text(&self) -> String {
@@ -79,22 +53,14 @@ impl Report {
             let _ = writeln!(s, "{:<12} {} fused", p.name, p.fused);
         }
         for f in &self.fused {
-            let place = if f.graph == "main" {
-                String::new()
-            } else {
-                format!(" (in {})", f.graph)
-            };
+            let place = if f.graph == "main" { String::new() } else { format!(" (in {})", f.graph) };
             let _ = writeln!(s, "\n{} {}{place}  [{}]", f.op_type, f.name, f.pass);
             for r in &f.replaced {
                 let _ = writeln!(s, "    {r}");
             }
         }
         for d in &self.declined {
-            let _ = writeln!(
-                s,
-                "\nnot fused by {} at {} ({}): {}",
-                d.pass, d.node, d.graph, d.reason
-            );
+            let _ = writeln!(s, "\nnot fused by {} at {} ({}): {}", d.pass, d.node, d.graph, d.reason);
         }
         s
     }
@@ -106,16 +72,8 @@ pub fn fused_in(model: &ModelProto) -> Vec<(String, String, Vec<String>)> {
     fn walk(g: &GraphProto, path: &str, found: &mut Vec<(String, String, Vec<String>)>) {
         for node in &g.node {
             if let Some(list) = node.metadata(FUSED_KEY) {
-                let name = if path == "main" {
-                    node.name().to_string()
-                } else {
-                    format!("{path}/{}", node.name())
-                };
-                found.push((
-                    node.op_type().to_string(),
-                    name,
-                    list.split(", ").map(str::to_string).collect(),
-                ));
+                let name = if path == "main" { node.name().to_string() } else { format!("{path}/{}", node.name()) };
+                found.push((node.op_type().to_string(), name, list.split(", ").map(str::to_string).collect()));
             }
             for a in &node.attribute {
                 for body in a.g.iter().chain(&a.graphs) {

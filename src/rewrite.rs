@@ -11,9 +11,7 @@
 use std::collections::{BTreeSet, HashSet};
 
 use crate::graph::{free_values, Check, Graph, Miss, Scope};
-use crate::onnx::{
-    AttributeProto, GraphProto, ModelProto, NodeProto, StringStringEntryProto, FUSED_KEY,
-};
+use crate::onnx::{AttributeProto, GraphProto, ModelProto, NodeProto, StringStringEntryProto, FUSED_KEY};
 use crate::require;
 
 /// A fusion pass: a name, what it does, and its rule.
@@ -46,10 +44,7 @@ pub struct Match {
 
 impl Match {
     pub fn new(anchor: usize) -> Self {
-        Match {
-            anchor,
-            nodes: BTreeSet::from([anchor]),
-        }
+        Match { anchor, nodes: BTreeSet::from([anchor]) }
     }
 
     /// Adds a node to the match; returns it for chaining.
@@ -70,11 +65,7 @@ impl Match {
     }
 
     pub fn replace_with(self, replacement: NodeProto) -> Rewrite {
-        Rewrite {
-            anchor: self.anchor,
-            nodes: self.nodes,
-            replacement,
-        }
+        Rewrite { anchor: self.anchor, nodes: self.nodes, replacement }
     }
 }
 
@@ -121,26 +112,12 @@ pub fn run(model: &mut ModelProto, passes: &[&Pass]) -> Outcome {
     let opset = model.default_opset();
     let mut outcome = Outcome::default();
     if let Some(graph) = model.graph.as_mut() {
-        run_graph(
-            graph,
-            opset,
-            &Scope::default(),
-            passes,
-            "main",
-            &mut outcome,
-        );
+        run_graph(graph, opset, &Scope::default(), passes, "main", &mut outcome);
     }
     outcome
 }
 
-fn run_graph(
-    graph: &mut GraphProto,
-    opset: i64,
-    outer: &Scope,
-    passes: &[&Pass],
-    path: &str,
-    outcome: &mut Outcome,
-) {
+fn run_graph(graph: &mut GraphProto, opset: i64, outer: &Scope, passes: &[&Pass], path: &str, outcome: &mut Outcome) {
     // Bodies first: what they stop reading may free an outer match.
     let scope = Graph::new(graph, opset, outer).scope_for_subgraphs();
     for node in graph.node.iter_mut() {
@@ -149,14 +126,8 @@ fn run_graph(
             let name = attribute.name().to_string();
             let bodies = attribute.g.iter_mut().chain(attribute.graphs.iter_mut());
             for (i, body) in bodies.enumerate() {
-                let sub_path = format!(
-                    "{path}/{holder}.{name}{}",
-                    if i > 0 {
-                        format!("[{i}]")
-                    } else {
-                        String::new()
-                    }
-                );
+                let sub_path =
+                    format!("{path}/{holder}.{name}{}", if i > 0 { format!("[{i}]") } else { String::new() });
                 run_graph(body, opset, &scope, passes, &sub_path, outcome);
             }
         }
@@ -164,12 +135,7 @@ fn run_graph(
     loop {
         let mut changed = false;
         for pass in passes {
-            let rewrites = find(
-                &Graph::new(graph, opset, outer),
-                pass,
-                path,
-                &mut outcome.declined,
-            );
+            let rewrites = find(&Graph::new(graph, opset, outer), pass, path, &mut outcome.declined);
             if !rewrites.is_empty() {
                 apply(graph, rewrites, pass.name, path, &mut outcome.fused);
                 changed = true;
@@ -217,11 +183,7 @@ fn find(g: &Graph, pass: &Pass, path: &str, declined: &mut Vec<Declined>) -> Vec
 /// `Constant` nodes that feed only the match become part of it: once the
 /// match is replaced nothing would read them.
 fn absorb_constants(g: &Graph, rewrite: &mut Rewrite) {
-    let inputs: Vec<&str> = rewrite
-        .nodes
-        .iter()
-        .flat_map(|&n| g.node(n).input.iter().map(String::as_str))
-        .collect();
+    let inputs: Vec<&str> = rewrite.nodes.iter().flat_map(|&n| g.node(n).input.iter().map(String::as_str)).collect();
     for value in inputs {
         if let Some(p) = g.producer(value) {
             if g.node(p).is("Constant")
@@ -239,10 +201,7 @@ fn absorb_constants(g: &Graph, rewrite: &mut Rewrite) {
 fn check_nothing_escapes(g: &Graph, rewrite: &Rewrite) -> Check<()> {
     let anchor = g.node(rewrite.anchor);
     require!(
-        anchor.output.len() == 1
-            || anchor.output[1..]
-                .iter()
-                .all(|o| o.is_empty() || unused(g, o)),
+        anchor.output.len() == 1 || anchor.output[1..].iter().all(|o| o.is_empty() || unused(g, o)),
         "the anchor {} has more than one used output",
         display_name(anchor)
     );
@@ -282,13 +241,7 @@ fn display_name(node: &NodeProto) -> String {
 /// The provenance of a rewrite: the anchor first, then the other nodes in
 /// graph order; a node that is itself a replacement stands for its list.
 fn provenance(graph: &GraphProto, rewrite: &Rewrite) -> Vec<String> {
-    let order = std::iter::once(rewrite.anchor).chain(
-        rewrite
-            .nodes
-            .iter()
-            .copied()
-            .filter(|&n| n != rewrite.anchor),
-    );
+    let order = std::iter::once(rewrite.anchor).chain(rewrite.nodes.iter().copied().filter(|&n| n != rewrite.anchor));
     order
         .flat_map(|n| {
             let node = &graph.node[n];
@@ -300,13 +253,7 @@ fn provenance(graph: &GraphProto, rewrite: &Rewrite) -> Vec<String> {
         .collect()
 }
 
-fn apply(
-    graph: &mut GraphProto,
-    rewrites: Vec<Rewrite>,
-    pass: &'static str,
-    path: &str,
-    fused: &mut Vec<Fused>,
-) {
+fn apply(graph: &mut GraphProto, rewrites: Vec<Rewrite>, pass: &'static str, path: &str, fused: &mut Vec<Fused>) {
     let mut names: HashSet<String> = graph.node.iter().map(|n| n.name().to_string()).collect();
     let mut removed_values = HashSet::new();
     let mut read_by_removed = HashSet::new();
@@ -317,14 +264,8 @@ fn apply(
         let mut node = rewrite.replacement.clone();
         node.name = Some(unique_name(&mut names, anchor.name(), node.op_type()));
         node.output = vec![anchor.output[0].clone()];
-        node.metadata_props = anchor
-            .metadata_props
-            .iter()
-            .filter(|p| p.key() != FUSED_KEY)
-            .cloned()
-            .collect();
-        node.metadata_props
-            .push(StringStringEntryProto::new(FUSED_KEY, replaced.join(", ")));
+        node.metadata_props = anchor.metadata_props.iter().filter(|p| p.key() != FUSED_KEY).cloned().collect();
+        node.metadata_props.push(StringStringEntryProto::new(FUSED_KEY, replaced.join(", ")));
         fused.push(Fused {
             pass,
             op_type: node.op_type().to_string(),
@@ -334,12 +275,7 @@ fn apply(
         });
         for &n in &rewrite.nodes {
             let old = &graph.node[n];
-            removed_values.extend(
-                old.output
-                    .iter()
-                    .filter(|o| **o != anchor.output[0])
-                    .cloned(),
-            );
+            removed_values.extend(old.output.iter().filter(|o| **o != anchor.output[0]).cloned());
             read_by_removed.extend(old.input.iter().cloned());
         }
         replacements.push((rewrite.anchor, rewrite.nodes, node));
@@ -354,24 +290,16 @@ fn apply(
     graph.node = old
         .into_iter()
         .enumerate()
-        .filter_map(|(i, n)| {
-            replacement_at
-                .remove(&i)
-                .or((!removed.contains(&i)).then_some(n))
-        })
+        .filter_map(|(i, n)| replacement_at.remove(&i).or((!removed.contains(&i)).then_some(n)))
         .collect();
     // What the removed nodes leave behind: type annotations of values that
     // no longer exist, and initializers nothing reads any more.
-    graph
-        .value_info
-        .retain(|vi| !removed_values.contains(vi.name()));
+    graph.value_info.retain(|vi| !removed_values.contains(vi.name()));
     let still_read = values_read(graph);
     let inputs: HashSet<String> = graph.input.iter().map(|i| i.name().to_string()).collect();
-    graph.initializer.retain(|t| {
-        !read_by_removed.contains(t.name())
-            || still_read.contains(t.name())
-            || inputs.contains(t.name())
-    });
+    graph
+        .initializer
+        .retain(|t| !read_by_removed.contains(t.name()) || still_read.contains(t.name()) || inputs.contains(t.name()));
 }
 
 /// Every value something in the graph reads: node inputs, subgraph bodies'

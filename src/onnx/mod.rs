@@ -8,9 +8,8 @@ pub mod proto {
 pub mod unknown;
 
 pub use proto::{
-    attribute_proto::AttributeType, tensor_proto::DataType, AttributeProto, FunctionProto,
-    GraphProto, ModelProto, NodeProto, OperatorSetIdProto, StringStringEntryProto, TensorProto,
-    TypeProto, ValueInfoProto,
+    attribute_proto::AttributeType, tensor_proto::DataType, AttributeProto, FunctionProto, GraphProto, ModelProto,
+    NodeProto, OperatorSetIdProto, StringStringEntryProto, TensorProto, TypeProto, ValueInfoProto,
 };
 
 /// The metadata key every replacement node carries (spec, ground rule 6).
@@ -39,24 +38,17 @@ impl NodeProto {
     }
 
     pub fn metadata(&self, key: &str) -> Option<&str> {
-        self.metadata_props
-            .iter()
-            .find(|p| p.key() == key)
-            .map(|p| p.value())
+        self.metadata_props.iter().find(|p| p.key() == key).map(|p| p.value())
     }
 
     /// Every graph held in this node's attributes (`If`, `Loop`, `Scan`
     /// bodies and any other graph-valued attribute).
     pub fn subgraphs(&self) -> impl Iterator<Item = &GraphProto> {
-        self.attribute
-            .iter()
-            .flat_map(|a| a.g.iter().chain(a.graphs.iter()))
+        self.attribute.iter().flat_map(|a| a.g.iter().chain(a.graphs.iter()))
     }
 
     pub fn subgraphs_mut(&mut self) -> impl Iterator<Item = &mut GraphProto> {
-        self.attribute
-            .iter_mut()
-            .flat_map(|a| a.g.iter_mut().chain(a.graphs.iter_mut()))
+        self.attribute.iter_mut().flat_map(|a| a.g.iter_mut().chain(a.graphs.iter_mut()))
     }
 }
 
@@ -86,10 +78,7 @@ impl AttributeProto {
 
 impl StringStringEntryProto {
     pub fn new(key: &str, value: String) -> Self {
-        StringStringEntryProto {
-            key: Some(key.into()),
-            value: Some(value),
-        }
+        StringStringEntryProto { key: Some(key.into()), value: Some(value) }
     }
 }
 
@@ -97,11 +86,7 @@ impl ModelProto {
     /// The opset version imported for the default domain (1 when absent, as
     /// the IR spec says for a model that imports none).
     pub fn default_opset(&self) -> i64 {
-        self.opset_import
-            .iter()
-            .find(|o| is_default_domain(o.domain()))
-            .map(|o| o.version())
-            .unwrap_or(1)
+        self.opset_import.iter().find(|o| is_default_domain(o.domain())).map(|o| o.version()).unwrap_or(1)
     }
 }
 
@@ -120,9 +105,7 @@ pub fn is_float_type(elem_type: i32) -> bool {
 impl TensorProto {
     /// Number of elements the dims describe (1 for a scalar).
     pub fn numel(&self) -> Option<u64> {
-        self.dims.iter().try_fold(1u64, |n, &d| {
-            u64::try_from(d).ok().and_then(|d| n.checked_mul(d))
-        })
+        self.dims.iter().try_fold(1u64, |n, &d| u64::try_from(d).ok().and_then(|d| n.checked_mul(d)))
     }
 
     pub fn is_external(&self) -> bool {
@@ -158,35 +141,17 @@ impl TensorProto {
             a
         };
         let values: Vec<f64> = match DataType::try_from(self.data_type()).ok()? {
-            DataType::Float if raw.is_some() => {
-                from_raw(4, &|b| f32::from_le_bytes(b.try_into().unwrap()) as f64)?
-            }
+            DataType::Float if raw.is_some() => from_raw(4, &|b| f32::from_le_bytes(b.try_into().unwrap()) as f64)?,
             DataType::Float => self.float_data.iter().map(|&v| v as f64).collect(),
             DataType::Double if raw.is_some() => from_raw(8, &|b| f64::from_le_bytes(arr(b)))?,
             DataType::Double => self.double_data.clone(),
-            DataType::Float16 if raw.is_some() => {
-                from_raw(2, &|b| half::f16::from_le_bytes([b[0], b[1]]).to_f64())?
-            }
-            DataType::Float16 => self
-                .int32_data
-                .iter()
-                .map(|&v| half::f16::from_bits(v as u16).to_f64())
-                .collect(),
-            DataType::Bfloat16 if raw.is_some() => {
-                from_raw(2, &|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f64())?
-            }
-            DataType::Bfloat16 => self
-                .int32_data
-                .iter()
-                .map(|&v| half::bf16::from_bits(v as u16).to_f64())
-                .collect(),
-            DataType::Int64 if raw.is_some() => {
-                from_raw(8, &|b| i64::from_le_bytes(arr(b)) as f64)?
-            }
+            DataType::Float16 if raw.is_some() => from_raw(2, &|b| half::f16::from_le_bytes([b[0], b[1]]).to_f64())?,
+            DataType::Float16 => self.int32_data.iter().map(|&v| half::f16::from_bits(v as u16).to_f64()).collect(),
+            DataType::Bfloat16 if raw.is_some() => from_raw(2, &|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f64())?,
+            DataType::Bfloat16 => self.int32_data.iter().map(|&v| half::bf16::from_bits(v as u16).to_f64()).collect(),
+            DataType::Int64 if raw.is_some() => from_raw(8, &|b| i64::from_le_bytes(arr(b)) as f64)?,
             DataType::Int64 => self.int64_data.iter().map(|&v| v as f64).collect(),
-            DataType::Int32 if raw.is_some() => {
-                from_raw(4, &|b| i32::from_le_bytes(b.try_into().unwrap()) as f64)?
-            }
+            DataType::Int32 if raw.is_some() => from_raw(4, &|b| i32::from_le_bytes(b.try_into().unwrap()) as f64)?,
             DataType::Int8 if raw.is_some() => from_raw(1, &|b| b[0] as i8 as f64)?,
             DataType::Uint8 | DataType::Bool if raw.is_some() => from_raw(1, &|b| b[0] as f64)?,
             DataType::Int32 | DataType::Int8 | DataType::Uint8 | DataType::Bool => {

@@ -29,11 +29,7 @@ pub struct UnknownField {
 
 impl std::fmt::Display for UnknownField {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "field number {} of {} at {}",
-            self.number, self.message, self.path
-        )
+        write!(f, "field number {} of {} at {}", self.number, self.message, self.path)
     }
 }
 
@@ -43,8 +39,7 @@ type Schema = HashMap<String, HashMap<u32, (String, Option<String>)>>;
 fn schema() -> &'static Schema {
     static SCHEMA: OnceLock<Schema> = OnceLock::new();
     SCHEMA.get_or_init(|| {
-        let set =
-            FileDescriptorSet::decode(DESCRIPTOR).expect("descriptor set compiled by build.rs");
+        let set = FileDescriptorSet::decode(DESCRIPTOR).expect("descriptor set compiled by build.rs");
         let mut schema = Schema::new();
         for file in &set.file {
             let package = file.package();
@@ -78,12 +73,7 @@ pub fn find_unknown_field(bytes: &[u8]) -> Result<Option<UnknownField>, String> 
     walk(schema(), ".onnx.ModelProto", bytes, &mut String::new())
 }
 
-fn walk(
-    schema: &Schema,
-    message: &str,
-    mut buf: &[u8],
-    path: &mut String,
-) -> Result<Option<UnknownField>, String> {
+fn walk(schema: &Schema, message: &str, mut buf: &[u8], path: &mut String) -> Result<Option<UnknownField>, String> {
     let fields = &schema[message];
     let mut counts: HashMap<u32, usize> = HashMap::new();
     while !buf.is_empty() {
@@ -94,11 +84,7 @@ fn walk(
             return Ok(Some(UnknownField {
                 message: message.trim_start_matches('.').to_string(),
                 number,
-                path: if path.is_empty() {
-                    "top level".into()
-                } else {
-                    path.clone()
-                },
+                path: if path.is_empty() { "top level".into() } else { path.clone() },
             }));
         };
         match wire {

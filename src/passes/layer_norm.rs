@@ -33,10 +33,7 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
             let sub = m.take(g.produced_by(d, "Sub")?);
             let (x, mean) = (g.node(sub).input[0].as_str(), g.node(sub).input[1].as_str());
             let mean = m.take(g.produced_by(mean, "ReduceMean")?);
-            require!(
-                g.node(mean).input[0] == x,
-                "the mean is not of the value it is subtracted from"
-            );
+            require!(g.node(mean).input[0] == x, "the mean is not of the value it is subtracted from");
             pattern::reduce_mean_last_axis(g, mean)?;
             pattern::weight(g, gamma, x, "gamma")?;
             pattern::weight(g, beta, x, "beta")?;
@@ -57,14 +54,8 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
 
 /// `n(d) * gamma` as primitives, or as the `SimplifiedLayerNormalization`
 /// rms-norm writes for it. Returns d, gamma and eps.
-fn scaled_norm<'a>(
-    g: &Graph<'a>,
-    m: &mut Match,
-    scaled: &'a str,
-) -> Check<(&'a str, &'a str, f32)> {
-    let p = g
-        .producer(scaled)
-        .ok_or_else(|| Miss::Because(format!("{scaled} is not computed by the graph")))?;
+fn scaled_norm<'a>(g: &Graph<'a>, m: &mut Match, scaled: &'a str) -> Check<(&'a str, &'a str, f32)> {
+    let p = g.producer(scaled).ok_or_else(|| Miss::Because(format!("{scaled} is not computed by the graph")))?;
     let node = g.node(p);
     if node.is("SimplifiedLayerNormalization") && node.input.len() == 2 {
         require!(
@@ -76,11 +67,7 @@ fn scaled_norm<'a>(
             "the SimplifiedLayerNormalization does not compute in f32"
         );
         m.take(p);
-        return Ok((
-            &node.input[0],
-            &node.input[1],
-            node.attr_float("epsilon").unwrap_or(1e-5),
-        ));
+        return Ok((&node.input[0], &node.input[1], node.attr_float("epsilon").unwrap_or(1e-5)));
     }
     require!(node.is("Mul"), "{scaled} is not n * gamma");
     m.take(p);

@@ -21,11 +21,8 @@ pub fn pipeline(passes: &[String], disable: &[String]) -> Result<Vec<&'static Pa
     }
     let mut chosen: Vec<&'static Pass> = Vec::new();
     for name in passes {
-        let named: Vec<&'static Pass> = if name == "default" {
-            ALL.iter().copied().filter(|p| p.default).collect()
-        } else {
-            vec![find(name)?]
-        };
+        let named: Vec<&'static Pass> =
+            if name == "default" { ALL.iter().copied().filter(|p| p.default).collect() } else { vec![find(name)?] };
         for pass in named {
             if !chosen.iter().any(|p| p.name == pass.name) {
                 chosen.push(pass);
@@ -41,10 +38,7 @@ fn find(name: &str) -> Result<&'static Pass> {
         Some(pass) => Ok(pass),
         None => {
             let known: Vec<&str> = ALL.iter().map(|p| p.name).collect();
-            bail!(
-                "unknown pass {name:?} (known: default, {})",
-                known.join(", ")
-            )
+            bail!("unknown pass {name:?} (known: default, {})", known.join(", "))
         }
     }
 }

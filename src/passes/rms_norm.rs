@@ -39,10 +39,7 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
                 Some(cast) => {
                     m.take(cast);
                     let to = cast_to(g.node(cast)).unwrap_or_default();
-                    require!(
-                        g.elem_type(weight) == Some(to),
-                        "the weight's type differs from the output Cast's"
-                    );
+                    require!(g.elem_type(weight) == Some(to), "the weight's type differs from the output Cast's");
                     uncast_input(g, &mut m, core.x, to)?
                 }
             };
@@ -52,11 +49,7 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
                 AttributeProto::float("epsilon", core.eps),
                 AttributeProto::int("stash_type", 1),
             ];
-            Ok(m.replace_with(node(
-                "SimplifiedLayerNormalization",
-                &[x, weight],
-                attributes,
-            )))
+            Ok(m.replace_with(node("SimplifiedLayerNormalization", &[x, weight], attributes)))
         },
     )
 }
@@ -72,23 +65,14 @@ pub struct RmsCore<'a> {
 
 /// Matches the core that ends in the value `n`, adding its nodes to `m`.
 pub fn rms_core<'a>(g: &Graph<'a>, m: &mut Match, n: &'a str) -> Check<RmsCore<'a>> {
-    let last = g
-        .producer(n)
-        .ok_or_else(|| Miss::Because(format!("{n} is not computed by the graph")))?;
+    let last = g.producer(n).ok_or_else(|| Miss::Because(format!("{n} is not computed by the graph")))?;
     let node = g.node(last);
     let (x, r) = if node.is("Div") && node.input.len() == 2 {
         (node.input[0].as_str(), node.input[1].as_str())
     } else if node.is("Mul") {
-        either_order(
-            node,
-            "1 / r",
-            |v| is_reciprocal(g, v),
-            |x, inverse| Ok((x, reciprocal_of(g, m, inverse)?)),
-        )?
+        either_order(node, "1 / r", |v| is_reciprocal(g, v), |x, inverse| Ok((x, reciprocal_of(g, m, inverse)?)))?
     } else {
-        return Err(Miss::Because(format!(
-            "{n} is not x / r, x * (1 / r) or x * Reciprocal(r)"
-        )));
+        return Err(Miss::Because(format!("{n} is not x / r, x * (1 / r) or x * Reciprocal(r)")));
     };
     m.take(last);
     let sqrt = m.take(g.produced_by(r, "Sqrt")?);
@@ -104,25 +88,14 @@ pub fn rms_core<'a>(g: &Graph<'a>, m: &mut Match, n: &'a str) -> Check<RmsCore<'
     )?;
     let (eps, eps_value) = eps;
     let eps_type = g.elem_type(eps).unwrap_or_default();
-    require!(
-        matches!(eps_type, FLOAT | FLOAT16 | BFLOAT16),
-        "eps ({eps}) is not f32, f16 or bf16"
-    );
+    require!(matches!(eps_type, FLOAT | FLOAT16 | BFLOAT16), "eps ({eps}) is not f32, f16 or bf16");
     pattern::reduce_mean_last_axis(g, m.take(mean))?;
-    let square = m.take(
-        g.producer(&g.node(mean).input[0])
-            .ok_or_else(|| Miss::Because("the mean's input is not x²".into()))?,
-    );
+    let square =
+        m.take(g.producer(&g.node(mean).input[0]).ok_or_else(|| Miss::Because("the mean's input is not x²".into()))?);
     let squared = squared_value(g, square)?;
     same_value(g, m, x, squared)?;
-    require!(
-        g.elem_type(x).is_none_or(|t| t == eps_type),
-        "eps ({eps}) does not have the element type of x"
-    );
-    Ok(RmsCore {
-        x,
-        eps: eps_value as f32,
-    })
+    require!(g.elem_type(x).is_none_or(|t| t == eps_type), "eps ({eps}) does not have the element type of x");
+    Ok(RmsCore { x, eps: eps_value as f32 })
 }
 
 fn is_reciprocal(g: &Graph, value: &str) -> bool {
@@ -137,10 +110,7 @@ fn reciprocal_of<'a>(g: &Graph<'a>, m: &mut Match, inverse: &'a str) -> Check<&'
     }
     let div = g.produced_by(inverse, "Div")?;
     let node = g.node(div);
-    require!(
-        scalar(g, &node.input[0], "the numerator of 1 / r")? == 1.0,
-        "the numerator of 1 / r is not exactly 1"
-    );
+    require!(scalar(g, &node.input[0], "the numerator of 1 / r")? == 1.0, "the numerator of 1 / r is not exactly 1");
     m.take(div);
     Ok(node.input[1].as_str())
 }
@@ -155,10 +125,7 @@ fn squared_value<'a>(g: &Graph<'a>, square: usize) -> Check<&'a str> {
     } else if node.is("Mul") && node.input.len() == 2 && node.input[0] == node.input[1] {
         Ok(node.input[0].as_str())
     } else {
-        Err(Miss::Because(format!(
-            "{} is not Pow(x, 2) or Mul(x, x)",
-            node.name()
-        )))
+        Err(Miss::Because(format!("{} is not Pow(x, 2) or Mul(x, x)", node.name())))
     }
 }
 
@@ -174,16 +141,11 @@ fn same_value(g: &Graph, m: &mut Match, numerator: &str, squared: &str) -> Check
         .map_err(|_| Miss::Because("the square and the numerator read different values".into()))?;
     let cast_node = g.node(cast);
     let source = cast_node.input[0].as_str();
-    let identity = source == numerator
-        && g.elem_type(numerator)
-            .is_some_and(|t| Some(t) == cast_to(cast_node));
-    let twin = g.produced_by(numerator, "Cast").is_ok_and(|other| {
-        g.node(other).input[0] == source && cast_to(g.node(other)) == cast_to(cast_node)
-    });
-    require!(
-        identity || twin,
-        "the square and the numerator read different values"
-    );
+    let identity = source == numerator && g.elem_type(numerator).is_some_and(|t| Some(t) == cast_to(cast_node));
+    let twin = g
+        .produced_by(numerator, "Cast")
+        .is_ok_and(|other| g.node(other).input[0] == source && cast_to(g.node(other)) == cast_to(cast_node));
+    require!(identity || twin, "the square and the numerator read different values");
     m.take(cast);
     Ok(())
 }
@@ -201,9 +163,6 @@ fn uncast_input<'a>(g: &Graph<'a>, m: &mut Match, x: &'a str, to: i32) -> Check<
             return Ok(source);
         }
     }
-    require!(
-        g.elem_type(x) == Some(to),
-        "cannot prove that the Casts around the norm give back the type of x"
-    );
+    require!(g.elem_type(x) == Some(to), "cannot prove that the Casts around the norm give back the type of x");
     Ok(x)
 }

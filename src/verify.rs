@@ -1,0 +1,468 @@
+//! Proof through ONNX Runtime: run two models on the same inputs and compare
+//! every output, and every fused node's output, element by element.
+//!
+//! Both models run on the CPU execution provider with graph optimizations
+//! disabled, so the original runs the primitives its exporter wrote (ONNX
+//! Runtime would otherwise fuse them itself, and the comparison would prove
+//! nothing) and the rewritten model runs the fused kernels. Every fused
+//! node keeps its anchor's output name, so both models are asked for those
+//! values too: a difference is pinned on the node that made it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use anyhow::{anyhow, bail, Result};
+use ort::session::{builder::GraphOptimizationLevel, Session};
+use ort::value::{DynValue, Tensor, TensorElementType, ValueType};
+use prost::Message;
+use serde::Serialize;
+
+use crate::graph::Scope;
+use crate::onnx::proto::tensor_shape_proto::dimension::Value as Dim;
+use crate::onnx::proto::type_proto::Value as TypeValue;
+use crate::onnx::{DataType, ModelProto, ValueInfoProto, FUSED_KEY};
+
+/// The ONNX Runtime release the project's fetch script installs.
+pub const ORT_VERSION: &str = "1.31.1";
+
+const HOW_TO_GET_IT: &str =
+    "run scripts/fetch-ort.sh (it takes libonnxruntime.so from the onnxruntime wheel on PyPI), \
+     pass --ort-lib PATH, set ORT_DYLIB_PATH, or pip install onnxruntime";
+
+/// Where ONNX Runtime's library is, in order: `--ort-lib`, `ORT_DYLIB_PATH`,
+/// the place `scripts/fetch-ort.sh` puts it, an installed Python package.
+pub fn find_library(explicit: Option<&Path>) -> Result<PathBuf> {
+    if let Some(path) = explicit {
+        return existing(path.to_path_buf(), "--ort-lib");
+    }
+    if let Some(path) = std::env::var_os("ORT_DYLIB_PATH").filter(|p| !p.is_empty()) {
+        return existing(PathBuf::from(path), "ORT_DYLIB_PATH");
+    }
+    let mut fetched = vec![PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".ort/lib/libonnxruntime.so")];
+    if let Ok(exe) = std::env::current_exe() {
+        // target/{debug,release}/onnx-fuse → the checkout's .ort/lib
+        fetched.extend(exe.ancestors().skip(1).take(3).map(|dir| dir.join(".ort/lib/libonnxruntime.so")));
+    }
+    if let Some(found) = fetched.into_iter().find(|p| p.is_file()) {
+        return Ok(found);
+    }
+    if let Some(found) = python_package_library() {
+        return Ok(found);
+    }
+    bail!("the ONNX Runtime library (libonnxruntime.so) was not found; {HOW_TO_GET_IT}")
+}
+
+fn existing(path: PathBuf, from: &str) -> Result<PathBuf> {
+    if path.is_file() {
+        Ok(path)
+    } else {
+        bail!("{}: the ONNX Runtime library named by {from} does not exist; {HOW_TO_GET_IT}", path.display())
+    }
+}
+
+fn python_package_library() -> Option<PathBuf> {
+    let out = std::process::Command::new("python3")
+        .args(["-c", "import onnxruntime, os; print(os.path.dirname(onnxruntime.__file__))"])
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    let capi = PathBuf::from(String::from_utf8(out.stdout).ok()?.trim()).join("capi");
+    let mut libs: Vec<PathBuf> = std::fs::read_dir(capi)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("libonnxruntime.so")))
+        .collect();
+    libs.sort();
+    libs.pop()
+}
+
+/// The one ONNX Runtime environment of this process.
+fn environment(library: &Path) -> Result<&'static ort::environment::Environment> {
+    static ENV: OnceLock<std::result::Result<ort::environment::Environment, String>> = OnceLock::new();
+    let env = ENV.get_or_init(|| {
+        let builder =
+            ort::init_from(library).map_err(|e| format!("{}: cannot load ONNX Runtime: {e}", library.display()))?;
+        builder.with_name("onnx-fuse").build().map_err(|e| format!("cannot start ONNX Runtime: {e}"))
+    });
+    env.as_ref().map_err(|e| anyhow!("{e}"))
+}
+
+/// Tolerances: an element passes when |a - b| <= atol + rtol * |a|.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Tolerance {
+    pub rtol: f64,
+    pub atol: f64,
+}
+
+/// Defaults per element type; floating-point outputs of fused kernels
+/// differ from the primitives only by rounding.
+pub fn default_tolerance(elem_type: i32) -> Tolerance {
+    match DataType::try_from(elem_type) {
+        Ok(DataType::Float16) => Tolerance { rtol: 1e-2, atol: 1e-3 },
+        Ok(DataType::Bfloat16) => Tolerance { rtol: 4e-2, atol: 1e-2 },
+        Ok(DataType::Double) => Tolerance { rtol: 1e-9, atol: 1e-12 },
+        Ok(DataType::Float) => Tolerance { rtol: 1e-4, atol: 1e-5 },
+        _ => Tolerance { rtol: 0.0, atol: 0.0 },
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    pub library: Option<PathBuf>,
+    pub rtol: Option<f64>,
+    pub atol: Option<f64>,
+    pub seed: u64,
+    /// Values for symbolic dimensions, by name.
+    pub dims: HashMap<String, i64>,
+}
+
+/// The comparison of one value (a graph output or a fused node's output).
+#[derive(Debug, Clone, Serialize)]
+pub struct Compared {
+    pub name: String,
+    /// For a fused node: its op type and name in the rewritten model.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    pub elem_type: String,
+    pub elements: usize,
+    pub max_abs: f64,
+    pub max_rel: f64,
+    pub tolerance: Tolerance,
+    pub passed: bool,
+    /// Why it failed when not by size (shape, NaN positions, type).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
+    /// max over elements of |a - b| / (atol + rtol |a|): above 1 fails.
+    #[serde(skip)]
+    pub badness: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Verification {
+    pub passed: bool,
+    pub inputs: BTreeMap<String, Vec<i64>>,
+    pub outputs: Vec<Compared>,
+    /// Fused nodes, worst first.
+    pub nodes: Vec<Compared>,
+    pub seconds: f64,
+}
+
+impl Verification {
+    pub fn text(&self) -> String {
+        use std::fmt::Write;
+        let mut s = String::new();
+        let verdict = if self.passed { "passed" } else { "FAILED" };
+        let _ =
+            writeln!(s, "verification {verdict} ({:.2} s, ONNX Runtime CPU, graph optimizations off)", self.seconds);
+        let shapes: Vec<String> = self.inputs.iter().map(|(n, s)| format!("{n} {s:?}")).collect();
+        let _ = writeln!(s, "  inputs: {}", shapes.join(", "));
+        for c in self.outputs.iter().chain(self.nodes.iter().take(if self.passed { 3 } else { 10 })) {
+            let what = c.node.as_deref().map_or_else(|| format!("output {}", c.name), |n| format!("node {n}"));
+            let mark = if c.passed { "ok  " } else { "FAIL" };
+            let _ = write!(
+                s,
+                "  {mark} {what}: max abs {:.3e}, max rel {:.3e} ({}, rtol {:.0e}, atol {:.0e})",
+                c.max_abs, c.max_rel, c.elem_type, c.tolerance.rtol, c.tolerance.atol
+            );
+            if let Some(p) = &c.problem {
+                let _ = write!(s, ", {p}");
+            }
+            s.push('\n');
+        }
+        if self.nodes.len() > 3 && self.passed {
+            let _ = writeln!(s, "  ... and {} more fused nodes within tolerance", self.nodes.len() - 3);
+        }
+        s
+    }
+}
+
+/// Compares `original` and `rewritten` (whose directories resolve their
+/// external data). Fused nodes are those of `rewritten` carrying a
+/// `transmuter.fused` entry whose output the original also computes.
+pub fn verify(
+    original: (&ModelProto, &Path),
+    rewritten: (&ModelProto, &Path),
+    options: &Options,
+) -> Result<Verification> {
+    let started = std::time::Instant::now();
+    let env = environment(&find_library(options.library.as_deref())?)?;
+    let fused = fused_outputs(rewritten.0);
+    let probe: Vec<String> = fused.iter().map(|(out, _)| out.clone()).collect();
+    let inputs = synthesize_inputs(original.0, options)?;
+    let run = |model: &ModelProto, dir: &Path, which: &str| -> Result<HashMap<String, Values>> {
+        let mut copy = model.clone();
+        expose(&mut copy, &probe);
+        let bytes = copy.encode_to_vec();
+        let folder = dir.to_string_lossy();
+        let mut session = Session::builder(env)
+            .map_err(|e| anyhow!("{e}"))?
+            .with_optimization_level(GraphOptimizationLevel::Disable)
+            .and_then(|b| b.with_config_entry("session.model_external_initializers_file_folder_path", folder))
+            .map_err(|e| anyhow!("{e}"))?
+            .commit_from_memory(&bytes)
+            .map_err(|e| anyhow!("ONNX Runtime cannot load the {which} model: {e}"))?;
+        let feeds: Vec<(String, DynValue)> =
+            inputs.iter().map(|i| Ok((i.name.clone(), i.to_value()?))).collect::<Result<_>>()?;
+        let outputs = session.run(feeds).map_err(|e| anyhow!("ONNX Runtime cannot run the {which} model: {e}"))?;
+        let mut values = HashMap::new();
+        for (name, value) in outputs.iter() {
+            values.insert(name.to_string(), Values::read(&value)?);
+        }
+        Ok(values)
+    };
+    let a = run(original.0, original.1, "original")?;
+    let b = run(rewritten.0, rewritten.1, "rewritten")?;
+    let graph_outputs: Vec<String> =
+        original.0.graph.iter().flat_map(|g| g.output.iter().map(|o| o.name().to_string())).collect();
+    let compare = |name: &str, node: Option<String>| -> Result<Compared> {
+        let (x, y) = (a.get(name), b.get(name));
+        let (x, y) = x.zip(y).ok_or_else(|| anyhow!("{name} is not computed by both models"))?;
+        let tolerance = default_tolerance(x.elem_type);
+        let tolerance =
+            Tolerance { rtol: options.rtol.unwrap_or(tolerance.rtol), atol: options.atol.unwrap_or(tolerance.atol) };
+        Ok(compare_values(name, node, x, y, tolerance))
+    };
+    let outputs: Vec<Compared> = graph_outputs.iter().map(|o| compare(o, None)).collect::<Result<_>>()?;
+    let mut nodes: Vec<Compared> =
+        fused.iter().map(|(out, node)| compare(out, Some(node.clone()))).collect::<Result<_>>()?;
+    nodes.sort_by(|p, q| q.badness.total_cmp(&p.badness));
+    let passed = outputs.iter().chain(&nodes).all(|c| c.passed);
+    Ok(Verification {
+        passed,
+        inputs: inputs.iter().map(|i| (i.name.clone(), i.shape.clone())).collect(),
+        outputs,
+        nodes,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// (output name, "OpType name") of every fused node in the main graph.
+fn fused_outputs(model: &ModelProto) -> Vec<(String, String)> {
+    let Some(g) = &model.graph else { return vec![] };
+    g.node
+        .iter()
+        .filter(|n| n.metadata(FUSED_KEY).is_some() && !n.output.is_empty())
+        .map(|n| (n.output[0].clone(), format!("{} {}", n.op_type(), n.name())))
+        .collect()
+}
+
+/// Makes values graph outputs so a session returns them.
+fn expose(model: &mut ModelProto, values: &[String]) {
+    let Some(g) = model.graph.as_mut() else { return };
+    for v in values {
+        if !g.output.iter().any(|o| o.name() == v) {
+            g.output.push(ValueInfoProto { name: Some(v.clone()), ..Default::default() });
+        }
+    }
+}
+
+/// One input tensor, synthesized.
+struct Input {
+    name: String,
+    shape: Vec<i64>,
+    data: Data,
+}
+
+enum Data {
+    F32(Vec<f32>),
+    F16(Vec<half::f16>),
+    Bf16(Vec<half::bf16>),
+    F64(Vec<f64>),
+    I64(Vec<i64>),
+    I32(Vec<i32>),
+    Bool(Vec<bool>),
+}
+
+impl Input {
+    fn to_value(&self) -> Result<DynValue> {
+        let shape = self.shape.clone();
+        let value = match &self.data {
+            Data::F32(v) => Tensor::from_array((shape, v.clone())).map(|t| t.into_dyn()),
+            Data::F16(v) => Tensor::from_array((shape, v.clone())).map(|t| t.into_dyn()),
+            Data::Bf16(v) => Tensor::from_array((shape, v.clone())).map(|t| t.into_dyn()),
+            Data::F64(v) => Tensor::from_array((shape, v.clone())).map(|t| t.into_dyn()),
+            Data::I64(v) => Tensor::from_array((shape, v.clone())).map(|t| t.into_dyn()),
+            Data::I32(v) => Tensor::from_array((shape, v.clone())).map(|t| t.into_dyn()),
+            Data::Bool(v) => Tensor::from_array((shape, v.clone())).map(|t| t.into_dyn()),
+        };
+        value.map_err(|e| anyhow!("cannot make input {}: {e}", self.name))
+    }
+}
+
+/// A symbol's value when the user gave none: sequence-like names get a
+/// length that exercises masks and softmax, everything else a small size.
+fn default_dim(symbol: &str) -> i64 {
+    let s = symbol.to_ascii_lowercase();
+    if s.contains("batch") {
+        2
+    } else if s.contains("past") {
+        3
+    } else {
+        7
+    }
+}
+
+/// Inputs from the declared graph inputs: token ids within the vocabulary
+/// the embedding that reads them implies, attention masks of ones, position
+/// ids counting up, token type ids of zero, floats uniform in [-1, 1) from
+/// a fixed seed.
+fn synthesize_inputs(model: &ModelProto, options: &Options) -> Result<Vec<Input>> {
+    let graph = model.graph.as_ref().ok_or_else(|| anyhow!("the model has no graph"))?;
+    let initializers: std::collections::HashSet<&str> = graph.initializer.iter().map(|t| t.name()).collect();
+    let scope = Scope::default();
+    let view = crate::graph::Graph::new(graph, model.default_opset(), &scope);
+    let mut rng = SplitMix(options.seed ^ 0x6f6e_6e78_6675_7365);
+    let mut inputs = Vec::new();
+    for vi in graph.input.iter().filter(|i| !initializers.contains(i.name())) {
+        let name = vi.name().to_string();
+        let Some(TypeValue::TensorType(t)) = vi.r#type.as_ref().and_then(|t| t.value.as_ref()) else {
+            bail!("input {name} is not a tensor; pass inputs for it (not supported yet)");
+        };
+        let shape: Vec<i64> = t.shape.as_ref().map_or(vec![], |s| {
+            s.dim
+                .iter()
+                .map(|d| match &d.value {
+                    Some(Dim::DimValue(v)) => *v,
+                    Some(Dim::DimParam(p)) => options.dims.get(p).copied().unwrap_or_else(|| default_dim(p)),
+                    None => 1,
+                })
+                .collect()
+        });
+        let n = shape.iter().product::<i64>().max(0) as usize;
+        let lower = name.to_ascii_lowercase();
+        let ints = |rng: &mut SplitMix| -> Vec<i64> {
+            if lower.contains("mask") {
+                vec![1; n]
+            } else if lower.contains("position") {
+                let last = *shape.last().unwrap_or(&1) as usize;
+                (0..n).map(|i| (i % last.max(1)) as i64).collect()
+            } else if lower.contains("type") {
+                vec![0; n]
+            } else {
+                let vocab = vocabulary(&view, vi.name()).unwrap_or(2);
+                (0..n).map(|_| (rng.next() % vocab as u64) as i64).collect()
+            }
+        };
+        let mut floats = |n: usize| -> Vec<f64> { (0..n).map(|_| rng.uniform() * 2.0 - 1.0).collect() };
+        let data = match DataType::try_from(t.elem_type()) {
+            Ok(DataType::Float) => Data::F32(floats(n).into_iter().map(|v| v as f32).collect()),
+            Ok(DataType::Float16) => Data::F16(floats(n).into_iter().map(half::f16::from_f64).collect()),
+            Ok(DataType::Bfloat16) => Data::Bf16(floats(n).into_iter().map(half::bf16::from_f64).collect()),
+            Ok(DataType::Double) => Data::F64(floats(n)),
+            Ok(DataType::Int64) => Data::I64(ints(&mut rng)),
+            Ok(DataType::Int32) => Data::I32(ints(&mut rng).into_iter().map(|v| v as i32).collect()),
+            Ok(DataType::Bool) => Data::Bool(vec![true; n]),
+            _ => bail!("input {name} has an element type onnx-fuse cannot synthesize ({})", t.elem_type()),
+        };
+        inputs.push(Input { name, shape, data });
+    }
+    Ok(inputs)
+}
+
+/// The row count of the first embedding table (`Gather` data) this input indexes.
+fn vocabulary(view: &crate::graph::Graph, input: &str) -> Option<i64> {
+    view.consumers(input).iter().find_map(|&c| {
+        let node = view.node(c);
+        (node.is("Gather") && node.input.get(1).is_some_and(|i| i == input))
+            .then(|| view.constant(&node.input[0]).and_then(|t| t.dims.first().copied()))
+            .flatten()
+    })
+}
+
+/// A small deterministic generator (SplitMix64), so inputs depend on the seed only.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn uniform(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// An output read back as f64 (exact for every type compared here).
+struct Values {
+    elem_type: i32,
+    shape: Vec<i64>,
+    data: Vec<f64>,
+}
+
+impl Values {
+    fn read(value: &ort::value::DynValueRef<'_>) -> Result<Values> {
+        let ValueType::Tensor { ty, .. } = value.dtype() else { bail!("a non-tensor output cannot be compared yet") };
+        macro_rules! read {
+            ($t:ty, $onnx:expr, $conv:expr) => {{
+                let (shape, data) = value.try_extract_tensor::<$t>().map_err(|e| anyhow!("{e}"))?;
+                Values { elem_type: $onnx as i32, shape: shape.to_vec(), data: data.iter().map($conv).collect() }
+            }};
+        }
+        Ok(match ty {
+            TensorElementType::Float32 => read!(f32, DataType::Float, |v| *v as f64),
+            TensorElementType::Float16 => read!(half::f16, DataType::Float16, |v| v.to_f64()),
+            TensorElementType::Bfloat16 => read!(half::bf16, DataType::Bfloat16, |v| v.to_f64()),
+            TensorElementType::Float64 => read!(f64, DataType::Double, |v| *v),
+            TensorElementType::Int64 => read!(i64, DataType::Int64, |v| *v as f64),
+            TensorElementType::Int32 => read!(i32, DataType::Int32, |v| *v as f64),
+            TensorElementType::Bool => read!(bool, DataType::Bool, |v| *v as u8 as f64),
+            other => bail!("outputs of type {other:?} cannot be compared yet"),
+        })
+    }
+}
+
+fn type_name(elem_type: i32) -> String {
+    DataType::try_from(elem_type).map_or_else(|_| elem_type.to_string(), |t| t.as_str_name().to_ascii_lowercase())
+}
+
+fn compare_values(name: &str, node: Option<String>, a: &Values, b: &Values, tolerance: Tolerance) -> Compared {
+    let mut c = Compared {
+        name: name.to_string(),
+        node,
+        elem_type: type_name(a.elem_type),
+        elements: a.data.len(),
+        max_abs: 0.0,
+        max_rel: 0.0,
+        tolerance,
+        passed: true,
+        problem: None,
+        badness: 0.0,
+    };
+    let fail = |mut c: Compared, why: String| {
+        c.passed = false;
+        c.problem = Some(why);
+        c.badness = f64::INFINITY;
+        c
+    };
+    if a.elem_type != b.elem_type {
+        return fail(c, format!("types differ ({} vs {})", type_name(a.elem_type), type_name(b.elem_type)));
+    }
+    if a.shape != b.shape {
+        return fail(c, format!("shapes differ ({:?} vs {:?})", a.shape, b.shape));
+    }
+    let mut nan_mismatch = 0usize;
+    for (&x, &y) in a.data.iter().zip(&b.data) {
+        if x.is_nan() || y.is_nan() {
+            nan_mismatch += usize::from(x.is_nan() != y.is_nan());
+            continue;
+        }
+        if x == y {
+            continue; // equal infinities too
+        }
+        let abs = (x - y).abs();
+        c.max_abs = c.max_abs.max(abs);
+        c.max_rel = c.max_rel.max(abs / x.abs().max(f64::MIN_POSITIVE));
+        let allowed = tolerance.atol + tolerance.rtol * x.abs();
+        c.badness = c.badness.max(if allowed > 0.0 { abs / allowed } else { f64::INFINITY });
+    }
+    if nan_mismatch > 0 {
+        return fail(c, format!("NaN at {nan_mismatch} positions in one model only"));
+    }
+    c.passed = c.badness <= 1.0;
+    c
+}
