@@ -145,6 +145,9 @@ pub struct Verification {
     pub outputs: Vec<Compared>,
     /// Fused nodes, worst first.
     pub nodes: Vec<Compared>,
+    /// The first fused node in graph order whose output differs: nodes
+    /// after it inherit its error, so this is where to look.
+    pub blamed: Option<String>,
     pub seconds: f64,
 }
 
@@ -157,6 +160,9 @@ impl Verification {
             writeln!(s, "verification {verdict} ({:.2} s, ONNX Runtime CPU, graph optimizations off)", self.seconds);
         let shapes: Vec<String> = self.inputs.iter().map(|(n, s)| format!("{n} {s:?}")).collect();
         let _ = writeln!(s, "  inputs: {}", shapes.join(", "));
+        if let Some(node) = &self.blamed {
+            let _ = writeln!(s, "  first fused node to differ (in graph order): {node}");
+        }
         for c in self.outputs.iter().chain(self.nodes.iter().take(if self.passed { 3 } else { 10 })) {
             let what = c.node.as_deref().map_or_else(|| format!("output {}", c.name), |n| format!("node {n}"));
             let mark = if c.passed { "ok  " } else { "FAIL" };
@@ -226,6 +232,7 @@ pub fn verify(
     let outputs: Vec<Compared> = graph_outputs.iter().map(|o| compare(o, None)).collect::<Result<_>>()?;
     let mut nodes: Vec<Compared> =
         fused.iter().map(|(out, node)| compare(out, Some(node.clone()))).collect::<Result<_>>()?;
+    let blamed = nodes.iter().find(|c| !c.passed).and_then(|c| c.node.clone());
     nodes.sort_by(|p, q| q.badness.total_cmp(&p.badness));
     let passed = outputs.iter().chain(&nodes).all(|c| c.passed);
     Ok(Verification {
@@ -233,6 +240,7 @@ pub fn verify(
         inputs: inputs.iter().map(|i| (i.name.clone(), i.shape.clone())).collect(),
         outputs,
         nodes,
+        blamed,
         seconds: started.elapsed().as_secs_f64(),
     })
 }

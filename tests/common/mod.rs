@@ -1,0 +1,87 @@
+//! Helpers the integration tests share: test models, running the passes
+//! and the binary, and proving equivalence through ONNX Runtime.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use onnx_fuse::io::{self, LoadOptions};
+use onnx_fuse::onnx::{ModelProto, NodeProto, FUSED_KEY};
+use onnx_fuse::rewrite::{self, Outcome};
+use onnx_fuse::verify::{self, Verification};
+use onnx_fuse::{onnx, passes};
+
+pub fn testdata(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata").join(name)
+}
+
+pub fn load(name: &str) -> ModelProto {
+    io::load(&testdata(name), LoadOptions::default()).unwrap_or_else(|e| panic!("{e:#}")).model
+}
+
+/// Runs the named passes (`default` allowed) on a model in memory.
+pub fn fuse_model(model: &ModelProto, names: &[&str]) -> (ModelProto, Outcome) {
+    let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+    let pipeline = passes::pipeline(&names, &[]).expect("known passes");
+    let mut fused = model.clone();
+    let outcome = rewrite::run(&mut fused, &pipeline);
+    (fused, outcome)
+}
+
+pub fn fuse(name: &str) -> (ModelProto, ModelProto, Outcome) {
+    let original = load(name);
+    let (fused, outcome) = fuse_model(&original, &["default"]);
+    (original, fused, outcome)
+}
+
+/// Every node of the main graph and of every subgraph body.
+pub fn all_nodes(model: &ModelProto) -> Vec<&NodeProto> {
+    fn walk<'a>(g: &'a onnx::GraphProto, out: &mut Vec<&'a NodeProto>) {
+        for n in &g.node {
+            out.push(n);
+            for body in n.subgraphs() {
+                walk(body, out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(model.graph.as_ref().unwrap(), &mut out);
+    out
+}
+
+pub fn count_op(model: &ModelProto, op: &str) -> usize {
+    all_nodes(model).iter().filter(|n| n.op_type() == op).count()
+}
+
+pub fn node<'a>(model: &'a ModelProto, name: &str) -> Option<&'a NodeProto> {
+    all_nodes(model).into_iter().find(|n| n.name() == name)
+}
+
+pub fn fused_list(node: &NodeProto) -> Vec<&str> {
+    node.metadata(FUSED_KEY).expect("a transmuter.fused entry").split(", ").collect()
+}
+
+/// Proves `fused` computes what `original` does, through ONNX Runtime.
+pub fn assert_equivalent(original: &ModelProto, fused: &ModelProto, name: &str) -> Verification {
+    let dir = io::parent(&testdata(name));
+    let v = verify::verify((original, &dir), (fused, &dir), &verify::Options::default())
+        .unwrap_or_else(|e| panic!("{name}: verification could not run: {e:#}"));
+    assert!(v.passed, "{name}: the fused model differs:\n{}", v.text());
+    v
+}
+
+pub fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_onnx-fuse"))
+}
+
+pub fn run(args: &[&str]) -> Output {
+    bin().args(args).output().expect("the binary runs")
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+pub fn tempdir() -> tempfile::TempDir {
+    tempfile::tempdir().expect("a temporary directory")
+}

@@ -1,0 +1,220 @@
+//! rms-norm and layer-norm on real exports: what fuses, the exact structure
+//! written, and equivalence through ONNX Runtime.
+
+mod common;
+
+use common::*;
+use onnx_fuse::onnx::{ModelProto, NodeProto};
+
+/// (model, SimplifiedLayerNormalization expected, LayerNormalization expected, eps)
+const EXPORTS: &[(&str, usize, usize, f32)] = &[
+    ("llama_ts_op14.onnx", 5, 0, 1e-6),
+    ("llama_sdpa_ts_op14.onnx", 5, 0, 1e-6),
+    ("llama_ts_op17_fp16.onnx", 5, 0, 1e-6),
+    ("llama_dynamo_op18.onnx", 5, 0, 1e-6),
+    ("llama_optimum.onnx", 5, 0, 1e-6),
+    ("qwen2_dynamo_op18_fp16.onnx", 5, 0, 1e-5),
+    ("gemma_ts_op14.onnx", 5, 0, 1e-6),
+    ("gemma_ts_op17_fp16.onnx", 5, 0, 1e-6),
+    ("t5_encoder_ts_op14.onnx", 5, 0, 1e-6),
+    ("t5_encoder_ts_op17_fp16.onnx", 5, 0, 1e-6),
+    ("gpt2_ts_op14.onnx", 0, 5, 1e-5),
+    ("bert_ts_op14.onnx", 0, 5, 1e-12),
+    ("bert_optimum.onnx", 0, 5, 1e-12),
+    ("whisper_encoder_ts_op14.onnx", 0, 5, 1e-5),
+    // The fp16 GPT-2 export normalizes in f64: eps is f64, outside the spec.
+    ("gpt2_ts_op13_fp16.onnx", 0, 0, 0.0),
+    ("if_branches_rms.onnx", 2, 0, 1e-6),
+    ("external/model.onnx", 5, 0, 1e-6),
+];
+
+fn check_attributes(node: &NodeProto, eps: f32, model: &str) {
+    assert_eq!(node.domain(), "", "{model}: {} is in the default domain", node.name());
+    assert_eq!(node.attr_int("axis"), Some(-1), "{model}: axis");
+    assert_eq!(node.attr_int("stash_type"), Some(1), "{model}: stash_type");
+    let written = node.attr_float("epsilon").expect("epsilon");
+    assert_eq!(written.to_bits(), eps.to_bits(), "{model}: epsilon {written:e} is the model's eps {eps:e} bit for bit");
+    assert_eq!(node.attribute.len(), 3, "{model}: exactly axis, epsilon, stash_type");
+}
+
+#[test]
+fn every_export_fuses_every_norm_and_computes_the_same() {
+    for &(name, rms, ln, eps) in EXPORTS {
+        let (original, fused, outcome) = fuse(name);
+        assert_eq!(count_op(&fused, "SimplifiedLayerNormalization"), rms, "{name}: SimplifiedLayerNormalization count");
+        assert_eq!(count_op(&fused, "LayerNormalization"), ln, "{name}: LayerNormalization count");
+        assert_eq!(outcome.fused.len(), rms + ln, "{name}: the report counts every fused node");
+        for node in all_nodes(&fused).into_iter().filter(|n| n.metadata("transmuter.fused").is_some()) {
+            check_attributes(node, eps, name);
+            let list = fused_list(node);
+            assert!(list.len() >= 6, "{name}: {} lists the nodes it replaced: {list:?}", node.name());
+            for entry in &list {
+                let original_node = entry.split_once(' ').map(|(_, n)| n).unwrap();
+                assert!(common::node(&original, original_node).is_some(), "{name}: {entry} is a node of the export");
+                assert!(common::node(&fused, original_node).is_none(), "{name}: {entry} was removed");
+            }
+        }
+        assert_equivalent(&original, &fused, name);
+    }
+}
+
+#[test]
+fn rms_norm_writes_the_spec_node_with_its_provenance() {
+    let (_, fused, _) = fuse("llama_ts_op14.onnx");
+    let scope = "/model/model/layers.0/input_layernorm/";
+    let node = common::node(&fused, &format!("{scope}SimplifiedLayerNormalization")).expect("the fused node");
+    assert_eq!(node.op_type(), "SimplifiedLayerNormalization");
+    // fp32 export: the identity Cast(x → f32) feeds the residual too, so it stays.
+    assert_eq!(node.input, vec![format!("{scope}Cast_output_0"), "model.model.layers.0.input_layernorm.weight".to_string()]);
+    assert_eq!(node.output, vec![format!("{scope}Mul_1_output_0")], "the anchor's output name is kept");
+    let expected = ["Mul Mul_1", "Constant Constant", "Pow Pow", "ReduceMean ReduceMean", "Constant Constant_1",
+        "Add Add", "Sqrt Sqrt", "Constant Constant_2", "Div Div", "Mul Mul", "Cast Cast_1"]
+        .map(|e| e.replacen(' ', &format!(" {scope}"), 1))
+        .join(", ");
+    assert_eq!(node.metadata("transmuter.fused"), Some(expected.as_str()));
+}
+
+#[test]
+fn fp16_llama_folds_both_casts_into_the_norm() {
+    let (_, fused, _) = fuse("llama_ts_op17_fp16.onnx");
+    let scope = "/model/model/layers.0/input_layernorm/";
+    let node = common::node(&fused, &format!("{scope}SimplifiedLayerNormalization")).unwrap();
+    assert_eq!(node.input[0], "/model/model/embed_tokens/Gather_output_0", "reads the f16 value before the Cast");
+    let list = fused_list(node);
+    assert!(list.contains(&format!("Cast {scope}Cast").as_str()) && list.contains(&format!("Cast {scope}Cast_1").as_str()));
+    assert_eq!(count_op(&fused, "Cast") + 10, count_op(&load("llama_ts_op17_fp16.onnx"), "Cast"));
+}
+
+#[test]
+fn t5_fp16_twin_casts_of_one_value_are_one_value() {
+    let (_, fused, _) = fuse("t5_encoder_ts_op17_fp16.onnx");
+    let node = common::node(&fused, "/model/encoder/block.0/layer.0/layer_norm/SimplifiedLayerNormalization").unwrap();
+    assert_eq!(node.input[0], "/model/encoder/shared/Gather_output_0");
+    assert_eq!(fused_list(node).iter().filter(|e| e.starts_with("Cast ")).count(), 3);
+}
+
+#[test]
+fn layer_norm_writes_the_spec_node() {
+    let (_, fused, _) = fuse("gpt2_ts_op14.onnx");
+    let scope = "/model/transformer/h.0/ln_1/";
+    let node = common::node(&fused, &format!("{scope}LayerNormalization")).expect("the fused node");
+    assert_eq!(node.input, vec![
+        "/model/transformer/Add_output_0".to_string(),
+        "model.transformer.h.0.ln_1.weight".to_string(),
+        "model.transformer.h.0.ln_1.bias".to_string(),
+    ]);
+    let expected = ["Add Add_1", "ReduceMean ReduceMean", "Sub Sub", "Constant Constant", "Pow Pow",
+        "ReduceMean ReduceMean_1", "Constant Constant_1", "Add Add", "Sqrt Sqrt", "Div Div", "Mul Mul"]
+        .map(|e| e.replacen(' ', &format!(" {scope}"), 1))
+        .join(", ");
+    assert_eq!(node.metadata("transmuter.fused"), Some(expected.as_str()));
+}
+
+#[test]
+fn layer_norm_is_one_node_whichever_pass_runs_first() {
+    let original = load("gpt2_ts_op14.onnx");
+    let (ln_first, _) = fuse_model(&original, &["layer-norm", "rms-norm"]);
+    let (rms_first, outcome) = fuse_model(&original, &["rms-norm", "layer-norm"]);
+    for fused in [&ln_first, &rms_first] {
+        assert_eq!(count_op(fused, "LayerNormalization"), 5);
+        assert_eq!(count_op(fused, "SimplifiedLayerNormalization"), 0);
+    }
+    assert_eq!(outcome.fused.iter().filter(|f| f.pass == "rms-norm").count(), 5, "rms-norm did run first");
+    let names = |m: &ModelProto| -> Vec<Vec<String>> {
+        let mut lists: Vec<Vec<String>> = all_nodes(m)
+            .iter()
+            .filter(|n| n.op_type() == "LayerNormalization")
+            .map(|n| {
+                let mut l: Vec<String> = fused_list(n).iter().map(|s| s.to_string()).collect();
+                l.sort();
+                l
+            })
+            .collect();
+        lists.sort();
+        lists
+    };
+    assert_eq!(names(&ln_first), names(&rms_first), "the same original nodes, folded through the SLN");
+    assert_equivalent(&original, &rms_first, "gpt2_ts_op14.onnx");
+}
+
+/// (near-miss model, the anchor that must survive, SLN count, LN count)
+const NEAR_MISSES: &[(&str, &str, usize, usize)] = &[
+    ("nm_rms_exponent3.onnx", "/model/model/layers.0/input_layernorm/Mul_1", 4, 0),
+    ("nm_rms_eps_not_constant.onnx", "/model/model/layers.0/input_layernorm/Mul_1", 4, 0),
+    ("nm_rms_axis0.onnx", "/model/model/layers.0/input_layernorm/Mul_1", 4, 0),
+    ("nm_rms_keepdims0.onnx", "/model/model/layers.0/input_layernorm/Mul_1", 4, 0),
+    ("nm_rms_intermediate_output.onnx", "/model/model/layers.0/input_layernorm/Mul_1", 4, 0),
+    ("nm_rms_numerator2.onnx", "/model/model/layers.0/input_layernorm/Mul_1", 4, 0),
+    ("nm_rms_weight_not_constant.onnx", "/model/model/layers.0/input_layernorm/Mul_1", 4, 0),
+    ("nm_rms_square_of_other_value.onnx", "/model/model/layers.0/input_layernorm/Mul_1", 4, 0),
+    // Equal norm weights share one initializer in torch exports: all five are 2-D.
+    ("nm_rms_weight_2d.onnx", "/model/model/layers.0/input_layernorm/Mul_1", 0, 0),
+    ("nm_rms_op18_no_axes.onnx", "node_mul_3", 4, 0),
+    ("nm_rms_op18_axes_not_constant.onnx", "node_mul_3", 4, 0),
+    ("nm_rms_read_by_subgraph.onnx", "/outer/Mul", 0, 0),
+    // A broken LayerNorm keeps its Add; its scaled rms core may still fuse.
+    ("nm_ln_mean_axis0.onnx", "/model/transformer/h.0/ln_1/Add_1", 1, 4),
+    ("nm_ln_centered_output.onnx", "/model/transformer/h.0/ln_1/Add_1", 1, 4),
+    ("nm_ln_mean_of_other_value.onnx", "/model/transformer/h.0/ln_1/Add_1", 1, 4),
+    ("nm_ln_beta_2d.onnx", "/model/transformer/h.0/ln_1/Add_1", 5, 0),
+];
+
+#[test]
+fn near_misses_do_not_fuse() {
+    for &(name, survivor, rms, ln) in NEAR_MISSES {
+        let (_, fused, outcome) = fuse(name);
+        assert!(common::node(&fused, survivor).is_some(), "{name}: {survivor} must not be fused away");
+        assert_eq!(count_op(&fused, "SimplifiedLayerNormalization"), rms, "{name}: SimplifiedLayerNormalization count");
+        assert_eq!(count_op(&fused, "LayerNormalization"), ln, "{name}: LayerNormalization count");
+        assert_eq!(outcome.fused.len(), rms + ln, "{name}");
+    }
+}
+
+#[test]
+fn near_misses_that_run_still_compute_the_same() {
+    for name in ["nm_rms_exponent3.onnx", "nm_rms_numerator2.onnx", "nm_rms_square_of_other_value.onnx",
+        "nm_ln_mean_axis0.onnx", "nm_ln_mean_of_other_value.onnx"]
+    {
+        let (original, fused, _) = fuse(name);
+        assert_equivalent(&original, &fused, name);
+    }
+}
+
+#[test]
+fn norms_inside_if_branches_fuse_with_outer_constants() {
+    let (_, fused, outcome) = fuse("if_branches_rms.onnx");
+    let mut graphs: Vec<&str> = outcome.fused.iter().map(|f| f.graph.as_str()).collect();
+    graphs.sort();
+    assert_eq!(graphs, ["main//If.else_branch", "main//If.then_branch"]);
+    let then_node = common::node(&fused, "/then/SimplifiedLayerNormalization").unwrap();
+    assert_eq!(then_node.input, ["x", "weight"], "x and the weight come from the outer graph");
+    let else_node = common::node(&fused, "/else/SimplifiedLayerNormalization").unwrap();
+    assert_eq!(else_node.input, ["/else/neg", "weight"]);
+}
+
+#[test]
+fn a_second_run_changes_nothing() {
+    for &(name, ..) in EXPORTS {
+        let (_, once, _) = fuse(name);
+        let (twice, outcome) = fuse_model(&once, &["default"]);
+        assert!(outcome.fused.is_empty(), "{name}: a second run fused {:?}", outcome.fused);
+        assert_eq!(once, twice, "{name}");
+    }
+}
+
+#[test]
+fn a_wrong_rewrite_fails_verification_and_names_the_node() {
+    let (original, mut fused, _) = fuse("llama_ts_op14.onnx");
+    let target = "/model/model/layers.1/input_layernorm/SimplifiedLayerNormalization";
+    let graph = fused.graph.as_mut().unwrap();
+    let node = graph.node.iter_mut().find(|n| n.name() == target).unwrap();
+    node.attribute.iter_mut().find(|a| a.name() == "epsilon").unwrap().f = Some(0.5);
+    let dir = onnx_fuse::io::parent(&testdata("llama_ts_op14.onnx"));
+    let v = onnx_fuse::verify::verify((&original, &dir), (&fused, &dir), &Default::default()).unwrap();
+    assert!(!v.passed && !v.outputs[0].passed);
+    // Later nodes inherit the error; the first to diverge in graph order is blamed.
+    assert_eq!(v.blamed.as_deref(), Some(format!("SimplifiedLayerNormalization {target}").as_str()));
+    assert!(v.nodes.iter().find(|c| c.node == v.blamed).is_some_and(|c| !c.passed));
+    let earlier = "/model/model/layers.0/input_layernorm/SimplifiedLayerNormalization";
+    assert!(v.nodes.iter().find(|c| c.node.as_deref().unwrap().ends_with(earlier)).unwrap().passed);
+}
