@@ -142,6 +142,18 @@ struct FuseArgs {
     verify_args: VerifyArgs,
 }
 
+/// An error in the arguments that clap cannot see (exit code 2).
+#[derive(Debug)]
+struct Usage(String);
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Usage {}
+
 /// What a run ends with besides errors.
 enum Done {
     Ok,
@@ -160,6 +172,10 @@ fn main() -> ExitCode {
     match result {
         Ok(Done::Ok) => ExitCode::SUCCESS,
         Ok(Done::VerificationFailed) => ExitCode::from(3),
+        Err(e) if e.is::<Usage>() => {
+            eprintln!("onnx-fuse: usage error: {e}");
+            ExitCode::from(2)
+        }
         Err(e) => {
             eprintln!("onnx-fuse: error: {e:#}");
             ExitCode::from(1)
@@ -168,7 +184,7 @@ fn main() -> ExitCode {
 }
 
 fn fuse(args: FuseArgs) -> Result<Done> {
-    let pipeline = passes::pipeline(&args.passes, &args.disable)?;
+    let pipeline = passes::pipeline(&args.passes, &args.disable).map_err(|e| Usage(e.to_string()))?;
     if args.list_passes {
         for pass in passes::ALL {
             let when = if pass.default { "default" } else { "on request" };

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::OnceLock;
 
 use prost::Message;
-use prost_types::field_descriptor_proto::Type;
+use prost_types::field_descriptor_proto::{Label, Type};
 use prost_types::{DescriptorProto, FileDescriptorSet};
 
 static DESCRIPTOR: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/onnx_descriptor.bin"));
@@ -33,8 +33,15 @@ impl std::fmt::Display for UnknownField {
     }
 }
 
-/// Per message type: field number → (field name, message type if it is one).
-type Schema = HashMap<String, HashMap<u32, (String, Option<String>)>>;
+/// One field of the schema: its name, its message type if it is one, and
+/// whether it repeats (paths index only repeated fields).
+struct Field {
+    name: String,
+    message: Option<String>,
+    repeated: bool,
+}
+
+type Schema = HashMap<String, HashMap<u32, Field>>;
 
 fn schema() -> &'static Schema {
     static SCHEMA: OnceLock<Schema> = OnceLock::new();
@@ -57,8 +64,12 @@ fn collect(schema: &mut Schema, scope: &str, message: &DescriptorProto) {
         .field
         .iter()
         .map(|f| {
-            let nested = (f.r#type() == Type::Message).then(|| f.type_name().to_string());
-            (f.number() as u32, (f.name().to_string(), nested))
+            let field = Field {
+                name: f.name().to_string(),
+                message: (f.r#type() == Type::Message).then(|| f.type_name().to_string()),
+                repeated: f.label() == Label::Repeated,
+            };
+            (f.number() as u32, field)
         })
         .collect();
     for nested in &message.nested_type {
@@ -80,7 +91,7 @@ fn walk(schema: &Schema, message: &str, mut buf: &[u8], path: &mut String) -> Re
         let key = varint(&mut buf)?;
         let number = (key >> 3) as u32;
         let wire = key & 7;
-        let Some((name, nested)) = fields.get(&number) else {
+        let Some(field) = fields.get(&number) else {
             return Ok(Some(UnknownField {
                 message: message.trim_start_matches('.').to_string(),
                 number,
@@ -97,13 +108,16 @@ fn walk(schema: &Schema, message: &str, mut buf: &[u8], path: &mut String) -> Re
                 let len = usize::try_from(varint(&mut buf)?).map_err(|_| "length overflow")?;
                 let payload = buf.get(..len).ok_or("truncated length-delimited field")?;
                 buf = &buf[len..];
-                if let Some(nested) = nested {
+                if let Some(nested) = &field.message {
                     let index = counts.entry(number).or_default();
                     let mark = path.len();
                     if !path.is_empty() {
                         path.push('.');
                     }
-                    path.push_str(&format!("{name}[{index}]"));
+                    path.push_str(&field.name);
+                    if field.repeated {
+                        path.push_str(&format!("[{index}]"));
+                    }
                     *index += 1;
                     if let Some(found) = walk(schema, nested, payload, path)? {
                         return Ok(Some(found));

@@ -1,0 +1,130 @@
+//! The command line: passes, reports, `show`, `verify`, exit codes.
+
+mod common;
+
+use std::fs;
+
+use common::*;
+
+#[test]
+fn list_passes_names_each_with_a_description() {
+    let r = run(&["--list-passes"]);
+    assert!(r.status.success());
+    let out = String::from_utf8(r.stdout.clone()).unwrap();
+    assert!(out.lines().any(|l| l.starts_with("rms-norm") && l.contains("default") && l.contains("SimplifiedLayerNormalization")));
+    assert!(out.lines().any(|l| l.starts_with("layer-norm") && l.contains("LayerNormalization")));
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    for args in [vec!["model.onnx"], vec!["--passes", "no-such-pass", "a.onnx", "-o", "b.onnx"], vec!["--bogus"]] {
+        let r = run(&args);
+        assert_eq!(r.status.code(), Some(2), "{args:?}: {}", stderr(&r));
+    }
+    let r = run(&["--passes", "no-such-pass", "a.onnx", "-o", "b.onnx"]);
+    assert!(stderr(&r).contains("unknown pass \"no-such-pass\""));
+}
+
+#[test]
+fn report_lists_counts_and_replaced_nodes() {
+    let dir = tempdir();
+    let out = dir.path().join("out.onnx");
+    let r = run(&[testdata("gpt2_ts_op14.onnx").to_str().unwrap(), "-o", out.to_str().unwrap(), "--report"]);
+    assert!(r.status.success());
+    let text = String::from_utf8(r.stdout.clone()).unwrap();
+    assert!(text.contains("layer-norm   5 fused") && text.contains("rms-norm     0 fused"), "{text}");
+    assert!(text.contains("LayerNormalization /model/transformer/h.0/ln_1/LayerNormalization  [layer-norm]"));
+    assert!(text.contains("    Sub /model/transformer/h.0/ln_1/Sub"));
+    assert!(stderr(&r).contains("fused 5 (layer-norm 5, rms-norm 0)"));
+}
+
+#[test]
+fn report_json_has_the_documented_fields() {
+    let dir = tempdir();
+    let (out, json) = (dir.path().join("out.onnx"), dir.path().join("report.json"));
+    let r = run(&["-q", "--verify", testdata("llama_ts_op14.onnx").to_str().unwrap(), "-o", out.to_str().unwrap(),
+        "--report-json", json.to_str().unwrap()]);
+    assert!(r.status.success(), "{}", stderr(&r));
+    assert!(r.stderr.is_empty() && r.stdout.is_empty(), "quiet");
+    let report: serde_json::Value = serde_json::from_slice(&fs::read(&json).unwrap()).unwrap();
+    assert_eq!(report["schema"], 1);
+    assert_eq!(report["passes"][1]["name"], "rms-norm");
+    assert_eq!(report["passes"][1]["fused"], 5);
+    let first = &report["fused"][0];
+    assert_eq!(first["op_type"], "SimplifiedLayerNormalization");
+    assert_eq!(first["graph"], "main");
+    assert_eq!(first["replaced"][0], "Mul /model/model/layers.0/input_layernorm/Mul_1");
+    let v = &report["verification"];
+    assert_eq!(v["passed"], true);
+    assert_eq!(v["outputs"][0]["name"], "out");
+    assert_eq!(v["nodes"].as_array().unwrap().len(), 5);
+    assert!(v["nodes"][0]["max_abs"].as_f64().unwrap() >= 0.0);
+    assert_eq!(v["outputs"][0]["tolerance"]["rtol"], 1e-4);
+}
+
+#[test]
+fn explain_says_why_a_candidate_did_not_fuse() {
+    let dir = tempdir();
+    let out = dir.path().join("out.onnx");
+    let r = run(&[testdata("nm_rms_exponent3.onnx").to_str().unwrap(), "-o", out.to_str().unwrap(), "--explain"]);
+    let text = String::from_utf8(r.stdout.clone()).unwrap();
+    assert!(text.contains("not fused by rms-norm at /model/model/layers.0/input_layernorm/Mul_1 (main): the exponent is 3, not 2"), "{text}");
+}
+
+#[test]
+fn show_reads_back_the_provenance() {
+    let dir = tempdir();
+    let out = dir.path().join("out.onnx");
+    assert!(run(&["-q", testdata("gpt2_ts_op14.onnx").to_str().unwrap(), "-o", out.to_str().unwrap()]).status.success());
+    let r = run(&["show", out.to_str().unwrap()]);
+    assert!(r.status.success());
+    let text = String::from_utf8(r.stdout.clone()).unwrap();
+    assert_eq!(text.lines().filter(|l| l.starts_with("LayerNormalization ")).count(), 5);
+    assert!(text.contains("\n    ReduceMean /model/transformer/h.0/ln_1/ReduceMean\n"));
+    let none = run(&["show", testdata("gpt2_ts_op14.onnx").to_str().unwrap()]);
+    assert_eq!(none.status.code(), Some(1));
+    assert!(stderr(&none).contains("contains no fused nodes"));
+}
+
+#[test]
+fn a_failed_verification_exits_3_and_writes_nothing() {
+    let dir = tempdir();
+    let out = dir.path().join("out.onnx");
+    // Zero tolerance: the fp16 kernels round differently from the primitives.
+    let r = run(&["--verify", "--rtol", "0", "--atol", "0", testdata("llama_ts_op17_fp16.onnx").to_str().unwrap(),
+        "-o", out.to_str().unwrap()]);
+    assert_eq!(r.status.code(), Some(3), "{}", stderr(&r));
+    assert!(stderr(&r).contains("verification FAILED") && stderr(&r).contains("not written"));
+    assert!(!out.exists());
+}
+
+#[test]
+fn verify_compares_any_two_models() {
+    let dir = tempdir();
+    let out = dir.path().join("out.onnx");
+    assert!(run(&["-q", testdata("bert_optimum.onnx").to_str().unwrap(), "-o", out.to_str().unwrap()]).status.success());
+    let r = run(&["verify", testdata("bert_optimum.onnx").to_str().unwrap(), out.to_str().unwrap(), "--dim", "batch_size=3"]);
+    assert!(r.status.success(), "{}", stderr(&r));
+    let text = String::from_utf8(r.stdout.clone()).unwrap();
+    assert!(text.starts_with("verification passed"), "{text}");
+    assert!(text.contains("input_ids [3, 7]"), "{text}");
+    assert!(text.contains("node LayerNormalization /encoder/layer.0/attention/output/LayerNorm/LayerNormalization")
+        || text.contains("node LayerNormalization"), "{text}");
+}
+
+#[test]
+fn a_missing_runtime_library_is_a_clear_error() {
+    let dir = tempdir();
+    let out = dir.path().join("out.onnx");
+    let model = testdata("llama_ts_op14.onnx");
+    let r = run(&["--verify", "--ort-lib", "/nonexistent/libonnxruntime.so", model.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    assert_eq!(r.status.code(), Some(1));
+    assert!(stderr(&r).contains("scripts/fetch-ort.sh"), "{}", stderr(&r));
+    let not_a_library = dir.path().join("libonnxruntime.so");
+    fs::write(&not_a_library, "not a library").unwrap();
+    let r = bin().env("ORT_DYLIB_PATH", &not_a_library)
+        .args(["--verify", model.to_str().unwrap(), "-o", out.to_str().unwrap()]).output().unwrap();
+    assert_eq!(r.status.code(), Some(1), "{}", stderr(&r));
+    assert!(stderr(&r).contains("cannot load ONNX Runtime"), "{}", stderr(&r));
+    assert!(!out.exists());
+}

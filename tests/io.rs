@@ -1,0 +1,231 @@
+//! Loss-free loading and writing: byte-identical output when nothing
+//! changes, refusal of fields our schema lacks, external data, atomic
+//! writes, and one-line errors on bad input.
+
+mod common;
+
+use std::fs;
+use std::path::Path;
+
+use common::*;
+use onnx_fuse::onnx::ModelProto;
+use prost::Message;
+
+fn all_testdata() -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(testdata(""))
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.ends_with(".onnx"))
+        .collect();
+    names.sort();
+    names.push("external/model.onnx".into());
+    names
+}
+
+#[test]
+fn with_nothing_to_change_the_output_is_byte_identical() {
+    let dir = tempdir();
+    for name in all_testdata() {
+        let out = dir.path().join("out.onnx");
+        let run = run(&["--disable", "rms-norm,layer-norm", "-q", testdata(&name).to_str().unwrap(), "-o", out.to_str().unwrap()]);
+        assert!(run.status.success(), "{name}: {}", stderr(&run));
+        assert_eq!(fs::read(&out).unwrap(), fs::read(testdata(&name)).unwrap(), "{name}");
+    }
+}
+
+#[test]
+fn our_schema_reads_and_rewrites_every_export_exactly() {
+    // Decoding and re-encoding reproduces the exporters' bytes: no field is
+    // lost or reordered, so a rewritten model differs only where it was fused.
+    for name in all_testdata() {
+        let bytes = fs::read(testdata(&name)).unwrap();
+        let model = ModelProto::decode(bytes.as_slice()).unwrap();
+        assert!(model.encode_to_vec() == bytes, "{name}: re-encoding changed the bytes");
+    }
+}
+
+/// A field number no ONNX message defines, appended to a message's bytes.
+fn with_unknown_field(bytes: &[u8], number: u32) -> Vec<u8> {
+    let mut out = bytes.to_vec();
+    prost::encoding::encode_key(number, prost::encoding::WireType::Varint, &mut out);
+    prost::encoding::encode_varint(7, &mut out);
+    out
+}
+
+#[test]
+fn unknown_fields_are_refused_unless_the_loss_is_accepted() {
+    let dir = tempdir();
+    let model = load("llama_ts_op14.onnx");
+    // At the top level, and inside the graph's first node.
+    let top = with_unknown_field(&model.encode_to_vec(), 99);
+    let mut nested_model = model.clone();
+    let graph = nested_model.graph.take().unwrap();
+    let node_bytes = with_unknown_field(&graph.node[0].encode_to_vec(), 1234);
+    let mut graph_bytes = Vec::new();
+    prost::encoding::bytes::encode(1, &node_bytes, &mut graph_bytes);
+    let mut rest = graph.clone();
+    rest.node.remove(0);
+    graph_bytes.extend(rest.encode_to_vec());
+    let mut nested = nested_model.encode_to_vec();
+    prost::encoding::bytes::encode(7, &graph_bytes, &mut nested);
+
+    for (bytes, field) in [(top, "field number 99 of onnx.ModelProto"), (nested, "field number 1234 of onnx.NodeProto at graph.node[0]")] {
+        let input = dir.path().join("unknown.onnx");
+        fs::write(&input, &bytes).unwrap();
+        let out = dir.path().join(format!("out{}.onnx", field.len()));
+        let refused = run(&[input.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+        assert_eq!(refused.status.code(), Some(1));
+        let message = stderr(&refused);
+        assert!(message.contains(field) && message.contains("unknown.onnx") && message.contains("--allow-unknown-fields"), "{message}");
+        assert_eq!(message.lines().count(), 1, "one line: {message}");
+        assert!(!out.exists());
+        let accepted = run(&["--allow-unknown-fields", "-q", input.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+        assert!(accepted.status.success(), "{}", stderr(&accepted));
+    }
+}
+
+#[test]
+fn bad_input_gives_one_line_naming_the_file_and_exit_1() {
+    let dir = tempdir();
+    let good = fs::read(testdata("gpt2_ts_op14.onnx")).unwrap();
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("empty.onnx", vec![]),
+        ("text.onnx", b"this is not a model\n".to_vec()),
+        ("truncated.onnx", good[..good.len() / 2].to_vec()),
+        ("random.onnx", (0..4096u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect()),
+    ];
+    for (name, bytes) in cases {
+        let input = dir.path().join(name);
+        fs::write(&input, &bytes).unwrap();
+        let out = dir.path().join("out.onnx");
+        let r = run(&[input.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+        let message = stderr(&r);
+        assert_eq!(r.status.code(), Some(1), "{name}: {message}");
+        assert!(message.starts_with("onnx-fuse: error: ") && message.contains(name), "{name}: {message}");
+        assert_eq!(message.lines().count(), 1, "{name}: {message}");
+        assert!(!out.exists(), "{name}: nothing written");
+        assert_eq!(fs::read(&input).unwrap(), bytes, "{name}: the input is untouched");
+    }
+    let missing = run(&[dir.path().join("missing.onnx").to_str().unwrap(), "-o", "x.onnx"]);
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(stderr(&missing).contains("missing.onnx: cannot open"));
+}
+
+#[test]
+fn the_input_is_never_the_output() {
+    let dir = tempdir();
+    let input = dir.path().join("model.onnx");
+    fs::copy(testdata("llama_ts_op14.onnx"), &input).unwrap();
+    let before = fs::read(&input).unwrap();
+    let r = run(&[input.to_str().unwrap(), "-o", input.to_str().unwrap()]);
+    assert_eq!(r.status.code(), Some(1));
+    assert!(stderr(&r).contains("would overwrite the input"));
+    // Another spelling of the same path.
+    let other = dir.path().join(".").join("model.onnx");
+    let r = run(&[input.to_str().unwrap(), "-o", other.to_str().unwrap()]);
+    assert_eq!(r.status.code(), Some(1));
+    assert_eq!(fs::read(&input).unwrap(), before);
+}
+
+#[test]
+fn writing_leaves_no_partial_files() {
+    let dir = tempdir();
+    let out = dir.path().join("no-such-dir").join("out.onnx");
+    let r = run(&[testdata("llama_ts_op14.onnx").to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    assert_eq!(r.status.code(), Some(1));
+    assert!(stderr(&r).contains("does not exist"));
+    // A successful write leaves exactly the output behind.
+    let out = dir.path().join("out.onnx");
+    let r = run(&["-q", testdata("llama_ts_op14.onnx").to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    assert!(r.status.success());
+    let names: Vec<_> = fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names, ["out.onnx"]);
+}
+
+#[test]
+fn runs_are_deterministic() {
+    let dir = tempdir();
+    let (a, b) = (dir.path().join("a.onnx"), dir.path().join("b.onnx"));
+    for name in ["llama_ts_op14.onnx", "gpt2_ts_op14.onnx", "if_branches_rms.onnx"] {
+        for out in [&a, &b] {
+            assert!(run(&["-q", testdata(name).to_str().unwrap(), "-o", out.to_str().unwrap()]).status.success());
+        }
+        assert_eq!(fs::read(&a).unwrap(), fs::read(&b).unwrap(), "{name}");
+        // Fusing the output again writes it back unchanged.
+        assert!(run(&["-q", a.to_str().unwrap(), "-o", b.to_str().unwrap()]).status.success());
+        assert_eq!(fs::read(&a).unwrap(), fs::read(&b).unwrap(), "{name}: idempotent");
+    }
+}
+
+fn external(dir: &Path) -> std::path::PathBuf {
+    let src = dir.join("src");
+    fs::create_dir(&src).unwrap();
+    for f in ["model.onnx", "model.weights"] {
+        fs::copy(testdata("external").join(f), src.join(f)).unwrap();
+    }
+    src.join("model.onnx")
+}
+
+#[test]
+fn external_data_beside_the_input_is_referenced_not_copied() {
+    let dir = tempdir();
+    let input = external(dir.path());
+    let out = input.with_file_name("fused.onnx");
+    let r = run(&["-q", input.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    assert!(r.status.success(), "{}", stderr(&r));
+    let mut names: Vec<_> = fs::read_dir(input.parent().unwrap()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    names.sort();
+    assert_eq!(names, ["fused.onnx", "model.onnx", "model.weights"]);
+    let original = load("external/model.onnx");
+    let fused = onnx_fuse::io::load(&out, Default::default()).unwrap().model;
+    assert_eq!(count_op(&fused, "SimplifiedLayerNormalization"), 5);
+    let v = onnx_fuse::verify::verify((&original, &testdata("external")), (&fused, input.parent().unwrap()), &Default::default()).unwrap();
+    assert!(v.passed, "{}", v.text());
+}
+
+#[test]
+fn external_data_is_copied_beside_an_output_elsewhere() {
+    let dir = tempdir();
+    let input = external(dir.path());
+    let out_dir = dir.path().join("out");
+    fs::create_dir(&out_dir).unwrap();
+    let out = out_dir.join("fused.onnx");
+    let r = run(&["-q", input.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    assert!(r.status.success(), "{}", stderr(&r));
+    let (copy, source) = (out_dir.join("model.weights"), input.with_file_name("model.weights"));
+    assert_eq!(fs::read(&copy).unwrap(), fs::read(&source).unwrap());
+    use std::os::unix::fs::MetadataExt;
+    assert_ne!(fs::metadata(&copy).unwrap().ino(), fs::metadata(&source).unwrap().ino(), "a copy, not a link");
+    // Asked for, a hard link.
+    let linked = dir.path().join("linked");
+    fs::create_dir(&linked).unwrap();
+    let r = run(&["-q", "--link-external-data", input.to_str().unwrap(), "-o", linked.join("f.onnx").to_str().unwrap()]);
+    assert!(r.status.success(), "{}", stderr(&r));
+    assert_eq!(fs::metadata(linked.join("model.weights")).unwrap().ino(), fs::metadata(&source).unwrap().ino());
+}
+
+#[test]
+fn missing_or_escaping_external_data_is_refused() {
+    let dir = tempdir();
+    let input = external(dir.path());
+    fs::rename(input.with_file_name("model.weights"), input.with_file_name("moved.weights")).unwrap();
+    let r = run(&[input.to_str().unwrap(), "-o", dir.path().join("o.onnx").to_str().unwrap()]);
+    assert_eq!(r.status.code(), Some(1));
+    assert!(stderr(&r).contains("external data file \"model.weights\" is missing"), "{}", stderr(&r));
+
+    for location in ["../model.weights", "/etc/passwd"] {
+        let mut model = load("external/model.onnx");
+        for t in &mut model.graph.as_mut().unwrap().initializer {
+            for e in &mut t.external_data {
+                if e.key() == "location" {
+                    e.value = Some(location.into());
+                }
+            }
+        }
+        let path = dir.path().join("escape.onnx");
+        fs::write(&path, model.encode_to_vec()).unwrap();
+        let r = run(&[path.to_str().unwrap(), "-o", dir.path().join("o.onnx").to_str().unwrap()]);
+        assert_eq!(r.status.code(), Some(1), "{location}");
+        assert!(stderr(&r).contains(location) && stderr(&r).contains("escape.onnx"), "{}", stderr(&r));
+    }
+}
