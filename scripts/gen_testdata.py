@@ -384,6 +384,55 @@ def external_data_model(base):
     record("external/model.onnx", external_data_of=base, location="model.weights")
 
 
+def complex_models():
+    """The decomposed complex product (the seed's pattern) beside the
+    com.microsoft op, to check verification's reference functions."""
+    mk = helper.make_node
+    for op, re_op, im_terms in [("ComplexMul", "Sub", ("rr_i", "ri", "ir")), ("ComplexMulConj", "Add", ("im_c", "ir", "ri"))]:
+        a = helper.make_tensor_value_info("A", TensorProto.FLOAT, [3, 4, 2])
+        b = helper.make_tensor_value_info("B", TensorProto.FLOAT, [3, 4, 2])
+        c = helper.make_tensor_value_info("C", TensorProto.FLOAT, [3, 4, 2])
+        idx = [numpy_helper.from_array(np.array(0, dtype=np.int64), "zero"),
+               numpy_helper.from_array(np.array(1, dtype=np.int64), "one"),
+               numpy_helper.from_array(np.array([-1], dtype=np.int64), "last")]
+        im_op = "Add" if op == "ComplexMul" else "Sub"
+        nodes = [
+            mk("Gather", ["A", "zero"], ["ar"], axis=-1), mk("Gather", ["A", "one"], ["ai"], axis=-1),
+            mk("Gather", ["B", "zero"], ["br"], axis=-1), mk("Gather", ["B", "one"], ["bi"], axis=-1),
+            mk("Mul", ["ar", "br"], ["rr"]), mk("Mul", ["ai", "bi"], ["ii"]),
+            mk("Mul", ["ar", "bi"], ["ri"]), mk("Mul", ["ai", "br"], ["ir"]),
+            mk(re_op, ["rr", "ii"], ["re"]),
+            mk(im_op, [im_terms[1], im_terms[2]], ["im"]),
+            mk("Unsqueeze", ["re", "last"], ["re1"]), mk("Unsqueeze", ["im", "last"], ["im1"]),
+            mk("Concat", ["re1", "im1"], ["C"], axis=-1),
+        ]
+        for i, n in enumerate(nodes):
+            n.name = f"/complex/{n.op_type}_{i}"
+        model = helper.make_model(helper.make_graph(nodes, "complex", [a, b], [c], initializer=idx),
+                                  opset_imports=[helper.make_opsetid("", 17)], producer_name="gen_testdata")
+        model.ir_version = 8
+        name = f"complex_{op}_decomposed.onnx"
+        onnx.save(model, os.path.join(OUT, name))
+        record(name, made_by="onnx.helper", what=f"{op} written as Gathers, Muls, {re_op}/{im_op}, Unsqueezes, Concat")
+        fused = helper.make_model(
+            helper.make_graph([mk(op, ["A", "B"], ["C"], domain="com.microsoft", name=f"/complex/{op}")], "complex", [a, b], [c]),
+            opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)], producer_name="gen_testdata")
+        fused.ir_version = 8
+        name = f"complex_{op}_op.onnx"
+        onnx.save(fused, os.path.join(OUT, name))
+        record(name, made_by="onnx.helper", what=f"com.microsoft.{op}(A, B), CUDA-only in ONNX Runtime")
+
+
+def inputs_npz():
+    """User-given inputs for verify: one 7-token row for the Llama export
+    (its traced causal mask fixes the sequence length at 7)."""
+    ids = np.array([[3, 14, 15, 9, 26, 53, 58]], dtype=np.int64)
+    np.savez(os.path.join(OUT, "llama_inputs.npz"), input_ids=ids, attention_mask=np.ones_like(ids))
+    np.savez(os.path.join(OUT, "llama_inputs_int32.npz"), input_ids=ids.astype(np.int32))
+    record("llama_inputs.npz", made_by="numpy.savez", what="inputs for llama_ts_op14.onnx")
+    record("llama_inputs_int32.npz", made_by="numpy.savez", what="input_ids of the wrong dtype (int32)")
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     use_mask_without_vmap()
@@ -421,6 +470,8 @@ def main():
         near_misses_rms_op18("llama_dynamo_op18.onnx")
         subgraph_models()
         external_data_model("llama_ts_op14.onnx")
+        complex_models()
+        inputs_npz()
     path = os.path.join(OUT, "MANIFEST.json")
     old = json.load(open(path)) if os.path.exists(path) else {}
     old.update(MANIFEST)

@@ -77,6 +77,9 @@ struct VerifyArgs {
     /// Value of a symbolic dimension, e.g. --dim batch=1 --dim sequence=16.
     #[arg(long, value_name = "NAME=VALUE", value_parser = parse_dim)]
     dim: Vec<(String, i64)>,
+    /// An .npz file with arrays named like the model's inputs (others are synthesized).
+    #[arg(long, value_name = "FILE")]
+    inputs: Option<PathBuf>,
 }
 
 impl VerifyArgs {
@@ -87,6 +90,7 @@ impl VerifyArgs {
             atol: self.atol,
             seed: self.seed,
             dims: self.dim.iter().cloned().collect(),
+            inputs: self.inputs.clone(),
         }
     }
 }
@@ -205,7 +209,8 @@ fn fuse(args: FuseArgs) -> Result<Done> {
         Some(original) => {
             progress.step("verifying through ONNX Runtime".into());
             let dir = io::parent(&input);
-            Some(verify::verify((original, &dir), (&loaded.model, &dir), &args.verify_args.options())?)
+            let verified = verify::verify((original, &dir), (&loaded.model, &dir), &args.verify_args.options());
+            Some(verified.with_context(|| format!("{}: cannot verify", input.display()))?)
         }
         None => None,
     };
@@ -243,7 +248,8 @@ fn compare(a: &Path, b: &Path, args: &VerifyArgs, json: Option<&Path>, options: 
     let (original, rewritten) = (io::load(a, options)?, io::load(b, options)?);
     let progress = Progress::new(false);
     progress.step("verifying through ONNX Runtime".into());
-    let v = verify::verify((&original.model, &io::parent(a)), (&rewritten.model, &io::parent(b)), &args.options())?;
+    let v = verify::verify((&original.model, &io::parent(a)), (&rewritten.model, &io::parent(b)), &args.options())
+        .with_context(|| format!("cannot verify {} against {}", b.display(), a.display()))?;
     progress.finish();
     write_json(json, &v)?;
     print!("{}", v.text());

@@ -11,7 +11,9 @@ fn list_passes_names_each_with_a_description() {
     let r = run(&["--list-passes"]);
     assert!(r.status.success());
     let out = String::from_utf8(r.stdout.clone()).unwrap();
-    assert!(out.lines().any(|l| l.starts_with("rms-norm") && l.contains("default") && l.contains("SimplifiedLayerNormalization")));
+    assert!(out
+        .lines()
+        .any(|l| l.starts_with("rms-norm") && l.contains("default") && l.contains("SimplifiedLayerNormalization")));
     assert!(out.lines().any(|l| l.starts_with("layer-norm") && l.contains("LayerNormalization")));
 }
 
@@ -42,8 +44,15 @@ fn report_lists_counts_and_replaced_nodes() {
 fn report_json_has_the_documented_fields() {
     let dir = tempdir();
     let (out, json) = (dir.path().join("out.onnx"), dir.path().join("report.json"));
-    let r = run(&["-q", "--verify", testdata("llama_ts_op14.onnx").to_str().unwrap(), "-o", out.to_str().unwrap(),
-        "--report-json", json.to_str().unwrap()]);
+    let r = run(&[
+        "-q",
+        "--verify",
+        testdata("llama_ts_op14.onnx").to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--report-json",
+        json.to_str().unwrap(),
+    ]);
     assert!(r.status.success(), "{}", stderr(&r));
     assert!(r.stderr.is_empty() && r.stdout.is_empty(), "quiet");
     let report: serde_json::Value = serde_json::from_slice(&fs::read(&json).unwrap()).unwrap();
@@ -68,14 +77,21 @@ fn explain_says_why_a_candidate_did_not_fuse() {
     let out = dir.path().join("out.onnx");
     let r = run(&[testdata("nm_rms_exponent3.onnx").to_str().unwrap(), "-o", out.to_str().unwrap(), "--explain"]);
     let text = String::from_utf8(r.stdout.clone()).unwrap();
-    assert!(text.contains("not fused by rms-norm at /model/model/layers.0/input_layernorm/Mul_1 (main): the exponent is 3, not 2"), "{text}");
+    assert!(
+        text.contains(
+            "not fused by rms-norm at /model/model/layers.0/input_layernorm/Mul_1 (main): the exponent is 3, not 2"
+        ),
+        "{text}"
+    );
 }
 
 #[test]
 fn show_reads_back_the_provenance() {
     let dir = tempdir();
     let out = dir.path().join("out.onnx");
-    assert!(run(&["-q", testdata("gpt2_ts_op14.onnx").to_str().unwrap(), "-o", out.to_str().unwrap()]).status.success());
+    assert!(run(&["-q", testdata("gpt2_ts_op14.onnx").to_str().unwrap(), "-o", out.to_str().unwrap()])
+        .status
+        .success());
     let r = run(&["show", out.to_str().unwrap()]);
     assert!(r.status.success());
     let text = String::from_utf8(r.stdout.clone()).unwrap();
@@ -91,8 +107,16 @@ fn a_failed_verification_exits_3_and_writes_nothing() {
     let dir = tempdir();
     let out = dir.path().join("out.onnx");
     // Zero tolerance: the fp16 kernels round differently from the primitives.
-    let r = run(&["--verify", "--rtol", "0", "--atol", "0", testdata("llama_ts_op17_fp16.onnx").to_str().unwrap(),
-        "-o", out.to_str().unwrap()]);
+    let r = run(&[
+        "--verify",
+        "--rtol",
+        "0",
+        "--atol",
+        "0",
+        testdata("llama_ts_op17_fp16.onnx").to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
     assert_eq!(r.status.code(), Some(3), "{}", stderr(&r));
     assert!(stderr(&r).contains("verification FAILED") && stderr(&r).contains("not written"));
     assert!(!out.exists());
@@ -102,14 +126,25 @@ fn a_failed_verification_exits_3_and_writes_nothing() {
 fn verify_compares_any_two_models() {
     let dir = tempdir();
     let out = dir.path().join("out.onnx");
-    assert!(run(&["-q", testdata("bert_optimum.onnx").to_str().unwrap(), "-o", out.to_str().unwrap()]).status.success());
-    let r = run(&["verify", testdata("bert_optimum.onnx").to_str().unwrap(), out.to_str().unwrap(), "--dim", "batch_size=3"]);
+    assert!(run(&["-q", testdata("bert_optimum.onnx").to_str().unwrap(), "-o", out.to_str().unwrap()])
+        .status
+        .success());
+    let r = run(&[
+        "verify",
+        testdata("bert_optimum.onnx").to_str().unwrap(),
+        out.to_str().unwrap(),
+        "--dim",
+        "batch_size=3",
+    ]);
     assert!(r.status.success(), "{}", stderr(&r));
     let text = String::from_utf8(r.stdout.clone()).unwrap();
     assert!(text.starts_with("verification passed"), "{text}");
     assert!(text.contains("input_ids [3, 7]"), "{text}");
-    assert!(text.contains("node LayerNormalization /encoder/layer.0/attention/output/LayerNorm/LayerNormalization")
-        || text.contains("node LayerNormalization"), "{text}");
+    assert!(
+        text.contains("node LayerNormalization /encoder/layer.0/attention/output/LayerNorm/LayerNormalization")
+            || text.contains("node LayerNormalization"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -117,14 +152,81 @@ fn a_missing_runtime_library_is_a_clear_error() {
     let dir = tempdir();
     let out = dir.path().join("out.onnx");
     let model = testdata("llama_ts_op14.onnx");
-    let r = run(&["--verify", "--ort-lib", "/nonexistent/libonnxruntime.so", model.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    let r = run(&[
+        "--verify",
+        "--ort-lib",
+        "/nonexistent/libonnxruntime.so",
+        model.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
     assert_eq!(r.status.code(), Some(1));
     assert!(stderr(&r).contains("scripts/fetch-ort.sh"), "{}", stderr(&r));
     let not_a_library = dir.path().join("libonnxruntime.so");
     fs::write(&not_a_library, "not a library").unwrap();
-    let r = bin().env("ORT_DYLIB_PATH", &not_a_library)
-        .args(["--verify", model.to_str().unwrap(), "-o", out.to_str().unwrap()]).output().unwrap();
+    let r = bin()
+        .env("ORT_DYLIB_PATH", &not_a_library)
+        .args(["--verify", model.to_str().unwrap(), "-o", out.to_str().unwrap()])
+        .output()
+        .unwrap();
     assert_eq!(r.status.code(), Some(1), "{}", stderr(&r));
     assert!(stderr(&r).contains("cannot load ONNX Runtime"), "{}", stderr(&r));
     assert!(!out.exists());
+}
+
+#[test]
+fn ops_the_cpu_lacks_are_verified_through_reference_functions() {
+    for op in ["ComplexMul", "ComplexMulConj"] {
+        let decomposed = testdata(&format!("complex_{op}_decomposed.onnx"));
+        let fused = testdata(&format!("complex_{op}_op.onnx"));
+        let r = run(&["verify", decomposed.to_str().unwrap(), fused.to_str().unwrap()]);
+        let text = String::from_utf8(r.stdout.clone()).unwrap();
+        assert!(r.status.success(), "{op}: {text}{}", stderr(&r));
+        assert!(
+            text.contains(&format!("computed by reference functions (the CPU provider lacks them): {op}")),
+            "{text}"
+        );
+    }
+    // The product against the conjugate product: the reference function really computes.
+    let r = run(&[
+        "verify",
+        testdata("complex_ComplexMul_decomposed.onnx").to_str().unwrap(),
+        testdata("complex_ComplexMulConj_op.onnx").to_str().unwrap(),
+    ]);
+    assert_eq!(r.status.code(), Some(3));
+}
+
+#[test]
+fn inputs_can_come_from_an_npz_file() {
+    let dir = tempdir();
+    let (out, json) = (dir.path().join("out.onnx"), dir.path().join("r.json"));
+    let model = testdata("llama_ts_op14.onnx");
+    let r = run(&[
+        "-q",
+        "--verify",
+        "--inputs",
+        testdata("llama_inputs.npz").to_str().unwrap(),
+        model.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--report-json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(r.status.success(), "{}", stderr(&r));
+    let report: serde_json::Value = serde_json::from_slice(&fs::read(&json).unwrap()).unwrap();
+    assert_eq!(report["verification"]["inputs"]["input_ids"], serde_json::json!([1, 7]));
+    let r = run(&[
+        "--verify",
+        "--inputs",
+        testdata("llama_inputs_int32.npz").to_str().unwrap(),
+        model.to_str().unwrap(),
+        "-o",
+        dir.path().join("o2.onnx").to_str().unwrap(),
+    ]);
+    assert_eq!(r.status.code(), Some(1));
+    assert!(
+        stderr(&r).contains("llama_inputs_int32.npz: array input_ids: its dtype '<i4' does not match"),
+        "{}",
+        stderr(&r)
+    );
 }

@@ -65,12 +65,26 @@ fn rms_norm_writes_the_spec_node_with_its_provenance() {
     let node = common::node(&fused, &format!("{scope}SimplifiedLayerNormalization")).expect("the fused node");
     assert_eq!(node.op_type(), "SimplifiedLayerNormalization");
     // fp32 export: the identity Cast(x → f32) feeds the residual too, so it stays.
-    assert_eq!(node.input, vec![format!("{scope}Cast_output_0"), "model.model.layers.0.input_layernorm.weight".to_string()]);
+    assert_eq!(
+        node.input,
+        vec![format!("{scope}Cast_output_0"), "model.model.layers.0.input_layernorm.weight".to_string()]
+    );
     assert_eq!(node.output, vec![format!("{scope}Mul_1_output_0")], "the anchor's output name is kept");
-    let expected = ["Mul Mul_1", "Constant Constant", "Pow Pow", "ReduceMean ReduceMean", "Constant Constant_1",
-        "Add Add", "Sqrt Sqrt", "Constant Constant_2", "Div Div", "Mul Mul", "Cast Cast_1"]
-        .map(|e| e.replacen(' ', &format!(" {scope}"), 1))
-        .join(", ");
+    let expected = [
+        "Mul Mul_1",
+        "Constant Constant",
+        "Pow Pow",
+        "ReduceMean ReduceMean",
+        "Constant Constant_1",
+        "Add Add",
+        "Sqrt Sqrt",
+        "Constant Constant_2",
+        "Div Div",
+        "Mul Mul",
+        "Cast Cast_1",
+    ]
+    .map(|e| e.replacen(' ', &format!(" {scope}"), 1))
+    .join(", ");
     assert_eq!(node.metadata("transmuter.fused"), Some(expected.as_str()));
 }
 
@@ -81,7 +95,9 @@ fn fp16_llama_folds_both_casts_into_the_norm() {
     let node = common::node(&fused, &format!("{scope}SimplifiedLayerNormalization")).unwrap();
     assert_eq!(node.input[0], "/model/model/embed_tokens/Gather_output_0", "reads the f16 value before the Cast");
     let list = fused_list(node);
-    assert!(list.contains(&format!("Cast {scope}Cast").as_str()) && list.contains(&format!("Cast {scope}Cast_1").as_str()));
+    assert!(
+        list.contains(&format!("Cast {scope}Cast").as_str()) && list.contains(&format!("Cast {scope}Cast_1").as_str())
+    );
     assert_eq!(count_op(&fused, "Cast") + 10, count_op(&load("llama_ts_op17_fp16.onnx"), "Cast"));
 }
 
@@ -98,15 +114,29 @@ fn layer_norm_writes_the_spec_node() {
     let (_, fused, _) = fuse("gpt2_ts_op14.onnx");
     let scope = "/model/transformer/h.0/ln_1/";
     let node = common::node(&fused, &format!("{scope}LayerNormalization")).expect("the fused node");
-    assert_eq!(node.input, vec![
-        "/model/transformer/Add_output_0".to_string(),
-        "model.transformer.h.0.ln_1.weight".to_string(),
-        "model.transformer.h.0.ln_1.bias".to_string(),
-    ]);
-    let expected = ["Add Add_1", "ReduceMean ReduceMean", "Sub Sub", "Constant Constant", "Pow Pow",
-        "ReduceMean ReduceMean_1", "Constant Constant_1", "Add Add", "Sqrt Sqrt", "Div Div", "Mul Mul"]
-        .map(|e| e.replacen(' ', &format!(" {scope}"), 1))
-        .join(", ");
+    assert_eq!(
+        node.input,
+        vec![
+            "/model/transformer/Add_output_0".to_string(),
+            "model.transformer.h.0.ln_1.weight".to_string(),
+            "model.transformer.h.0.ln_1.bias".to_string(),
+        ]
+    );
+    let expected = [
+        "Add Add_1",
+        "ReduceMean ReduceMean",
+        "Sub Sub",
+        "Constant Constant",
+        "Pow Pow",
+        "ReduceMean ReduceMean_1",
+        "Constant Constant_1",
+        "Add Add",
+        "Sqrt Sqrt",
+        "Div Div",
+        "Mul Mul",
+    ]
+    .map(|e| e.replacen(' ', &format!(" {scope}"), 1))
+    .join(", ");
     assert_eq!(node.metadata("transmuter.fused"), Some(expected.as_str()));
 }
 
@@ -172,9 +202,13 @@ fn near_misses_do_not_fuse() {
 
 #[test]
 fn near_misses_that_run_still_compute_the_same() {
-    for name in ["nm_rms_exponent3.onnx", "nm_rms_numerator2.onnx", "nm_rms_square_of_other_value.onnx",
-        "nm_ln_mean_axis0.onnx", "nm_ln_mean_of_other_value.onnx"]
-    {
+    for name in [
+        "nm_rms_exponent3.onnx",
+        "nm_rms_numerator2.onnx",
+        "nm_rms_square_of_other_value.onnx",
+        "nm_ln_mean_axis0.onnx",
+        "nm_ln_mean_of_other_value.onnx",
+    ] {
         let (original, fused, _) = fuse(name);
         assert_equivalent(&original, &fused, name);
     }

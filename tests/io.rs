@@ -27,7 +27,14 @@ fn with_nothing_to_change_the_output_is_byte_identical() {
     let dir = tempdir();
     for name in all_testdata() {
         let out = dir.path().join("out.onnx");
-        let run = run(&["--disable", "rms-norm,layer-norm", "-q", testdata(&name).to_str().unwrap(), "-o", out.to_str().unwrap()]);
+        let run = run(&[
+            "--disable",
+            "rms-norm,layer-norm",
+            "-q",
+            testdata(&name).to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ]);
         assert!(run.status.success(), "{name}: {}", stderr(&run));
         assert_eq!(fs::read(&out).unwrap(), fs::read(testdata(&name)).unwrap(), "{name}");
     }
@@ -69,14 +76,19 @@ fn unknown_fields_are_refused_unless_the_loss_is_accepted() {
     let mut nested = nested_model.encode_to_vec();
     prost::encoding::bytes::encode(7, &graph_bytes, &mut nested);
 
-    for (bytes, field) in [(top, "field number 99 of onnx.ModelProto"), (nested, "field number 1234 of onnx.NodeProto at graph.node[0]")] {
+    for (bytes, field) in
+        [(top, "field number 99 of onnx.ModelProto"), (nested, "field number 1234 of onnx.NodeProto at graph.node[0]")]
+    {
         let input = dir.path().join("unknown.onnx");
         fs::write(&input, &bytes).unwrap();
         let out = dir.path().join(format!("out{}.onnx", field.len()));
         let refused = run(&[input.to_str().unwrap(), "-o", out.to_str().unwrap()]);
         assert_eq!(refused.status.code(), Some(1));
         let message = stderr(&refused);
-        assert!(message.contains(field) && message.contains("unknown.onnx") && message.contains("--allow-unknown-fields"), "{message}");
+        assert!(
+            message.contains(field) && message.contains("unknown.onnx") && message.contains("--allow-unknown-fields"),
+            "{message}"
+        );
         assert_eq!(message.lines().count(), 1, "one line: {message}");
         assert!(!out.exists());
         let accepted = run(&["--allow-unknown-fields", "-q", input.to_str().unwrap(), "-o", out.to_str().unwrap()]);
@@ -179,7 +191,12 @@ fn external_data_beside_the_input_is_referenced_not_copied() {
     let original = load("external/model.onnx");
     let fused = onnx_fuse::io::load(&out, Default::default()).unwrap().model;
     assert_eq!(count_op(&fused, "SimplifiedLayerNormalization"), 5);
-    let v = onnx_fuse::verify::verify((&original, &testdata("external")), (&fused, input.parent().unwrap()), &Default::default()).unwrap();
+    let v = onnx_fuse::verify::verify(
+        (&original, &testdata("external")),
+        (&fused, input.parent().unwrap()),
+        &Default::default(),
+    )
+    .unwrap();
     assert!(v.passed, "{}", v.text());
 }
 
@@ -199,7 +216,8 @@ fn external_data_is_copied_beside_an_output_elsewhere() {
     // Asked for, a hard link.
     let linked = dir.path().join("linked");
     fs::create_dir(&linked).unwrap();
-    let r = run(&["-q", "--link-external-data", input.to_str().unwrap(), "-o", linked.join("f.onnx").to_str().unwrap()]);
+    let r =
+        run(&["-q", "--link-external-data", input.to_str().unwrap(), "-o", linked.join("f.onnx").to_str().unwrap()]);
     assert!(r.status.success(), "{}", stderr(&r));
     assert_eq!(fs::metadata(linked.join("model.weights")).unwrap().ino(), fs::metadata(&source).unwrap().ino());
 }

@@ -18,6 +18,8 @@ use ort::value::{DynValue, Tensor, TensorElementType, ValueType};
 use prost::Message;
 use serde::Serialize;
 
+mod reference;
+
 use crate::graph::Scope;
 use crate::onnx::proto::tensor_shape_proto::dimension::Value as Dim;
 use crate::onnx::proto::type_proto::Value as TypeValue;
@@ -115,6 +117,8 @@ pub struct Options {
     pub seed: u64,
     /// Values for symbolic dimensions, by name.
     pub dims: HashMap<String, i64>,
+    /// An `.npz` file whose arrays, by input name, replace synthesized inputs.
+    pub inputs: Option<PathBuf>,
 }
 
 /// The comparison of one value (a graph output or a fused node's output).
@@ -148,6 +152,10 @@ pub struct Verification {
     /// The first fused node in graph order whose output differs: nodes
     /// after it inherit its error, so this is where to look.
     pub blamed: Option<String>,
+    /// Ops the CPU provider lacks, computed in the verification copies by a
+    /// reference function of their documented semantics.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub reference_ops: Vec<String>,
     pub seconds: f64,
 }
 
@@ -160,6 +168,13 @@ impl Verification {
             writeln!(s, "verification {verdict} ({:.2} s, ONNX Runtime CPU, graph optimizations off)", self.seconds);
         let shapes: Vec<String> = self.inputs.iter().map(|(n, s)| format!("{n} {s:?}")).collect();
         let _ = writeln!(s, "  inputs: {}", shapes.join(", "));
+        if !self.reference_ops.is_empty() {
+            let _ = writeln!(
+                s,
+                "  computed by reference functions (the CPU provider lacks them): {}",
+                self.reference_ops.join(", ")
+            );
+        }
         if let Some(node) = &self.blamed {
             let _ = writeln!(s, "  first fused node to differ (in graph order): {node}");
         }
@@ -196,14 +211,18 @@ pub fn verify(
     let fused = fused_outputs(rewritten.0);
     let probe: Vec<String> = fused.iter().map(|(out, _)| out.clone()).collect();
     let inputs = synthesize_inputs(original.0, options)?;
-    let run = |model: &ModelProto, dir: &Path, which: &str| -> Result<HashMap<String, Values>> {
+    let mut reference_ops = std::collections::BTreeSet::new();
+    let mut run = |model: &ModelProto, dir: &Path, which: &str| -> Result<HashMap<String, Values>> {
         let mut copy = model.clone();
         expose(&mut copy, &probe);
+        reference_ops.extend(reference::substitute(&mut copy));
         let bytes = copy.encode_to_vec();
         let folder = dir.to_string_lossy();
         let mut session = Session::builder(env)
             .map_err(|e| anyhow!("{e}"))?
             .with_optimization_level(GraphOptimizationLevel::Disable)
+            // Errors come back in the Result; ONNX Runtime's own log would repeat them.
+            .and_then(|b| b.with_log_level(ort::logging::LogLevel::Fatal))
             .and_then(|b| b.with_config_entry("session.model_external_initializers_file_folder_path", folder))
             .map_err(|e| anyhow!("{e}"))?
             .commit_from_memory(&bytes)
@@ -241,6 +260,7 @@ pub fn verify(
         outputs,
         nodes,
         blamed,
+        reference_ops: reference_ops.into_iter().collect(),
         seconds: started.elapsed().as_secs_f64(),
     })
 }
@@ -321,12 +341,28 @@ fn synthesize_inputs(model: &ModelProto, options: &Options) -> Result<Vec<Input>
     let scope = Scope::default();
     let view = crate::graph::Graph::new(graph, model.default_opset(), &scope);
     let mut rng = SplitMix(options.seed ^ 0x6f6e_6e78_6675_7365);
+    let mut given = match &options.inputs {
+        Some(path) => Some(
+            npyz::npz::NpzArchive::open(path)
+                .map_err(|e| anyhow!("{}: cannot read the inputs: {e}", path.display()))?,
+        ),
+        None => None,
+    };
     let mut inputs = Vec::new();
     for vi in graph.input.iter().filter(|i| !initializers.contains(i.name())) {
         let name = vi.name().to_string();
         let Some(TypeValue::TensorType(t)) = vi.r#type.as_ref().and_then(|t| t.value.as_ref()) else {
-            bail!("input {name} is not a tensor; pass inputs for it (not supported yet)");
+            bail!("input {name} is not a tensor; onnx-fuse can only feed tensors");
         };
+        if let Some(archive) = given.as_mut() {
+            let path = options.inputs.as_deref().unwrap_or(Path::new(""));
+            if let Some(input) =
+                read_npz(archive, &name, t.elem_type()).map_err(|e| anyhow!("{}: array {name}: {e}", path.display()))?
+            {
+                inputs.push(input);
+                continue;
+            }
+        }
         let shape: Vec<i64> = t.shape.as_ref().map_or(vec![], |s| {
             s.dim
                 .iter()
@@ -366,6 +402,30 @@ fn synthesize_inputs(model: &ModelProto, options: &Options) -> Result<Vec<Input>
         inputs.push(Input { name, shape, data });
     }
     Ok(inputs)
+}
+
+/// The array named like an input, read as the input's element type.
+fn read_npz(
+    archive: &mut npyz::npz::NpzArchive<std::io::BufReader<std::fs::File>>,
+    name: &str,
+    elem_type: i32,
+) -> Result<Option<Input>> {
+    let Some(array) = archive.by_name(name)? else { return Ok(None) };
+    let shape: Vec<i64> = array.shape().iter().map(|&d| d as i64).collect();
+    let dtype = array.dtype().descr();
+    let wrong = |e: std::io::Error| {
+        anyhow!("its dtype {dtype} does not match the input's type ({}): {e}", type_name(elem_type))
+    };
+    let data = match DataType::try_from(elem_type) {
+        Ok(DataType::Float) => Data::F32(array.into_vec().map_err(wrong)?),
+        Ok(DataType::Float16) => Data::F16(array.into_vec().map_err(wrong)?),
+        Ok(DataType::Double) => Data::F64(array.into_vec().map_err(wrong)?),
+        Ok(DataType::Int64) => Data::I64(array.into_vec().map_err(wrong)?),
+        Ok(DataType::Int32) => Data::I32(array.into_vec().map_err(wrong)?),
+        Ok(DataType::Bool) => Data::Bool(array.into_vec().map_err(wrong)?),
+        _ => bail!("inputs of type {} cannot be read from .npz", type_name(elem_type)),
+    };
+    Ok(Some(Input { name: name.to_string(), shape, data }))
 }
 
 /// The row count of the first embedding table (`Gather` data) this input indexes.
