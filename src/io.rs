@@ -91,14 +91,23 @@ pub fn save(loaded: &Loaded, unchanged: bool, out: &Path, external: ExternalData
     if !out_dir.is_dir() {
         bail!("{shown}: the directory {} does not exist", out_dir.display());
     }
+    // Everything is written to temporary files first and renamed into place
+    // last, data before the model that refers to it: a failure on the way
+    // leaves the target directory as it was.
     let in_dir = parent(&loaded.path);
+    let mut staged = Vec::new();
     if !same_file(&in_dir, &out_dir) {
         for location in external_locations(&loaded.model) {
-            place_external(&in_dir.join(&location), &out_dir.join(&location), external)
-                .with_context(|| format!("{shown}: cannot place external data {location:?}"))?;
+            let (src, dst) = (in_dir.join(&location), out_dir.join(&location));
+            if !same_file(&src, &dst) {
+                staged.push(
+                    stage_external(&src, &dst, external)
+                        .with_context(|| format!("{shown}: cannot place external data {location:?}"))?,
+                );
+            }
         }
     }
-    write_atomically(out, |file| {
+    let model = stage(out, |file| {
         if unchanged {
             file.write_all(&loaded.bytes)
         } else {
@@ -107,7 +116,12 @@ pub fn save(loaded: &Loaded, unchanged: bool, out: &Path, external: ExternalData
             sink.finish()
         }
     })
-    .with_context(|| format!("{shown}: cannot write"))
+    .with_context(|| format!("{shown}: cannot write"))?;
+    for file in staged {
+        let target = file.target.clone();
+        file.commit().with_context(|| format!("{}: cannot write", target.display()))?;
+    }
+    model.commit().with_context(|| format!("{shown}: cannot write"))
 }
 
 /// The directory a model's relative paths (external data) resolve against.
@@ -172,18 +186,15 @@ pub fn external_locations(model: &ModelProto) -> BTreeSet<String> {
     found
 }
 
-fn place_external(src: &Path, dst: &Path, how: ExternalData) -> Result<()> {
-    if same_file(src, dst) {
-        return Ok(());
-    }
+fn stage_external(src: &Path, dst: &Path, how: ExternalData) -> std::io::Result<Staged> {
     let dir = parent(dst);
     std::fs::create_dir_all(&dir)?;
     match how {
         ExternalData::HardLink => {
             let tmp = tempfile::Builder::new().prefix(".onnx-fuse-").make_in(&dir, |p| std::fs::hard_link(src, p))?;
-            tmp.persist(dst)?;
+            Ok(Staged { tmp: Temp::Link(tmp), target: dst.to_path_buf() })
         }
-        ExternalData::Copy => write_atomically(dst, |out| {
+        ExternalData::Copy => stage(dst, |out| {
             let mut input = File::open(src)?;
             if !clone_file(&input, out) {
                 // std::io::copy between files uses copy_file_range on Linux:
@@ -191,9 +202,8 @@ fn place_external(src: &Path, dst: &Path, how: ExternalData) -> Result<()> {
                 std::io::copy(&mut input, out)?;
             }
             Ok(())
-        })?,
+        }),
     }
-    Ok(())
 }
 
 /// A copy-on-write clone (FICLONE), where the filesystem supports it.
@@ -204,17 +214,42 @@ fn clone_file(src: &File, dst: &File) -> bool {
     unsafe { libc::ioctl(dst.as_raw_fd(), FICLONE as _, src.as_raw_fd()) == 0 }
 }
 
-/// Writes through a temporary file in the target's directory, synced and
-/// renamed over the target only when complete.
-fn write_atomically(target: &Path, write: impl FnOnce(&mut File) -> std::io::Result<()>) -> std::io::Result<()> {
+/// A file written under a temporary name beside its target.
+struct Staged {
+    tmp: Temp,
+    target: PathBuf,
+}
+
+enum Temp {
+    File(tempfile::NamedTempFile),
+    Link(tempfile::NamedTempFile<()>),
+}
+
+/// Writes a temporary file in the target's directory (removed again if
+/// anything fails before `commit`).
+fn stage(target: &Path, write: impl FnOnce(&mut File) -> std::io::Result<()>) -> std::io::Result<Staged> {
     use std::os::unix::fs::PermissionsExt;
     let mut tmp = tempfile::Builder::new().prefix(".onnx-fuse-").tempfile_in(parent(target))?;
     write(tmp.as_file_mut())?;
     let mode = std::fs::metadata(target).map(|m| m.permissions().mode()).unwrap_or(0o644);
     tmp.as_file().set_permissions(std::fs::Permissions::from_mode(mode))?;
-    tmp.as_file().sync_all()?;
-    tmp.persist(target).map_err(|e| e.error)?;
-    Ok(())
+    Ok(Staged { tmp: Temp::File(tmp), target: target.to_path_buf() })
+}
+
+impl Staged {
+    /// Syncs the data to disk and renames the file over its target.
+    /// Staging every file before committing any lets the kernel write them
+    /// back in parallel.
+    fn commit(self) -> std::io::Result<()> {
+        match self.tmp {
+            Temp::File(tmp) => {
+                tmp.as_file().sync_all()?;
+                tmp.persist(&self.target).map_err(|e| e.error)?;
+            }
+            Temp::Link(tmp) => tmp.persist(&self.target).map_err(|e| e.error)?,
+        }
+        Ok(())
+    }
 }
 
 /// A `BufMut` that streams prost's encoding into a file through a fixed

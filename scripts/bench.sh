@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Speed and memory of onnx-fuse on large models, beside `cp` of the same files.
+#
+#   scripts/bench.sh [BENCH_DIR]      (default: /tmp/onnx-fuse-bench)
+#
+# Makes (once, with scripts/bench_models.py and the testdata environment)
+# a GPT-2-medium-size export in one file and a TinyLlama-size (1.1B
+# parameters) export with external data, then reports wall time and peak
+# RSS (GNU time) as the median of 3 runs, page cache warm, dirty pages
+# flushed before each run. onnx-fuse syncs what it writes before renaming
+# it into place (a crash must not leave a half-written model); plain cp
+# does not, so `cp; sync` is shown too.
+#   1. GPT-2 medium: onnx-fuse vs cp of the file
+#   2. TinyLlama, output beside the input (its weights are referenced)
+#   3. TinyLlama, output in another directory vs cp -r of its folder
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+bench="${1:-/tmp/onnx-fuse-bench}"
+mkdir -p "$bench"
+if [ ! -f "$bench/gpt2-medium/model.onnx" ] || [ ! -f "$bench/tinyllama/model.onnx" ]; then
+  venv="$root/.venv"
+  [ -x "$venv/bin/python" ] || "$root/scripts/gen_testdata.sh" --help >/dev/null 2>&1 || true
+  HF_HUB_OFFLINE=1 "$venv/bin/python" "$root/scripts/bench_models.py" "$bench"
+fi
+(cd "$root" && cargo build --release --quiet)
+fuse="$root/target/release/onnx-fuse"
+
+# median wall seconds and median peak RSS (MB) of 3 runs of a command
+measure() {
+  local label="$1"; shift
+  local times=() rss=()
+  for _ in 1 2 3; do
+    sync  # start every run with no dirty pages from the one before
+    "$@" >/dev/null 2>"$bench/time.err" || { cat "$bench/time.err"; exit 1; }
+    times+=("$(grep 'Elapsed (wall clock)' "$bench/time.err" | awk '{print $NF}')")
+    rss+=("$(grep 'Maximum resident' "$bench/time.err" | awk '{print $NF}')")
+  done
+  python3 - "$label" "${times[@]}" "${rss[@]}" <<'PY'
+import sys, statistics
+label, vals = sys.argv[1], sys.argv[2:]
+def secs(t):
+    parts = [float(p) for p in t.split(":")]
+    return sum(p * 60 ** i for i, p in enumerate(reversed(parts)))
+t = statistics.median(secs(v) for v in vals[:3]); r = statistics.median(int(v) for v in vals[3:]) / 1024
+print(f"{label:<44} {t:8.2f} s  {r:8.1f} MB")
+PY
+}
+T=(/usr/bin/time -v)
+size() { du -sb "$1" | awk '{printf "%.2f GB", $1/1e9}'; }
+
+echo "GPT-2 medium, one file ($(size "$bench/gpt2-medium/model.onnx"))"
+cat "$bench/gpt2-medium/model.onnx" >/dev/null
+measure "  cp" "${T[@]}" cp "$bench/gpt2-medium/model.onnx" "$bench/cp.onnx"
+measure "  cp; sync" "${T[@]}" sh -c "cp '$bench/gpt2-medium/model.onnx' '$bench/cp.onnx' && sync"
+measure "  onnx-fuse" "${T[@]}" "$fuse" -q "$bench/gpt2-medium/model.onnx" -o "$bench/fused.onnx"
+"$fuse" "$bench/gpt2-medium/model.onnx" -o "$bench/fused.onnx" 2>&1 | sed 's/^/  /'
+rm -f "$bench/cp.onnx" "$bench/fused.onnx"
+
+echo "TinyLlama 1.1B, external data ($(size "$bench/tinyllama"))"
+cat "$bench"/tinyllama/* >/dev/null
+measure "  onnx-fuse, output beside the input" "${T[@]}" "$fuse" -q "$bench/tinyllama/model.onnx" -o "$bench/tinyllama/fused.onnx"
+rm -f "$bench/tinyllama/fused.onnx"
+rm -rf "$bench/cp" "$bench/out"; mkdir -p "$bench/out"
+measure "  cp -r of the folder" "${T[@]}" sh -c "rm -rf '$bench/cp' && cp -r '$bench/tinyllama' '$bench/cp'"
+measure "  cp -r of the folder; sync" "${T[@]}" sh -c "rm -rf '$bench/cp' && cp -r '$bench/tinyllama' '$bench/cp' && sync"
+measure "  onnx-fuse, output in another directory" "${T[@]}" sh -c "rm -rf '$bench/out' && mkdir '$bench/out' && '$fuse' -q '$bench/tinyllama/model.onnx' -o '$bench/out/fused.onnx'"
+"$fuse" "$bench/tinyllama/model.onnx" -o "$bench/out/fused.onnx" 2>&1 | sed 's/^/  /'
+rm -rf "$bench/cp" "$bench/out"
