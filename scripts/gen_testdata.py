@@ -47,6 +47,13 @@ def configs():
         "bert": t.BertConfig(**SMALL, type_vocab_size=2, layer_norm_eps=1e-12),
         "t5": t.T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
                          layer_norm_epsilon=1e-6, decoder_start_token_id=0),
+        "mistral": t.MistralConfig(**SMALL, num_key_value_heads=2, rms_norm_eps=1e-5, sliding_window=None),
+        "roberta": t.RobertaConfig(**SMALL, type_vocab_size=1, layer_norm_eps=1e-5, pad_token_id=1),
+        "vit": t.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                           image_size=16, patch_size=8, num_channels=3),
+        "trocr": t.TrOCRConfig(vocab_size=64, d_model=32, decoder_layers=2, decoder_attention_heads=4,
+                               decoder_ffn_dim=64, max_position_embeddings=64, cross_attention_hidden_size=32,
+                               pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2),
         "whisper": t.WhisperConfig(vocab_size=64, d_model=32, encoder_layers=2, decoder_layers=2,
                                    encoder_attention_heads=4, decoder_attention_heads=4,
                                    encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=16,
@@ -72,6 +79,12 @@ def build(kind, attn="eager"):
     t = transformers
     if kind == "t5":
         model = t.T5EncoderModel(cfg)
+    elif kind == "roberta":
+        model = t.RobertaModel(cfg)
+    elif kind == "vit":
+        model = t.ViTModel(cfg)
+    elif kind == "trocr":
+        model = t.TrOCRForCausalLM(cfg)
     elif kind == "whisper":
         model = t.WhisperModel(cfg).get_encoder()
     elif kind == "bert":
@@ -91,14 +104,20 @@ class Wrap(torch.nn.Module):
     def forward(self, x, mask=None):
         if self.kind == "whisper":
             return self.model(input_features=x).last_hidden_state
+        if self.kind == "vit":
+            return self.model(pixel_values=x).last_hidden_state
+        if self.kind == "trocr":
+            return self.model(input_ids=x, attention_mask=mask, use_cache=False).logits
         out = self.model(input_ids=x, attention_mask=mask, use_cache=False) \
-            if self.kind not in ("t5", "bert") else self.model(input_ids=x, attention_mask=mask)
+            if self.kind not in ("t5", "bert", "roberta") else self.model(input_ids=x, attention_mask=mask)
         return out.logits if hasattr(out, "logits") else out.last_hidden_state
 
 
 def sample_inputs(kind):
     if kind == "whisper":
         return (torch.randn(1, 16, 32),), ["input_features"], {"input_features": {0: "batch"}}
+    if kind == "vit":
+        return (torch.randn(1, 3, 16, 16),), ["pixel_values"], {"pixel_values": {0: "batch"}}
     ids = torch.randint(0, 64, (1, 7))
     mask = torch.ones(1, 7, dtype=torch.int64)
     axes = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}}
@@ -115,7 +134,7 @@ def export_torch(name, kind, *, opset, dynamo=False, fp16=False, attn="eager"):
     if fp16:
         model = model.half()
     args, names, axes = sample_inputs(kind)
-    if fp16 and kind == "whisper":
+    if fp16 and kind in ("whisper", "vit"):
         args = (args[0].half(),)
     path = os.path.join(OUT, name)
     wrapped = Wrap(model, kind)
@@ -456,6 +475,19 @@ def main():
         ("t5_encoder_ts_op17_fp16.onnx", lambda n: export_torch(n, "t5", opset=17, fp16=True)),
         ("whisper_encoder_ts_op14.onnx", lambda n: export_torch(n, "whisper", opset=14)),
         ("llama_optimum.onnx", lambda n: export_optimum(n, "llama", "text-generation", opset=14)),
+        ("llama_optimum_past.onnx", lambda n: export_optimum(n, "llama", "text-generation-with-past", opset=14)),
+        ("gpt2_sdpa_ts_op14.onnx", lambda n: export_torch(n, "gpt2", opset=14, attn="sdpa")),
+        ("gpt2_dynamo_op18.onnx", lambda n: export_torch(n, "gpt2", opset=18, dynamo=True)),
+        ("qwen2_ts_op14.onnx", lambda n: export_torch(n, "qwen2", opset=14)),
+        ("mistral_sdpa_ts_op17.onnx", lambda n: export_torch(n, "mistral", opset=17, attn="sdpa")),
+        ("gemma_sdpa_dynamo_op18.onnx", lambda n: export_torch(n, "gemma", opset=18, dynamo=True, attn="sdpa")),
+        ("bert_sdpa_ts_op14.onnx", lambda n: export_torch(n, "bert", opset=14, attn="sdpa")),
+        ("roberta_ts_op17.onnx", lambda n: export_torch(n, "roberta", opset=17)),
+        ("vit_ts_op17.onnx", lambda n: export_torch(n, "vit", opset=17)),
+        ("vit_ts_op17_fp16.onnx", lambda n: export_torch(n, "vit", opset=17, fp16=True)),
+        ("trocr_decoder_ts_op14.onnx", lambda n: export_torch(n, "trocr", opset=14)),
+        ("whisper_encoder_sdpa_ts_op17.onnx", lambda n: export_torch(n, "whisper", opset=17, attn="sdpa")),
+        ("llama_ts_op12.onnx", lambda n: export_torch(n, "llama", opset=12)),
         ("bert_optimum.onnx", lambda n: export_optimum(n, "bert", "feature-extraction", opset=14)),
     ]
     for name, job in jobs:

@@ -54,6 +54,7 @@ pub struct Graph<'a> {
     outer: &'a Scope,
     types: HashMap<&'a str, i32>,
     shapes: HashMap<&'a str, &'a TensorShapeProto>,
+    symbolic: crate::shapes::Memo,
 }
 
 const NO_CONSUMERS: &[usize] = &[];
@@ -71,6 +72,7 @@ impl<'a> Graph<'a> {
             outer,
             types: HashMap::new(),
             shapes: HashMap::new(),
+            symbolic: Default::default(),
         };
         // An initializer that is also a graph input is only a default: the
         // caller may feed another value, so it is not a constant.
@@ -178,6 +180,16 @@ impl<'a> Graph<'a> {
             Some(s) => Some(s.dim.len()),
             None => self.constant(value).map(|t| t.dims.len()),
         }
+    }
+
+    /// Where `shapes::Shapes` keeps what it derived for this graph.
+    pub fn shape_memo(&self) -> &crate::shapes::Memo {
+        &self.symbolic
+    }
+
+    /// The shape declared for `value` (graph inputs, outputs, value_info).
+    pub fn declared_shape(&self, value: &str) -> Option<&'a TensorShapeProto> {
+        self.shapes.get(value).copied()
     }
 
     /// The size of the last axis of `value`, when declared as a number.

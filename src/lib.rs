@@ -13,4 +13,5 @@ pub mod passes;
 pub mod pattern;
 pub mod report;
 pub mod rewrite;
+pub mod shapes;
 pub mod verify;

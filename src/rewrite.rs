@@ -11,7 +11,10 @@
 use std::collections::{BTreeSet, HashSet};
 
 use crate::graph::{free_values, Check, Graph, Miss, Scope};
-use crate::onnx::{AttributeProto, GraphProto, ModelProto, NodeProto, StringStringEntryProto, FUSED_KEY};
+use crate::onnx::{
+    AttributeProto, FunctionProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, StringStringEntryProto,
+    FUSED_KEY,
+};
 use crate::require;
 
 /// A fusion pass: a name, what it does, and its rule.
@@ -34,6 +37,11 @@ pub struct Rewrite {
     /// The replacement: op, domain, inputs, attributes. The driver sets its
     /// name, its output and its metadata.
     pub replacement: NodeProto,
+    /// A model-local function the replacement calls (for ops no runtime
+    /// has a kernel for). The driver adds it once per (domain, name,
+    /// overload), with the model's opset imports, imports its domain and
+    /// raises the IR version as far as functions need.
+    pub function: Option<FunctionProto>,
 }
 
 /// Accumulates the nodes a rule walks through, anchored at one node.
@@ -65,7 +73,12 @@ impl Match {
     }
 
     pub fn replace_with(self, replacement: NodeProto) -> Rewrite {
-        Rewrite { anchor: self.anchor, nodes: self.nodes, replacement }
+        Rewrite { anchor: self.anchor, nodes: self.nodes, replacement, function: None }
+    }
+
+    /// A replacement that calls the model-local `function`.
+    pub fn replace_with_call(self, replacement: NodeProto, function: FunctionProto) -> Rewrite {
+        Rewrite { anchor: self.anchor, nodes: self.nodes, replacement, function: Some(function) }
     }
 }
 
@@ -104,6 +117,8 @@ pub struct Declined {
 pub struct Outcome {
     pub fused: Vec<Fused>,
     pub declined: Vec<Declined>,
+    /// Functions rewrites called, in the order first needed.
+    functions: Vec<FunctionProto>,
 }
 
 /// Runs `passes` over the model's graph and every subgraph body, each graph
@@ -114,7 +129,32 @@ pub fn run(model: &mut ModelProto, passes: &[&Pass]) -> Outcome {
     if let Some(graph) = model.graph.as_mut() {
         run_graph(graph, opset, &Scope::default(), passes, "main", &mut outcome);
     }
+    add_functions(model, std::mem::take(&mut outcome.functions));
     outcome
+}
+
+/// Adds the functions replacements call, once each, with the model's opset
+/// imports (plus their own domain), and raises the IR version to what local
+/// functions need: 8, or 10 when they are overloaded. Never lowers it.
+fn add_functions(model: &mut ModelProto, functions: Vec<FunctionProto>) {
+    for mut function in functions {
+        let key = |f: &FunctionProto| (f.domain().to_string(), f.name().to_string(), f.overload().to_string());
+        if model.functions.iter().any(|f| key(f) == key(&function)) {
+            continue;
+        }
+        if !model.opset_import.iter().any(|o| o.domain() == function.domain()) {
+            model.opset_import.push(OperatorSetIdProto { domain: Some(function.domain().into()), version: Some(1) });
+        }
+        let needed = if function.overload().is_empty() { 8 } else { 10 };
+        model.ir_version = Some(model.ir_version().max(needed));
+        function.opset_import = model.opset_import.clone();
+        model.functions.push(function);
+    }
+    // Functions added earlier saw the opset imports of their time.
+    let imports = model.opset_import.clone();
+    for f in model.functions.iter_mut().filter(|f| f.domain() == crate::onnx::TRANSMUTER_DOMAIN) {
+        f.opset_import = imports.clone();
+    }
 }
 
 fn run_graph(graph: &mut GraphProto, opset: i64, outer: &Scope, passes: &[&Pass], path: &str, outcome: &mut Outcome) {
@@ -137,6 +177,7 @@ fn run_graph(graph: &mut GraphProto, opset: i64, outer: &Scope, passes: &[&Pass]
         for pass in passes {
             let rewrites = find(&Graph::new(graph, opset, outer), pass, path, &mut outcome.declined);
             if !rewrites.is_empty() {
+                outcome.functions.extend(rewrites.iter().filter_map(|r| r.function.clone()));
                 apply(graph, rewrites, pass.name, path, &mut outcome.fused);
                 changed = true;
             }

@@ -37,7 +37,7 @@ fn report_lists_counts_and_replaced_nodes() {
     assert!(text.contains("layer-norm   5 fused") && text.contains("rms-norm     0 fused"), "{text}");
     assert!(text.contains("LayerNormalization /model/transformer/h.0/ln_1/LayerNormalization  [layer-norm]"));
     assert!(text.contains("    Sub /model/transformer/h.0/ln_1/Sub"));
-    assert!(stderr(&r).contains("fused 5 (layer-norm 5, rms-norm 0)"));
+    assert!(stderr(&r).contains("fused 7 (layer-norm 5, rms-norm 0, attention 2)"), "{}", stderr(&r));
 }
 
 #[test]
@@ -66,7 +66,7 @@ fn report_json_has_the_documented_fields() {
     let v = &report["verification"];
     assert_eq!(v["passed"], true);
     assert_eq!(v["outputs"][0]["name"], "out");
-    assert_eq!(v["nodes"].as_array().unwrap().len(), 5);
+    assert_eq!(v["nodes"].as_array().unwrap().len(), 7, "5 norms and 2 attention cores");
     assert!(v["nodes"][0]["max_abs"].as_f64().unwrap() >= 0.0);
     assert_eq!(v["outputs"][0]["tolerance"]["rtol"], 1e-4);
 }

@@ -15,6 +15,10 @@ pub use proto::{
 /// The metadata key every replacement node carries (spec, ground rule 6).
 pub const FUSED_KEY: &str = "transmuter.fused";
 
+/// The domain of onnx-fuse's own ops (`AttentionCore`), each with a
+/// model-local function so every runtime can run it.
+pub const TRANSMUTER_DOMAIN: &str = "transmuter";
+
 impl NodeProto {
     pub fn attr(&self, name: &str) -> Option<&AttributeProto> {
         self.attribute.iter().find(|a| a.name() == name)

@@ -318,6 +318,19 @@ impl Input {
     }
 }
 
+/// The value of a symbolic dimension: given by `--dim`, or the default for
+/// its name; a sum such as `past_sequence_length + 1` (Optimum writes these)
+/// adds up its terms.
+fn symbol_value(symbol: &str, given: &HashMap<String, i64>) -> i64 {
+    if let Some(&v) = given.get(symbol) {
+        return v;
+    }
+    if symbol.contains('+') {
+        return symbol.split('+').map(|t| t.trim()).map(|t| t.parse().unwrap_or_else(|_| symbol_value(t, given))).sum();
+    }
+    default_dim(symbol)
+}
+
 /// A symbol's value when the user gave none: sequence-like names get a
 /// length that exercises masks and softmax, everything else a small size.
 fn default_dim(symbol: &str) -> i64 {
@@ -368,7 +381,7 @@ fn synthesize_inputs(model: &ModelProto, options: &Options) -> Result<Vec<Input>
                 .iter()
                 .map(|d| match &d.value {
                     Some(Dim::DimValue(v)) => *v,
-                    Some(Dim::DimParam(p)) => options.dims.get(p).copied().unwrap_or_else(|| default_dim(p)),
+                    Some(Dim::DimParam(p)) => symbol_value(p, &options.dims),
                     None => 1,
                 })
                 .collect()

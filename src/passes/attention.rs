@@ -1,0 +1,433 @@
+//! attention: `out = softmax(steps(q · k)) · v`
+//!         → `transmuter.AttentionCore(q, k, v, side inputs…)`, overload = the form.
+//!
+//! Between the two MatMuls an export writes a short chain of steps:
+//!
+//! ```text
+//! s = MatMul(q, k)
+//!     Mul(s, c) | Div(s, c)        c a constant with one value   → attribute `scale`
+//!     Div(s, d)                    d computed at run time        → input `divisor`
+//!     Cast(s, to = float type)                                   → attribute `scores_to`
+//!     Where(keep, s, fill)         fill a constant ≤ -1e4        → input `keep`, attribute `fill`
+//!     Add(s, mask)                 either order                  → input `mask`
+//!     Reshape(s, shape) … Reshape  a pair that gives back the shape of s → `scores_shape`, `scores_shape_2`
+//! p = Softmax(s)                   over the last axis only
+//!     Cast(p, to = float type)     (up to two)                   → attribute `probs_to`, `probs_to_2`
+//!     Where(IsNaN(p), 0, p)        the SDPA export's NaN guard   → attribute `nan_value`
+//!     Reshape(Reshape(p, a), b)    giving back the shape of p    → `probs_shape`, `probs_shape_2`
+//! out = MatMul(p, v)
+//! ```
+//!
+//! The steps present, in their order, are the form (`mul.add.softmax.cast`):
+//! the node's overload and the name of the model-local function that
+//! computes exactly those steps, so every runtime runs the same operators as
+//! before. Constants become attributes (tensors keep their type and bits),
+//! side values computed at run time become inputs after q, k, v in step
+//! order. docs/attention-core.md is the interface for kernel writers.
+
+use crate::graph::{Check, Graph, Miss};
+use crate::onnx::{
+    AttributeProto, AttributeType, FunctionProto, NodeProto, TensorProto, BFLOAT16, DOUBLE, FLOAT, FLOAT16,
+    TRANSMUTER_DOMAIN,
+};
+use crate::pattern::{self, cast_to};
+use crate::require;
+use crate::rewrite::{Match, Pass, Rewrite};
+use crate::shapes::Shapes;
+
+pub const PASS: Pass = Pass {
+    name: "attention",
+    summary: "softmax(q·k * scale + mask) · v  ->  transmuter.AttentionCore (with a local function)",
+    default: true,
+    rule,
+};
+
+/// A fill at most this large gives hidden keys no weight after softmax.
+const MAX_FILL: f64 = -1.0e4;
+
+/// One step between the two MatMuls.
+#[derive(Debug, Clone)]
+enum Step {
+    Scale(&'static str, TensorProto),
+    Divisor(String),
+    Cast(i32),
+    Where { keep: String, fill: TensorProto },
+    Mask(String),
+    Reshape { shape: Side, allowzero: bool },
+    Softmax,
+    NanGuard(TensorProto),
+}
+
+#[derive(Debug, Clone)]
+enum Side {
+    Constant(TensorProto),
+    Input(String),
+}
+
+fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
+    let out = pattern::anchor(g, index, "MatMul")?;
+    let mut m = Match::new(index);
+    let shapes = Shapes::new(g);
+    let (probs, v) = (out.input[0].as_str(), out.input[1].as_str());
+
+    // Back from the probabilities to the Softmax. A MatMul whose input is
+    // not a softmax is no attention core: not a candidate at all.
+    let mut after = Vec::new();
+    let mut value = probs;
+    let softmax = loop {
+        let Some(p) = g.producer(value) else { return Err(Miss::NotAnchor) };
+        let node = g.node(p);
+        if node.is("Softmax") {
+            break m.take(p);
+        }
+        require_not_anchor(after.len() < 6)?;
+        let (step, input) = probs_step(g, &mut m, p)?;
+        after.push((m.take(p), step));
+        value = input;
+    };
+    after.reverse();
+    softmax_over_last_axis(g, &shapes, softmax)?;
+
+    let (scores, before) = scores_chain(g, &mut m, &g.node(softmax).input[0], 0)?;
+    let (q, k) = (g.node(scores).input[0].as_str(), g.node(scores).input[1].as_str());
+    m.take(scores);
+
+    let count = |steps: &[(usize, Step)], f: fn(&Step) -> bool| steps.iter().filter(|(_, s)| f(s)).count();
+    require!(count(&before, |s| matches!(s, Step::Scale(..) | Step::Divisor(_))) <= 1, "more than one scale");
+    require!(count(&before, |s| matches!(s, Step::Where { .. })) <= 1, "more than one Where");
+    require!(count(&before, |s| matches!(s, Step::Mask(_))) <= 1, "more than one mask");
+    require!(count(&before, |s| matches!(s, Step::Cast(_))) <= 2, "more than two Casts before the Softmax");
+    require!(count(&after, |s| matches!(s, Step::Cast(_))) <= 2, "more than two Casts after the Softmax");
+    require!(count(&after, |s| matches!(s, Step::NanGuard(_))) <= 1, "more than one NaN guard");
+    reshape_pair_gives_back_shape(g, &shapes, &before, "scores")?;
+    reshape_pair_gives_back_shape(g, &shapes, &after, "probabilities")?;
+
+    let steps: Vec<Step> =
+        before.into_iter().map(|(_, s)| s).chain([Step::Softmax]).chain(after.into_iter().map(|(_, s)| s)).collect();
+    let (node, function) = build(q, k, v, &steps);
+    Ok(m.replace_with_call(node, function))
+}
+
+fn require_not_anchor(ok: bool) -> Check<()> {
+    if ok {
+        Ok(())
+    } else {
+        Err(Miss::NotAnchor)
+    }
+}
+
+fn is_float(to: Option<i32>) -> bool {
+    matches!(to, Some(FLOAT | FLOAT16 | BFLOAT16 | DOUBLE))
+}
+
+/// A step after the Softmax, and the value it reads.
+fn probs_step<'a>(g: &Graph<'a>, m: &mut Match, p: usize) -> Check<(Step, &'a str)> {
+    let node = g.node(p);
+    if node.is("Cast") {
+        require!(is_float(cast_to(node)), "the Cast after the Softmax is not to a float type");
+        return Ok((Step::Cast(cast_to(node).unwrap_or_default()), &node.input[0]));
+    }
+    if node.is("Reshape") && node.input.len() == 2 {
+        return Ok((reshape(g, node), &node.input[0]));
+    }
+    if node.is("Where") && node.input.len() == 3 {
+        // Where(IsNaN(p), 0, p): rows that were all -inf become zeros.
+        let guarded = node.input[2].as_str();
+        let isnan = g.produced_by(&node.input[0], "IsNaN").map_err(|_| Miss::NotAnchor)?;
+        require_not_anchor(g.node(isnan).input[0] == guarded)?;
+        let zero = g.constant(&node.input[1]).filter(|t| t.scalar() == Some(0.0));
+        let zero = zero.ok_or_else(|| Miss::Because("the NaN guard does not write 0".into()))?;
+        m.take(isnan);
+        return Ok((Step::NanGuard(attribute_tensor(zero)), guarded));
+    }
+    Err(Miss::NotAnchor)
+}
+
+fn reshape(g: &Graph, node: &NodeProto) -> Step {
+    let shape = match g.constant(&node.input[1]) {
+        Some(t) => Side::Constant(attribute_tensor(t)),
+        None => Side::Input(node.input[1].clone()),
+    };
+    Step::Reshape { shape, allowzero: node.attr_int("allowzero").unwrap_or(0) == 1 }
+}
+
+/// Softmax normalizes the last axis alone. From opset 13 `axis` is that
+/// axis; before, Softmax flattens from `axis` (default 1), which is the same
+/// only when `axis` is the last one.
+fn softmax_over_last_axis(g: &Graph, shapes: &Shapes, softmax: usize) -> Check<()> {
+    let node = g.node(softmax);
+    let axis = node.attr_int("axis").unwrap_or(if g.opset >= 13 { -1 } else { 1 });
+    if axis == -1 {
+        return Ok(());
+    }
+    let rank = shapes.rank(&node.input[0]);
+    require!(
+        rank.is_some_and(|r| axis == r as i64 - 1),
+        "the Softmax is over axis {axis}, not provably the last axis (rank {rank:?}, opset {})",
+        g.opset
+    );
+    Ok(())
+}
+
+/// Back from the Softmax's input to the MatMul of q and k, through the
+/// steps the spec allows. An Add is tried both ways round: which operand is
+/// the scores is what leads back to the MatMul.
+fn scores_chain<'a>(g: &Graph<'a>, m: &mut Match, value: &'a str, depth: usize) -> Check<(usize, Vec<(usize, Step)>)> {
+    require!(depth < 8, "no MatMul within 8 steps before the Softmax");
+    let p = g.producer(value).ok_or_else(|| Miss::Because(format!("{value} is not computed by the graph")))?;
+    let node = g.node(p);
+    let step = |steps: Check<(usize, Vec<(usize, Step)>)>, s: Step| {
+        steps.map(|(mm, mut list)| {
+            list.push((p, s));
+            (mm, list)
+        })
+    };
+    let binary = node.input.len() == 2;
+    match node.op_type() {
+        _ if !crate::onnx::is_default_domain(node.domain()) => {}
+        "MatMul" if binary => return Ok((p, vec![])),
+        "Mul" if binary => {
+            let (s, c) = if g.scalar(&node.input[1]).is_some() { (0, 1) } else { (1, 0) };
+            let scale = g.constant(&node.input[c]).filter(|t| t.scalar().is_some());
+            let scale = scale.ok_or_else(|| Miss::Because("the Mul scale is not a constant with one value".into()))?;
+            let found =
+                step(scores_chain(g, m, &node.input[s], depth + 1), Step::Scale("Mul", attribute_tensor(scale)));
+            return found.inspect(|_| {
+                m.take(p);
+            });
+        }
+        "Div" if binary => {
+            let divisor = &node.input[1];
+            let s = match g.constant(divisor) {
+                Some(t) => {
+                    require!(t.scalar().is_some(), "the Div scale is not a constant with one value");
+                    Step::Scale("Div", attribute_tensor(t))
+                }
+                None => Step::Divisor(divisor.clone()),
+            };
+            return step(scores_chain(g, m, &node.input[0], depth + 1), s).inspect(|_| {
+                m.take(p);
+            });
+        }
+        "Cast" => {
+            require!(is_float(cast_to(node)), "the Cast before the Softmax is not to a float type");
+            let s = Step::Cast(cast_to(node).unwrap_or_default());
+            return step(scores_chain(g, m, &node.input[0], depth + 1), s).inspect(|_| {
+                m.take(p);
+            });
+        }
+        "Where" if node.input.len() == 3 => {
+            let fill = g.constant(&node.input[2]).filter(|t| t.scalar().is_some());
+            let fill = fill.ok_or_else(|| Miss::Because("the Where fill is not a constant with one value".into()))?;
+            let value = fill.scalar().unwrap_or_default();
+            require!(value <= MAX_FILL, "the Where fill is {value}, not at most -1e4: hidden keys would keep weight");
+            let s = Step::Where { keep: node.input[0].clone(), fill: attribute_tensor(fill) };
+            return step(scores_chain(g, m, &node.input[1], depth + 1), s).inspect(|_| {
+                m.take(p);
+            });
+        }
+        "Add" if binary => {
+            let (a, b) = (&node.input[0], &node.input[1]);
+            let first = step(scores_chain(g, m, a, depth + 1), Step::Mask(b.clone()));
+            let found =
+                first.or_else(|miss| step(scores_chain(g, m, b, depth + 1), Step::Mask(a.clone())).map_err(|_| miss));
+            return found.inspect(|_| {
+                m.take(p);
+            });
+        }
+        "Reshape" if binary => {
+            return step(scores_chain(g, m, &node.input[0], depth + 1), reshape(g, node)).inspect(|_| {
+                m.take(p);
+            });
+        }
+        _ => {}
+    }
+    Err(Miss::Because(format!("{} {} is not a step of the attention core", node.op_type(), node.name())))
+}
+
+/// Reshapes come in a pair that gives back the shape it started from (3-D
+/// heads folded into the batch, reshaped to 4-D around the mask): proved
+/// with symbolic shapes, since exports compute these shapes at run time.
+fn reshape_pair_gives_back_shape(g: &Graph, shapes: &Shapes, steps: &[(usize, Step)], what: &str) -> Check<()> {
+    let reshapes: Vec<usize> =
+        steps.iter().filter(|(_, s)| matches!(s, Step::Reshape { .. })).map(|(n, _)| *n).collect();
+    match reshapes.as_slice() {
+        [] => Ok(()),
+        [first, second] => {
+            let before = shapes.shape(&g.node(*first).input[0]);
+            let after = shapes.shape(&g.node(*second).output[0]);
+            require!(
+                before.is_some() && before == after,
+                "the Reshape pair around the {what} is not proved to give back its shape"
+            );
+            Ok(())
+        }
+        _ => Err(Miss::Because(format!("{} Reshapes around the {what}, not a pair", reshapes.len()))),
+    }
+}
+
+/// A constant as an attribute value: the same type and bits, no name.
+fn attribute_tensor(t: &TensorProto) -> TensorProto {
+    TensorProto { name: None, ..t.clone() }
+}
+
+/// The AttentionCore node and the function computing its form.
+fn build(q: &str, k: &str, v: &str, steps: &[Step]) -> (NodeProto, FunctionProto) {
+    let mut b = Body::default();
+    let mut s = b.op("MatMul", &["q", "k"], vec![]);
+    let mut after_softmax = false;
+    let side = |after: bool| if after { "probs" } else { "scores" };
+    let mut form = Vec::new();
+    for step in steps {
+        s = match step {
+            Step::Scale(op, c) => {
+                form.push(op.to_ascii_lowercase());
+                let c = b.constant("scale", c);
+                b.op(op, &[&s, &c], vec![])
+            }
+            Step::Divisor(d) => {
+                form.push("div_input".into());
+                let d = b.input("divisor", d);
+                b.op("Div", &[&s, &d], vec![])
+            }
+            Step::Cast(to) => {
+                form.push("cast".into());
+                let to = b.int(&format!("{}_to", side(after_softmax)), i64::from(*to));
+                b.op("Cast", &[&s], vec![to])
+            }
+            Step::Where { keep, fill } => {
+                form.push("where".into());
+                let (keep, fill) = (b.input("keep", keep), b.constant("fill", fill));
+                b.op("Where", &[&keep, &s, &fill], vec![])
+            }
+            Step::Mask(mask) => {
+                form.push("add".into());
+                let mask = b.input("mask", mask);
+                b.op("Add", &[&s, &mask], vec![])
+            }
+            Step::Reshape { shape, allowzero } => {
+                let name = format!("{}_shape", side(after_softmax));
+                let shape = match shape {
+                    Side::Constant(t) => {
+                        form.push("reshape".into());
+                        b.constant(&name, t)
+                    }
+                    Side::Input(value) => {
+                        form.push("reshape_input".into());
+                        b.input(&name, value)
+                    }
+                };
+                let attrs = if *allowzero { vec![AttributeProto::int("allowzero", 1)] } else { vec![] };
+                b.op("Reshape", &[&s, &shape], attrs)
+            }
+            Step::Softmax => {
+                form.push("softmax".into());
+                after_softmax = true;
+                b.op("Softmax", &[&s], vec![AttributeProto::int("axis", -1)])
+            }
+            Step::NanGuard(zero) => {
+                form.push("nan_guard".into());
+                let nan = b.op("IsNaN", &[&s], vec![]);
+                let zero = b.constant("nan_value", zero);
+                b.op("Where", &[&nan, &zero, &s], vec![])
+            }
+        };
+    }
+    b.op("MatMul", &[&s, "v"], vec![]);
+    let last = b.nodes.last_mut().expect("the final MatMul");
+    last.output = vec!["out".into()];
+    let overload = form.join(".");
+
+    let mut inputs = vec![q.to_string(), k.to_string(), v.to_string()];
+    inputs.extend(b.inputs.iter().map(|(_, value)| value.clone()));
+    let node = NodeProto {
+        op_type: Some("AttentionCore".into()),
+        domain: Some(TRANSMUTER_DOMAIN.into()),
+        overload: Some(overload.clone()),
+        input: inputs,
+        attribute: b.attributes.clone(),
+        ..Default::default()
+    };
+    let mut function_inputs = vec!["q".to_string(), "k".into(), "v".into()];
+    function_inputs.extend(b.inputs.iter().map(|(name, _)| name.clone()));
+    let function = FunctionProto {
+        name: Some("AttentionCore".into()),
+        domain: Some(TRANSMUTER_DOMAIN.into()),
+        overload: Some(overload.clone()),
+        input: function_inputs,
+        output: vec!["out".into()],
+        attribute: b.attributes.iter().map(|a| a.name().to_string()).collect(),
+        node: b.nodes,
+        doc_string: Some(format!(
+            "The attention core of form {overload}: exactly the operators it replaced. See onnx-fuse's docs/attention-core.md."
+        )),
+        ..Default::default()
+    };
+    (node, function)
+}
+
+/// The function body being written, with the node's inputs and attributes.
+#[derive(Default)]
+struct Body {
+    nodes: Vec<NodeProto>,
+    /// (function input name, the node's input value)
+    inputs: Vec<(String, String)>,
+    attributes: Vec<AttributeProto>,
+}
+
+impl Body {
+    fn op(&mut self, op_type: &str, inputs: &[&str], attribute: Vec<AttributeProto>) -> String {
+        let out = format!("t{}", self.nodes.len());
+        self.nodes.push(NodeProto {
+            op_type: Some(op_type.into()),
+            input: inputs.iter().map(|s| s.to_string()).collect(),
+            output: vec![out.clone()],
+            attribute,
+            ..Default::default()
+        });
+        out
+    }
+
+    /// A name not yet used by an input or attribute: `base`, `base_2`, …
+    fn fresh(&self, base: &str) -> String {
+        let taken = |n: &str| self.inputs.iter().any(|(i, _)| i == n) || self.attributes.iter().any(|a| a.name() == n);
+        std::iter::once(base.to_string()).chain((2..).map(|i| format!("{base}_{i}"))).find(|n| !taken(n)).unwrap()
+    }
+
+    fn input(&mut self, base: &str, value: &str) -> String {
+        let name = self.fresh(base);
+        self.inputs.push((name.clone(), value.to_string()));
+        name
+    }
+
+    /// A tensor attribute of the node, read in the body by a `Constant`.
+    fn constant(&mut self, base: &str, t: &TensorProto) -> String {
+        let name = self.fresh(base);
+        self.attributes.push(AttributeProto {
+            name: Some(name.clone()),
+            r#type: Some(AttributeType::Tensor as i32),
+            t: Some(t.clone()),
+            ..Default::default()
+        });
+        let reference = AttributeProto {
+            name: Some("value".into()),
+            ref_attr_name: Some(name),
+            r#type: Some(AttributeType::Tensor as i32),
+            ..Default::default()
+        };
+        self.op("Constant", &[], vec![reference])
+    }
+
+    /// An int attribute of the node, passed to a body node as `attr`.
+    fn int(&mut self, base: &str, value: i64) -> AttributeProto {
+        let name = self.fresh(base);
+        self.attributes.push(AttributeProto::int(&name, value));
+        let attr = if base.ends_with("_to") { "to" } else { base };
+        AttributeProto {
+            name: Some(attr.into()),
+            ref_attr_name: Some(name),
+            r#type: Some(AttributeType::Int as i32),
+            ..Default::default()
+        }
+    }
+}

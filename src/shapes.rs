@@ -1,0 +1,376 @@
+//! Symbolic shapes: enough to prove, without running the model, that two
+//! shapes are equal when an export computes them at run time
+//! (`Shape → Gather → Mul → Unsqueeze → Concat → Reshape`), and to know a
+//! value's rank.
+//!
+//! A dimension is a monomial: an integer times a product of atoms. An atom
+//! is a dimension nothing more is known of: a declared symbol (`batch`), or
+//! axis i of a graph value (`x#1`). Rules below derive shapes through the
+//! ops exports use around attention; where a rule cannot tell a dimension,
+//! it becomes an atom of the value itself, which is always true and never
+//! equal to anything else. Equal monomials are equal numbers at run time,
+//! so equality of two derived shapes is a proof.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+use crate::graph::Graph;
+use crate::onnx::proto::tensor_shape_proto::dimension::Value as DimValue;
+use crate::onnx::NodeProto;
+
+/// `coef × atoms[0] × atoms[1] × …` (atoms sorted).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Dim {
+    coef: i64,
+    atoms: Vec<String>,
+}
+
+impl Dim {
+    pub fn known(n: i64) -> Self {
+        Dim { coef: n, atoms: vec![] }
+    }
+
+    fn atom(name: String) -> Self {
+        Dim { coef: 1, atoms: vec![name] }
+    }
+
+    pub fn value(&self) -> Option<i64> {
+        self.atoms.is_empty().then_some(self.coef)
+    }
+
+    fn mul(&self, other: &Dim) -> Dim {
+        let mut atoms = [self.atoms.clone(), other.atoms.clone()].concat();
+        atoms.sort();
+        Dim { coef: self.coef * other.coef, atoms }
+    }
+
+    /// Exact division, when `other` divides `self` as a monomial.
+    fn div(&self, other: &Dim) -> Option<Dim> {
+        if other.coef == 0 || self.coef % other.coef != 0 {
+            return None;
+        }
+        let mut atoms = self.atoms.clone();
+        for a in &other.atoms {
+            let i = atoms.iter().position(|x| x == a)?;
+            atoms.remove(i);
+        }
+        Some(Dim { coef: self.coef / other.coef, atoms })
+    }
+}
+
+/// Recursion is cut off here: a proof that needs more is given up (never
+/// wrongly made). Shapes are derived in graph order, so recursion only
+/// goes as deep as one node's inputs.
+const MAX_DEPTH: usize = 64;
+
+/// The shapes of one graph, derived once (in node order) and memoized.
+#[derive(Default)]
+pub struct Memo {
+    shapes: RefCell<HashMap<String, Option<Vec<Dim>>>>,
+    filled: std::cell::Cell<bool>,
+}
+
+pub struct Shapes<'g, 'a> {
+    g: &'g Graph<'a>,
+    memo: &'g Memo,
+    depth: RefCell<usize>,
+}
+
+impl<'g, 'a> Shapes<'g, 'a> {
+    pub fn new(g: &'g Graph<'a>) -> Self {
+        let shapes = Shapes { g, memo: g.shape_memo(), depth: RefCell::new(0) };
+        if !shapes.memo.filled.replace(true) {
+            for node in &g.proto.node {
+                for out in node.output.iter().filter(|o| !o.is_empty()) {
+                    shapes.shape(out);
+                }
+            }
+        }
+        shapes
+    }
+
+    pub fn rank(&self, value: &str) -> Option<usize> {
+        self.shape(value).map(|s| s.len())
+    }
+
+    /// The symbolic shape of `value`, when its rank can be told.
+    pub fn shape(&self, value: &str) -> Option<Vec<Dim>> {
+        if let Some(known) = self.memo.shapes.borrow().get(value) {
+            return known.clone();
+        }
+        if *self.depth.borrow() >= MAX_DEPTH {
+            return None;
+        }
+        *self.depth.borrow_mut() += 1;
+        let shape = self.derive(value);
+        *self.depth.borrow_mut() -= 1;
+        // A result cut short by the depth limit is not the value's shape.
+        if shape.is_some() || *self.depth.borrow() == 0 {
+            self.memo.shapes.borrow_mut().insert(value.to_string(), shape.clone());
+        }
+        shape
+    }
+
+    fn derive(&self, value: &str) -> Option<Vec<Dim>> {
+        let g = self.g;
+        if let Some(declared) = g.declared_shape(value) {
+            return Some(
+                declared
+                    .dim
+                    .iter()
+                    .enumerate()
+                    .map(|(i, d)| match &d.value {
+                        Some(DimValue::DimValue(n)) => Dim::known(*n),
+                        Some(DimValue::DimParam(p)) if !p.is_empty() => Dim::atom(format!("${p}")),
+                        _ => Dim::atom(format!("{value}#{i}")),
+                    })
+                    .collect(),
+            );
+        }
+        if let Some(t) = g.constant(value) {
+            return Some(t.dims.iter().map(|&d| Dim::known(d)).collect());
+        }
+        let node = g.node(g.producer(value)?);
+        if !crate::onnx::is_default_domain(node.domain()) || node.output.first().map(String::as_str) != Some(value) {
+            return None;
+        }
+        let input = |i: usize| node.input.get(i).filter(|s| !s.is_empty()).and_then(|v| self.shape(v));
+        let opaque = |rank: usize| (0..rank).map(|i| Dim::atom(format!("{value}#{i}"))).collect::<Vec<_>>();
+        Some(match node.op_type() {
+            "Cast"
+            | "Softmax"
+            | "LogSoftmax"
+            | "Relu"
+            | "Neg"
+            | "Sqrt"
+            | "Reciprocal"
+            | "Exp"
+            | "Erf"
+            | "Tanh"
+            | "Sigmoid"
+            | "IsNaN"
+            | "Not"
+            | "Identity"
+            | "Dropout"
+            | "LayerNormalization"
+            | "SimplifiedLayerNormalization"
+            | "CastLike"
+            | "Cos"
+            | "Sin"
+            | "Abs"
+            | "Log"
+            | "Floor"
+            | "Ceil"
+            | "Round"
+            | "Sign"
+            | "Gelu"
+            | "Softplus"
+            | "HardSigmoid"
+            | "LeakyRelu"
+            | "Elu"
+            | "Selu"
+            | "Mish"
+            | "HardSwish"
+            | "Clip"
+            | "IsInf" => input(0)?,
+            "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Where" | "Equal" | "Less" | "Greater" | "LessOrEqual"
+            | "GreaterOrEqual" | "And" | "Or" | "Xor" | "Max" | "Min" => {
+                let shapes: Vec<Vec<Dim>> = (0..node.input.len()).map(input).collect::<Option<_>>()?;
+                broadcast(value, &shapes)
+            }
+            "MatMul" => {
+                let (a, b) = (input(0)?, input(1)?);
+                if a.len() < 2 || b.len() < 2 {
+                    return None;
+                }
+                let batch = broadcast(value, &[a[..a.len() - 2].to_vec(), b[..b.len() - 2].to_vec()]);
+                [batch, vec![a[a.len() - 2].clone(), b[b.len() - 1].clone()]].concat()
+            }
+            "Transpose" => {
+                let x = input(0)?;
+                let perm: Vec<usize> = match node.attr_ints("perm") {
+                    Some(p) => p.iter().map(|&i| usize::try_from(i).ok()).collect::<Option<_>>()?,
+                    None => (0..x.len()).rev().collect(),
+                };
+                perm.iter().map(|&i| x.get(i).cloned()).collect::<Option<_>>()?
+            }
+            "Reshape" => {
+                let target = self.shape_tensor(node.input.get(1)?)?;
+                let x = input(0);
+                let allowzero = node.attr_int("allowzero").unwrap_or(0) == 1;
+                let mut out: Vec<Option<Dim>> = target
+                    .iter()
+                    .enumerate()
+                    .map(|(i, d)| match d.value() {
+                        Some(0) if !allowzero => x.as_ref().and_then(|x| x.get(i).cloned()),
+                        Some(-1) => None,
+                        _ => Some(d.clone()),
+                    })
+                    .collect();
+                if let Some(hole) = target.iter().position(|d| d.value() == Some(-1)) {
+                    let known = out.iter().flatten().fold(Dim::known(1), |p, d| p.mul(d));
+                    let total = x.as_ref().map(|x| x.iter().fold(Dim::known(1), |p, d| p.mul(d)));
+                    out[hole] = total.and_then(|t| t.div(&known));
+                }
+                out.into_iter()
+                    .enumerate()
+                    .map(|(i, d)| d.unwrap_or_else(|| Dim::atom(format!("{value}#{i}"))))
+                    .collect()
+            }
+            "Unsqueeze" | "Squeeze" => {
+                let x = input(0)?;
+                let axes = match node.attr_ints("axes") {
+                    Some(a) => a.to_vec(),
+                    None => match node.input.get(1).filter(|s| !s.is_empty()) {
+                        Some(a) => g.constant(a)?.ints()?,
+                        None if node.op_type() == "Squeeze" => {
+                            if x.iter().any(|d| d.value().is_none()) {
+                                return None;
+                            }
+                            x.iter().enumerate().filter(|(_, d)| d.value() == Some(1)).map(|(i, _)| i as i64).collect()
+                        }
+                        None => return None,
+                    },
+                };
+                if node.op_type() == "Unsqueeze" {
+                    let rank = x.len() + axes.len();
+                    let axes: Vec<usize> = axes.iter().map(|&a| normalize(a, rank)).collect::<Option<_>>()?;
+                    let mut rest = x.into_iter();
+                    (0..rank)
+                        .map(|i| if axes.contains(&i) { Some(Dim::known(1)) } else { rest.next() })
+                        .collect::<Option<_>>()?
+                } else {
+                    let axes: Vec<usize> = axes.iter().map(|&a| normalize(a, x.len())).collect::<Option<_>>()?;
+                    x.into_iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, d)| d).collect()
+                }
+            }
+            "Gather" => {
+                let (data, indices) = (input(0)?, input(1)?);
+                let axis = normalize(node.attr_int("axis").unwrap_or(0), data.len())?;
+                [&data[..axis], &indices[..], &data[axis + 1..]].concat()
+            }
+            "ConstantOfShape" => self.shape_tensor(&node.input[0])?,
+            "Shape" => {
+                let r = input(0)?.len() as i64;
+                let clamp = |a: i64| if a < 0 { (a + r).max(0) } else { a.min(r) };
+                let (start, end) =
+                    (clamp(node.attr_int("start").unwrap_or(0)), clamp(node.attr_int("end").unwrap_or(r)));
+                vec![Dim::known((end - start).max(0))]
+            }
+            "Size" => vec![],
+            "Range" | "NonZero" => opaque(if node.op_type() == "Range" { 1 } else { 2 }),
+            "Concat" => {
+                let parts: Vec<Vec<Dim>> = (0..node.input.len()).map(input).collect::<Option<_>>()?;
+                let rank = parts.first()?.len();
+                let axis = normalize(node.attr_int("axis")?, rank)?;
+                let mut out = parts[0].clone();
+                let total: Option<i64> = parts.iter().map(|p| p.get(axis).and_then(Dim::value)).sum();
+                out[axis] = total.map_or_else(|| Dim::atom(format!("{value}#{axis}")), Dim::known);
+                out
+            }
+            op if op.starts_with("Reduce") => {
+                let x = input(0)?;
+                let axes = match node.attr_ints("axes") {
+                    Some(a) => a.to_vec(),
+                    None => match node.input.get(1).filter(|s| !s.is_empty()) {
+                        Some(a) => g.constant(a)?.ints()?,
+                        None => (0..x.len() as i64).collect(),
+                    },
+                };
+                let axes: Vec<usize> = axes.iter().map(|&a| normalize(a, x.len())).collect::<Option<_>>()?;
+                let keep = node.attr_int("keepdims").unwrap_or(1) == 1;
+                x.into_iter()
+                    .enumerate()
+                    .filter_map(|(i, d)| match (axes.contains(&i), keep) {
+                        (false, _) => Some(d),
+                        (true, true) => Some(Dim::known(1)),
+                        (true, false) => None,
+                    })
+                    .collect()
+            }
+            "Expand" => {
+                // Broadcast of the input with the target shape; the target's
+                // length is the size of the shape tensor.
+                let target = match self.shape_tensor(&node.input[1]) {
+                    Some(t) => t,
+                    None => opaque(usize::try_from(self.shape(&node.input[1])?.first()?.value()?).ok()?),
+                };
+                broadcast(value, &[input(0)?, target])
+            }
+            "Slice" | "Trilu" | "Tile" | "Pad" => opaque(input(0)?.len()),
+            _ => return None,
+        })
+    }
+
+    /// The contents of a 1-D integer tensor that holds a shape.
+    pub fn shape_tensor(&self, value: &str) -> Option<Vec<Dim>> {
+        let g = self.g;
+        if let Some(t) = g.constant(value) {
+            return Some(t.ints()?.into_iter().map(Dim::known).collect());
+        }
+        let node: &NodeProto = g.node(g.producer(value)?);
+        match node.op_type() {
+            "Shape" => {
+                let s = self.shape(&node.input[0])?;
+                let r = s.len() as i64;
+                let clamp = |a: i64| if a < 0 { (a + r).max(0) } else { a.min(r) } as usize;
+                let start = clamp(node.attr_int("start").unwrap_or(0));
+                let end = clamp(node.attr_int("end").unwrap_or(r));
+                Some(s.get(start..end.max(start))?.to_vec())
+            }
+            "Concat" if node.attr_int("axis").unwrap_or(0) == 0 => {
+                node.input.iter().map(|p| self.shape_tensor(p)).collect::<Option<Vec<_>>>().map(|v| v.concat())
+            }
+            "Unsqueeze" => Some(vec![self.scalar(&node.input[0])?]),
+            "Cast" | "Identity" => self.shape_tensor(&node.input[0]),
+            _ => None,
+        }
+    }
+
+    /// The value of an integer scalar (or one-element tensor) as a monomial.
+    fn scalar(&self, value: &str) -> Option<Dim> {
+        let g = self.g;
+        if let Some(v) = g.scalar(value) {
+            return Some(Dim::known(v as i64));
+        }
+        let node = g.node(g.producer(value)?);
+        match node.op_type() {
+            "Gather" if node.attr_int("axis").unwrap_or(0) == 0 => {
+                let data = self.shape_tensor(&node.input[0])?;
+                let i = g.scalar(&node.input[1])? as i64;
+                data.get(normalize(i, data.len())?).cloned()
+            }
+            "Mul" => Some(self.scalar(&node.input[0])?.mul(&self.scalar(&node.input[1])?)),
+            "Div" => self.scalar(&node.input[0])?.div(&self.scalar(&node.input[1])?),
+            "Cast" | "Identity" => self.scalar(&node.input[0]),
+            "Squeeze" | "Reshape" => match self.shape_tensor(&node.input[0])?.as_slice() {
+                [one] => Some(one.clone()),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+}
+
+fn normalize(axis: i64, rank: usize) -> Option<usize> {
+    let a = if axis < 0 { axis + rank as i64 } else { axis };
+    (0..rank as i64).contains(&a).then_some(a as usize)
+}
+
+/// Numpy broadcasting of symbolic shapes; a dimension that cannot be told
+/// becomes an atom of the result.
+fn broadcast(value: &str, shapes: &[Vec<Dim>]) -> Vec<Dim> {
+    let rank = shapes.iter().map(Vec::len).max().unwrap_or(0);
+    (0..rank)
+        .map(|i| {
+            let dims: Vec<&Dim> =
+                shapes.iter().filter_map(|s| (i + s.len()).checked_sub(rank).map(|j| &s[j])).collect();
+            let not_one: Vec<&Dim> = dims.iter().copied().filter(|d| d.value() != Some(1)).collect();
+            match not_one.split_first() {
+                None => Dim::known(1),
+                Some((first, rest)) if rest.iter().all(|d| d == first) => (*first).clone(),
+                _ => Dim::atom(format!("{value}#{i}")),
+            }
+        })
+        .collect()
+}
