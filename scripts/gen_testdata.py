@@ -341,6 +341,50 @@ def near_misses_ln(base):
     save_near_miss(m, "nm_ln_mean_of_other_value.onnx", base, "the mean is of another value than x")
 
 
+def near_misses_attention():
+    """Each breaks one precondition of the attention pass in one layer."""
+    base = "gpt2_ts_op14.onnx"
+    m = load(base)
+    where = first(m, "Where", lambda n: "attn" in n.name)
+    set_const(m, where.input[2], np.array(-100.0, dtype=np.float32))
+    save_near_miss(m, "nm_attn_fill_minus100.onnx", base, "Where fill -100: hidden keys keep weight")
+
+    base = "llama_ts_op14.onnx"
+    m = load(base)
+    mul = first(m, "Mul", lambda n: n.name.endswith("self_attn/Mul_8"))
+    c = numpy_helper.to_array(const_node(m, mul.input[1]).attribute[0].t)
+    set_const(m, mul.input[1], np.array([c, c], dtype=np.float32))
+    save_near_miss(m, "nm_attn_scale_2_values.onnx", base, "a scale of two values")
+
+    m = load(base)
+    mul = first(m, "Mul", lambda n: n.name.endswith("self_attn/Mul_8"))
+    m.graph.output.append(helper.make_tensor_value_info(mul.output[0], TensorProto.FLOAT, None))
+    save_near_miss(m, "nm_attn_scores_output.onnx", base, "the scaled scores are also a graph output")
+
+    m = load(base)
+    sm = first(m, "Softmax")
+    m.graph.node.append(helper.make_node("ReduceSum", [sm.output[0]], ["nm_prob_sum"], name="nm_ReduceSum", keepdims=0))
+    m.graph.output.append(helper.make_tensor_value_info("nm_prob_sum", TensorProto.FLOAT, None))
+    save_near_miss(m, "nm_attn_probs_second_consumer.onnx", base, "the probabilities are read by a second node")
+
+    base = "llama_ts_op12.onnx"
+    m = load(base)
+    sm = first(m, "Softmax")
+    for a in sm.attribute:
+        if a.name == "axis":
+            a.i = 1
+    save_near_miss(m, "nm_attn_softmax_axis1_op12.onnx", base, "Softmax(axis=1) before opset 13: flattens axes 1..")
+
+    base = "trocr_decoder_ts_op14.onnx"
+    m = load(base)
+    sm = first(m, "Softmax")
+    back = next(n for n in m.graph.node if n.output[0] == sm.input[0])  # the Reshape back to 3-D
+    concat = next(n for n in m.graph.node if n.output[0] == back.input[1])
+    concat.input[0], concat.input[1] = concat.input[1], concat.input[0]
+    save_near_miss(m, "nm_attn_reshape_not_back.onnx", base,
+                   "the Reshape back gives (tgt, bsz*heads, src): not the shape it began with")
+
+
 def rms_chain(prefix, x, eps_name, weight_name):
     """The primitive RMSNorm chain, as nodes (for hand-made subgraph bodies)."""
     mk = helper.make_node
@@ -501,6 +545,7 @@ def main():
         near_misses_ln("gpt2_ts_op14.onnx")
         near_misses_rms_op18("llama_dynamo_op18.onnx")
         subgraph_models()
+        near_misses_attention()
         external_data_model("llama_ts_op14.onnx")
         complex_models()
         inputs_npz()

@@ -1,0 +1,150 @@
+//! The attention pass: forms, the exact node and function written, near-misses.
+
+mod common;
+
+use common::*;
+use onnx_fuse::onnx::{FunctionProto, ModelProto, NodeProto};
+
+fn cores(model: &ModelProto) -> Vec<&NodeProto> {
+    all_nodes(model).into_iter().filter(|n| n.op_type() == "AttentionCore").collect()
+}
+
+fn function<'a>(model: &'a ModelProto, overload: &str) -> &'a FunctionProto {
+    model.functions.iter().find(|f| f.overload() == overload).unwrap_or_else(|| panic!("no function {overload}"))
+}
+
+/// (export, the form its cores have)
+const FORMS: &[(&str, &str)] = &[
+    ("llama_ts_op14.onnx", "mul.add.softmax.cast.cast"),
+    ("llama_ts_op12.onnx", "mul.add.softmax.cast.cast"),
+    ("llama_dynamo_op18.onnx", "mul.add.softmax"),
+    ("llama_sdpa_ts_op14.onnx", "add.softmax.nan_guard"),
+    ("llama_optimum_past.onnx", "add.softmax.nan_guard"),
+    ("gpt2_ts_op14.onnx", "div_input.cast.where.add.softmax.cast"),
+    ("gpt2_dynamo_op18.onnx", "div.where.add.softmax"),
+    ("bert_ts_op14.onnx", "div.add.softmax"),
+    ("bert_optimum.onnx", "add.softmax"),
+    ("t5_encoder_ts_op14.onnx", "add.cast.softmax"),
+    ("t5_encoder_ts_op17_fp16.onnx", "add.cast.softmax.cast"),
+    ("vit_ts_op17_fp16.onnx", "mul.softmax.cast.cast"),
+    ("whisper_encoder_sdpa_ts_op17.onnx", "softmax"),
+    ("trocr_decoder_ts_op14.onnx", "reshape_input.add.reshape_input.softmax"),
+];
+
+#[test]
+fn every_form_is_one_core_with_its_own_function() {
+    for &(name, form) in FORMS {
+        let (original, fused, _) = fuse(name);
+        let found = cores(&fused);
+        assert_eq!(found.len(), count_op(&original, "Softmax"), "{name}: every Softmax's core fused");
+        for core in &found {
+            assert_eq!(core.domain(), "transmuter", "{name}");
+            assert_eq!(core.overload(), form, "{name}");
+        }
+        assert_eq!(fused.functions.len(), 1, "{name}: one function for all cores of one form");
+        let f = function(&fused, form);
+        assert_eq!((f.domain(), f.name()), ("transmuter", "AttentionCore"));
+        assert_eq!(f.opset_import, fused.opset_import, "{name}: the function imports the model's opsets");
+        assert!(fused.opset_import.iter().any(|o| o.domain() == "transmuter" && o.version() == 1), "{name}");
+        assert!(fused.ir_version() >= 10, "{name}: overloaded functions need IR 10");
+        // Every attribute the body refers to is declared, and the node sets it.
+        for node in &f.node {
+            for a in node.attribute.iter().filter(|a| a.ref_attr_name.is_some()) {
+                assert!(f.attribute.iter().any(|d| d == a.ref_attr_name()), "{name}: {} declared", a.ref_attr_name());
+                assert!(found[0].attr(a.ref_attr_name()).is_some(), "{name}: the node sets {}", a.ref_attr_name());
+            }
+        }
+        assert_eq!(f.input.len(), found[0].input.len(), "{name}: one function input per node input");
+    }
+}
+
+#[test]
+fn llama_core_structure_and_provenance() {
+    let (_, fused, _) = fuse("llama_ts_op14.onnx");
+    let scope = "/model/model/layers.0/self_attn/";
+    let core = common::node(&fused, &format!("{scope}AttentionCore")).expect("the core");
+    assert_eq!(core.input[0], format!("{scope}Add_output_0"), "q (after rotary)");
+    assert_eq!(core.input[1], format!("{scope}Transpose_3_output_0"), "k, already transposed");
+    assert_eq!(core.input[3], format!("{scope}Slice_4_output_0"), "the additive mask");
+    assert_eq!(core.input.len(), 4, "q, k, v, mask");
+    assert_eq!(core.output, [format!("{scope}MatMul_1_output_0")]);
+    let names: Vec<&str> = core.attribute.iter().map(|a| a.name()).collect();
+    assert_eq!(names, ["scale", "probs_to", "probs_to_2"]);
+    let scale = core.attr("scale").unwrap().t.as_ref().unwrap();
+    assert_eq!(scale.scalar().map(|s| s as f32), Some(1.0 / 8f32.sqrt()), "1/sqrt(head_dim), bit for bit");
+    assert_eq!(core.attr_int("probs_to"), Some(1));
+    let expected = [
+        "MatMul MatMul_1",
+        "MatMul MatMul",
+        "Constant Constant_56",
+        "Mul Mul_8",
+        "Add Add_2",
+        "Softmax Softmax",
+        "Cast Cast_4",
+        "Cast Cast_5",
+    ]
+    .map(|e| e.replacen(' ', &format!(" {scope}"), 1))
+    .join(", ");
+    assert_eq!(core.metadata("transmuter.fused"), Some(expected.as_str()));
+    let f = function(&fused, "mul.add.softmax.cast.cast");
+    let ops: Vec<&str> = f.node.iter().map(|n| n.op_type()).collect();
+    assert_eq!(ops, ["MatMul", "Constant", "Mul", "Add", "Softmax", "Cast", "Cast", "MatMul"]);
+    assert_eq!(f.input, ["q", "k", "v", "mask"]);
+    assert_eq!(f.output, ["out"]);
+}
+
+#[test]
+fn gpt2_core_takes_the_computed_divisor_and_the_keep_mask_as_inputs() {
+    let (_, fused, _) = fuse("gpt2_ts_op14.onnx");
+    let core = cores(&fused)[0];
+    let f = function(&fused, core.overload());
+    assert_eq!(f.input, ["q", "k", "v", "divisor", "keep", "mask"]);
+    assert!(core.attr("fill").unwrap().t.as_ref().unwrap().scalar().unwrap() <= -1e4);
+    let names: Vec<&str> = core.attribute.iter().map(|a| a.name()).collect();
+    assert_eq!(names, ["scores_to", "fill", "probs_to"]);
+}
+
+#[test]
+fn the_sdpa_nan_guard_is_part_of_the_core() {
+    let (_, fused, _) = fuse("llama_sdpa_ts_op14.onnx");
+    assert_eq!(count_op(&fused, "IsNaN"), 0);
+    let f = function(&fused, "add.softmax.nan_guard");
+    let ops: Vec<&str> = f.node.iter().map(|n| n.op_type()).collect();
+    assert_eq!(ops, ["MatMul", "Add", "Softmax", "IsNaN", "Constant", "Where", "MatMul"]);
+}
+
+#[test]
+fn trocr_reshape_pair_is_proved_with_symbolic_shapes() {
+    let (original, fused, _) = fuse("trocr_decoder_ts_op14.onnx");
+    let core = cores(&fused)[0];
+    assert_eq!(function(&fused, core.overload()).input, ["q", "k", "v", "scores_shape", "mask", "scores_shape_2"]);
+    assert_equivalent(&original, &fused, "trocr_decoder_ts_op14.onnx");
+}
+
+/// (near-miss, cores that still fuse (other layers), the anchor that must survive)
+const NEAR_MISSES: &[(&str, usize, &str)] = &[
+    ("nm_attn_fill_minus100.onnx", 1, "/model/transformer/h.0/attn/MatMul_1"),
+    ("nm_attn_scale_2_values.onnx", 1, "/model/model/layers.0/self_attn/MatMul_1"),
+    ("nm_attn_scores_output.onnx", 1, "/model/model/layers.0/self_attn/MatMul_1"),
+    ("nm_attn_probs_second_consumer.onnx", 1, "/model/model/layers.0/self_attn/MatMul_1"),
+    ("nm_attn_softmax_axis1_op12.onnx", 1, "/model/model/layers.0/self_attn/MatMul_1"),
+    ("nm_attn_reshape_not_back.onnx", 1, "/model/decoder/layers.0/self_attn/MatMul_1"),
+];
+
+#[test]
+fn near_misses_do_not_fuse() {
+    for &(name, fused_cores, survivor) in NEAR_MISSES {
+        let original = load(name);
+        let (fused, _) = fuse_model(&original, &["attention"]);
+        assert_eq!(cores(&fused).len(), fused_cores, "{name}");
+        assert!(common::node(&fused, survivor).is_some(), "{name}: {survivor} must not be fused away");
+    }
+}
+
+#[test]
+fn near_misses_that_run_still_compute_the_same() {
+    for name in ["nm_attn_fill_minus100.onnx", "nm_attn_scores_output.onnx", "nm_attn_probs_second_consumer.onnx"] {
+        let (original, fused, _) = fuse(name);
+        assert_equivalent(&original, &fused, name);
+    }
+}
