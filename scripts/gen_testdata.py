@@ -486,6 +486,110 @@ def complex_models():
         record(name, made_by="onnx.helper", what=f"com.microsoft.{op}(A, B), CUDA-only in ONNX Runtime")
 
 
+class ComplexProduct(torch.nn.Module):
+    """Complex products over a trailing (real, imag) axis, written the ways
+    model code writes them."""
+
+    def __init__(self, style, conj=False):
+        super().__init__()
+        self.style, self.conj = style, conj
+
+    def parts(self, x):
+        if self.style == "index":
+            return x[..., 0], x[..., 1]
+        if self.style == "unbind":
+            return x.unbind(-1)
+        if self.style == "slice":
+            return x[..., 0:1], x[..., 1:2]
+        if self.style == "split":
+            r, i = x.split(1, dim=-1)
+            return r, i
+        raise ValueError(self.style)
+
+    def forward(self, a, b):
+        ar, ai = self.parts(a)
+        br, bi = self.parts(b)
+        if self.conj:
+            re, im = ar * br + ai * bi, ai * br - ar * bi
+        else:
+            re, im = ar * br - ai * bi, ar * bi + ai * br
+        if self.style in ("slice", "split"):
+            return torch.cat([re, im], dim=-1)
+        return torch.stack([re, im], dim=-1)
+
+
+class ComplexRotary(torch.nn.Module):
+    """Rotary embedding as a complex product without view_as_complex: the
+    head dimension viewed as pairs, times (cos, sin) pairs."""
+
+    def forward(self, x, freqs):
+        pairs = x.reshape(x.shape[0], x.shape[1], -1, 2)
+        xr, xi = pairs[..., 0], pairs[..., 1]
+        c, s = freqs[..., 0], freqs[..., 1]
+        out = torch.stack([xr * c - xi * s, xr * s + xi * c], dim=-1)
+        return out.reshape(x.shape)
+
+
+def complex_exports():
+    """The real exporters' forms of complex products (torch.onnx TorchScript and dynamo)."""
+    a, b = torch.randn(3, 4, 2), torch.randn(3, 4, 2)
+    jobs = []
+    for style in ("index", "unbind", "slice", "split"):
+        for conj in (False, True):
+            jobs.append((f"cmul_{style}{'_conj' if conj else ''}", ComplexProduct(style, conj), (a, b), ["a", "b"]))
+    jobs.append(("cmul_rotary", ComplexRotary(), (torch.randn(2, 5, 8), torch.randn(5, 4, 2)), ["x", "freqs"]))
+    jobs.append(("cmul_index_fp16", ComplexProduct("index").half(), (a.half(), b.half()), ["a", "b"]))
+    for name, module, args, names in jobs:
+        for dynamo in (False, True):
+            if dynamo and ("fp16" in name or name.startswith("cmul_split") or name.endswith("conj")):
+                continue  # keep the corpus small: dynamo for the plain forms
+            file = f"{name}_{'dynamo_op18' if dynamo else 'ts_op17'}.onnx"
+            path = os.path.join(OUT, file)
+            try:
+                torch.onnx.export(module, args, path, input_names=names, output_names=["out"], opset_version=18 if dynamo else 17,
+                                  dynamo=dynamo, **({"optimize": True, "external_data": False} if dynamo else {}))
+                record(file, made_by="torch.onnx dynamo" if dynamo else "torch.onnx TorchScript", what=module.__class__.__name__,
+                       style=getattr(module, "style", "rotary"), conj=getattr(module, "conj", False))
+            except Exception as e:  # noqa: BLE001
+                print(f"FAILED {file}: {e}", file=sys.stderr)
+
+
+def near_misses_complex():
+    """Each breaks one precondition of complex-mul in the TorchScript index form."""
+    base = "cmul_index_ts_op17.onnx"
+    m = load(base)
+    concat = first(m, "Concat")
+    concat.input[0], concat.input[1] = concat.input[1], concat.input[0]
+    save_near_miss(m, "nm_cmul_swapped_concat.onnx", base, "real and imaginary swapped in the Concat")
+
+    m = load(base)
+    add = first(m, "Add")
+    add.op_type = "Sub"
+    save_near_miss(m, "nm_cmul_wrong_sign.onnx", base, "im = ar*bi - ai*br (wrong sign)")
+
+    m = load(base)
+    for i in m.graph.input:
+        i.type.tensor_type.shape.dim[2].dim_value = 3
+    save_near_miss(m, "nm_cmul_last_axis_3.onnx", base, "a last axis of 3")
+
+    m = load(base)
+    gather = first(m, "Gather")
+    set_const(m, gather.input[1], np.array([0], dtype=np.int64))
+    save_near_miss(m, "nm_cmul_index_1d.onnx", base, "a Gather index of [0] (keeps the axis)")
+
+    m = load(base)
+    mul = first(m, "Mul")
+    m.graph.output.append(helper.make_tensor_value_info(mul.output[0], TensorProto.FLOAT, None))
+    save_near_miss(m, "nm_cmul_product_output.onnx", base, "a Mul output is also a graph output")
+
+    m = load(base)
+    gather = first(m, "Gather")
+    for a in gather.attribute:
+        if a.name == "axis":
+            a.i = 0
+    save_near_miss(m, "nm_cmul_gather_axis0.onnx", base, "a Gather on axis 0")
+
+
 def inputs_npz():
     """User-given inputs for verify: one 7-token row for the Llama export
     (its traced causal mask fixes the sequence length at 7)."""
@@ -548,6 +652,8 @@ def main():
         near_misses_attention()
         external_data_model("llama_ts_op14.onnx")
         complex_models()
+        complex_exports()
+        near_misses_complex()
         inputs_npz()
     path = os.path.join(OUT, "MANIFEST.json")
     old = json.load(open(path)) if os.path.exists(path) else {}

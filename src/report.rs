@@ -17,6 +17,9 @@ pub struct Report {
     pub output: String,
     pub passes: Vec<PassCount>,
     pub fused: Vec<Fused>,
+    /// What the user must know about the output (e.g. runtimes it needs).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub cautions: Vec<String>,
     /// Filled only with `--explain`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub declined: Vec<Declined>,
@@ -38,13 +41,23 @@ impl Report {
             .map(|p| PassCount { name: p.name, fused: outcome.fused.iter().filter(|f| f.pass == p.name).count() })
             .collect();
         let declined = if explain { outcome.declined } else { Vec::new() };
-        Report { schema: 1, input, output, passes, fused: outcome.fused, declined, verification: None }
+        let cautions = pipeline
+            .iter()
+            .filter(|p| outcome.fused.iter().any(|f| f.pass == p.name))
+            .filter_map(|p| p.caution.map(|c| format!("{}: {c}", p.name)))
+            .collect();
+        Report { schema: 1, input, output, passes, fused: outcome.fused, cautions, declined, verification: None }
     }
 
-    /// The one-line summary printed unless `--quiet`.
+    /// The summary printed unless `--quiet`: one line, and a warning line
+    /// per caution.
     pub fn summary(&self) -> String {
         let counts: Vec<String> = self.passes.iter().map(|p| format!("{} {}", p.name, p.fused)).collect();
-        format!("{}: fused {} ({}) -> {}", self.input, self.fused.len(), counts.join(", "), self.output)
+        let mut s = format!("{}: fused {} ({}) -> {}", self.input, self.fused.len(), counts.join(", "), self.output);
+        for c in &self.cautions {
+            s.push_str(&format!("\nwarning: {c}"));
+        }
+        s
     }
 
     pub fn text(&self) -> String {

@@ -24,6 +24,8 @@ pub struct Pass {
     /// In the pipeline `default`. A pass whose output some runtimes cannot
     /// run is only applied when asked for by name.
     pub default: bool,
+    /// What a user must know when this pass fused something (reported).
+    pub caution: Option<&'static str>,
     pub rule: fn(&Graph, usize) -> Check<Rewrite>,
 }
 
@@ -42,6 +44,15 @@ pub struct Rewrite {
     /// overload), with the model's opset imports, imports its domain and
     /// raises the IR version as far as functions need.
     pub function: Option<FunctionProto>,
+    /// An operator set the replacement's op comes from, added to the
+    /// model's imports when missing (e.g. `com.microsoft` version 1).
+    pub import: Option<(&'static str, i64)>,
+}
+
+impl Rewrite {
+    pub fn importing(self, domain: &'static str, version: i64) -> Self {
+        Rewrite { import: Some((domain, version)), ..self }
+    }
 }
 
 /// Accumulates the nodes a rule walks through, anchored at one node.
@@ -73,12 +84,12 @@ impl Match {
     }
 
     pub fn replace_with(self, replacement: NodeProto) -> Rewrite {
-        Rewrite { anchor: self.anchor, nodes: self.nodes, replacement, function: None }
+        Rewrite { anchor: self.anchor, nodes: self.nodes, replacement, function: None, import: None }
     }
 
     /// A replacement that calls the model-local `function`.
     pub fn replace_with_call(self, replacement: NodeProto, function: FunctionProto) -> Rewrite {
-        Rewrite { anchor: self.anchor, nodes: self.nodes, replacement, function: Some(function) }
+        Rewrite { anchor: self.anchor, nodes: self.nodes, replacement, function: Some(function), import: None }
     }
 }
 
@@ -119,6 +130,8 @@ pub struct Outcome {
     pub declined: Vec<Declined>,
     /// Functions rewrites called, in the order first needed.
     functions: Vec<FunctionProto>,
+    /// Operator sets rewrites need imported.
+    imports: Vec<(&'static str, i64)>,
 }
 
 /// Runs `passes` over the model's graph and every subgraph body, each graph
@@ -128,6 +141,11 @@ pub fn run(model: &mut ModelProto, passes: &[&Pass]) -> Outcome {
     let mut outcome = Outcome::default();
     if let Some(graph) = model.graph.as_mut() {
         run_graph(graph, opset, &Scope::default(), passes, "main", &mut outcome);
+    }
+    for (domain, version) in std::mem::take(&mut outcome.imports) {
+        if !model.opset_import.iter().any(|o| o.domain() == domain) {
+            model.opset_import.push(OperatorSetIdProto { domain: Some(domain.into()), version: Some(version) });
+        }
     }
     add_functions(model, std::mem::take(&mut outcome.functions));
     outcome
@@ -178,6 +196,7 @@ fn run_graph(graph: &mut GraphProto, opset: i64, outer: &Scope, passes: &[&Pass]
             let rewrites = find(&Graph::new(graph, opset, outer), pass, path, &mut outcome.declined);
             if !rewrites.is_empty() {
                 outcome.functions.extend(rewrites.iter().filter_map(|r| r.function.clone()));
+                outcome.imports.extend(rewrites.iter().filter_map(|r| r.import));
                 apply(graph, rewrites, pass.name, path, &mut outcome.fused);
                 changed = true;
             }

@@ -39,6 +39,7 @@ pub const PASS: Pass = Pass {
     name: "attention",
     summary: "softmax(q·k * scale + mask) · v  ->  transmuter.AttentionCore (with a local function)",
     default: true,
+    caution: None,
     rule,
 };
 

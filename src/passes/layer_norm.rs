@@ -18,6 +18,7 @@ pub const PASS: Pass = Pass {
     name: "layer-norm",
     summary: "(x - mean(x)) / sqrt(var(x) + eps) * gamma + beta  ->  LayerNormalization",
     default: true,
+    caution: None,
     rule,
 };
 

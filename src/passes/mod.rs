@@ -6,13 +6,14 @@ use anyhow::{bail, Result};
 use crate::rewrite::Pass;
 
 pub mod attention;
+pub mod complex_mul;
 pub mod layer_norm;
 pub mod rms_norm;
 
 /// Every pass, in the order `default` runs them. layer-norm comes first so
 /// a LayerNorm is fused whole; in the other order it still is (layer-norm
 /// folds a SimplifiedLayerNormalization of the centered input).
-pub const ALL: &[&Pass] = &[&layer_norm::PASS, &rms_norm::PASS, &attention::PASS];
+pub const ALL: &[&Pass] = &[&layer_norm::PASS, &rms_norm::PASS, &attention::PASS, &complex_mul::PASS];
 
 /// The pipeline a `--passes` list names (`default` expands to every default
 /// pass), less the `--disable` list. Unknown names are an error.

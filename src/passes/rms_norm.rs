@@ -20,6 +20,7 @@ pub const PASS: Pass = Pass {
     name: "rms-norm",
     summary: "x / sqrt(mean(x^2) + eps) * weight  ->  SimplifiedLayerNormalization",
     default: true,
+    caution: None,
     rule,
 };
 

@@ -1,0 +1,189 @@
+//! complex-mul: complex numbers as a trailing axis of size 2 (real, imag),
+//! `a = ar + i·ai`, `b = br + i·bi`:
+//!
+//! ```text
+//! ComplexMul:      re = ar·br − ai·bi    im = ar·bi + ai·br    → com.microsoft.ComplexMul(a, b)
+//! ComplexMulConj:  re = ar·br + ai·bi    im = ai·br − ar·bi    → com.microsoft.ComplexMulConj(a, b)
+//! out = Concat(Unsqueeze(re, -1), Unsqueeze(im, -1), axis = -1)
+//! ```
+//!
+//! The parts are taken as exporters write them: `Gather(x, 0|1, axis=-1)`
+//! with a scalar index, or `Squeeze` of a `Slice`/`Split` part (both then
+//! unsqueezed before the Concat); or `Slice`/`Split` parts that keep the
+//! axis, concatenated as they are. Mul and Add commute, Sub does not; a and
+//! b may be the same tensor. ONNX Runtime has these two ops on CUDA only,
+//! so this pass is not in the default pipeline.
+
+use crate::graph::{Check, Graph, Miss};
+use crate::onnx::{NodeProto, FLOAT, FLOAT16};
+use crate::pattern;
+use crate::require;
+use crate::rewrite::{node, Match, Pass, Rewrite};
+use crate::shapes::Shapes;
+
+pub const PASS: Pass = Pass {
+    name: "complex-mul",
+    summary: "(ar·br − ai·bi, ar·bi + ai·br)  ->  com.microsoft.ComplexMul / ComplexMulConj (CUDA only)",
+    default: false,
+    caution: Some(
+        "com.microsoft.ComplexMul and ComplexMulConj run on ONNX Runtime's CUDA execution provider only: \
+         the output does not load on the CPU provider",
+    ),
+    rule,
+};
+
+/// One real or imaginary part: `index` 0 or 1 of the last axis of `of`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Part<'a> {
+    of: &'a str,
+    index: i64,
+}
+
+/// Whether the parts drop the last axis (then re and im are unsqueezed
+/// before the Concat) or keep it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Squeezed,
+    Kept,
+}
+
+fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
+    let concat = pattern::anchor(g, index, "Concat")?;
+    require!(concat.input.len() == 2, "the Concat has {} inputs, not re and im", concat.input.len());
+    let shapes = Shapes::new(g);
+    let last_axis = |axis: i64, value: &str| axis == -1 || shapes.rank(value).is_some_and(|r| axis == r as i64 - 1);
+    require!(last_axis(concat.attr_int("axis").unwrap_or(0), &concat.output[0]), "the Concat is not on the last axis");
+    let mut m = Match::new(index);
+
+    let unsqueezed = |value: &str| -> Option<usize> {
+        let u = g.produced_by(value, "Unsqueeze").ok()?;
+        let node = g.node(u);
+        let axes = node.attr_ints("axes").map(<[i64]>::to_vec).or_else(|| g.constant(node.input.get(1)?)?.ints())?;
+        (axes.len() == 1 && last_axis(axes[0], &node.output[0])).then_some(u)
+    };
+    let (re, im, kind) = match (unsqueezed(&concat.input[0]), unsqueezed(&concat.input[1])) {
+        (Some(r), Some(i)) => {
+            m.take(r);
+            m.take(i);
+            (g.node(r).input[0].as_str(), g.node(i).input[0].as_str(), Kind::Squeezed)
+        }
+        _ => (concat.input[0].as_str(), concat.input[1].as_str(), Kind::Kept),
+    };
+    let (re_node, im_node) = (g.node(m.take(producer(g, re)?)), g.node(m.take(producer(g, im)?)));
+    let mut product = |value: &str| -> Check<[Part; 2]> {
+        let mul = g.produced_by(value, "Mul")?;
+        let node = g.node(mul);
+        require!(node.input.len() == 2, "a product has {} operands", node.input.len());
+        let pair = [part(g, &shapes, &mut m, &node.input[0], kind)?, part(g, &shapes, &mut m, &node.input[1], kind)?];
+        m.take(mul);
+        Ok(pair)
+    };
+    let same = |x: [Part; 2], y: [Part; 2]| x == y || x == [y[1], y[0]];
+    let (op, a, b) = if re_node.is("Sub") && im_node.is("Add") {
+        // re = ar·br − ai·bi, im = ar·bi + ai·br; a·b = b·a, so which tensor is
+        // a only has to be consistent.
+        let cross = product(&im_node.input[0])?;
+        let (a, b) = match cross {
+            [p, q] if p.index == 0 && q.index == 1 => (p.of, q.of),
+            [p, q] if p.index == 1 && q.index == 0 => (q.of, p.of),
+            _ => return Err(Miss::Because("the imaginary part is not ar·bi + ai·br".into())),
+        };
+        require!(same(product(&im_node.input[1])?, [pt(a, 1), pt(b, 0)]), "the imaginary part is not ar·bi + ai·br");
+        require!(same(product(&re_node.input[0])?, [pt(a, 0), pt(b, 0)]), "the real part does not start with ar·br");
+        require!(same(product(&re_node.input[1])?, [pt(a, 1), pt(b, 1)]), "the real part does not subtract ai·bi");
+        ("ComplexMul", a, b)
+    } else if re_node.is("Add") && im_node.is("Sub") {
+        // im = ai·br − ar·bi: the Sub's order says which tensor is conjugated.
+        let first = product(&im_node.input[0])?;
+        let (a, b) = match first {
+            [p, q] if p.index == 1 && q.index == 0 => (p.of, q.of),
+            [p, q] if p.index == 0 && q.index == 1 => (q.of, p.of),
+            _ => return Err(Miss::Because("the imaginary part is not ai·br − ar·bi".into())),
+        };
+        require!(same(product(&im_node.input[1])?, [pt(a, 0), pt(b, 1)]), "the imaginary part is not ai·br − ar·bi");
+        let (x, y) = (product(&re_node.input[0])?, product(&re_node.input[1])?);
+        let (rr, ii) = ([pt(a, 0), pt(b, 0)], [pt(a, 1), pt(b, 1)]);
+        require!((same(x, rr) && same(y, ii)) || (same(x, ii) && same(y, rr)), "the real part is not ar·br + ai·bi");
+        ("ComplexMulConj", a, b)
+    } else {
+        return Err(Miss::Because(format!(
+            "re is {} and im is {}: not a complex product (Sub/Add or Add/Sub)",
+            re_node.op_type(),
+            im_node.op_type()
+        )));
+    };
+    for x in [a, b] {
+        let last = shapes.shape(x).and_then(|s| s.last().and_then(|d| d.value()));
+        require!(last == Some(2), "the last axis of {x} is not proved to be 2 (found {last:?})");
+        let t = g.elem_type(x);
+        require!(matches!(t, Some(FLOAT | FLOAT16)), "{x} is not f32 or f16 (the kernel's types), found {t:?}");
+    }
+    Ok(m.replace_with(NodeProto { domain: Some("com.microsoft".into()), ..node(op, &[a, b], vec![]) })
+        .importing("com.microsoft", 1))
+}
+
+fn pt(of: &str, index: i64) -> Part<'_> {
+    Part { of, index }
+}
+
+fn producer(g: &Graph, value: &str) -> Check<usize> {
+    g.producer(value).ok_or_else(|| Miss::Because(format!("{value} is not computed by the graph")))
+}
+
+/// A real or imaginary part of the kind the Concat implies.
+fn part<'a>(g: &Graph<'a>, shapes: &Shapes, m: &mut Match, value: &'a str, kind: Kind) -> Check<Part<'a>> {
+    let p = g.producer(value).ok_or_else(|| Miss::Because(format!("{value} is not a part of a complex tensor")))?;
+    let node = g.node(p);
+    let last = |x: &str, axis: i64| axis == -1 || shapes.rank(x).is_some_and(|r| axis == r as i64 - 1);
+    let found = match (kind, node.op_type()) {
+        (Kind::Squeezed, "Gather") if crate::onnx::is_default_domain(node.domain()) => {
+            let index = g.constant(&node.input[1]);
+            require!(index.is_some_and(|t| t.dims.is_empty()), "the Gather index of {value} is not a scalar");
+            let i = index.and_then(|t| t.scalar()).unwrap_or(-1.0);
+            require!(
+                last(&node.input[0], node.attr_int("axis").unwrap_or(0)),
+                "the Gather of {value} is not on the last axis"
+            );
+            pt(&node.input[0], i as i64)
+        }
+        (Kind::Squeezed, "Squeeze") => {
+            let axes = node.attr_ints("axes").map(<[i64]>::to_vec).or_else(|| g.constant(node.input.get(1)?)?.ints());
+            let kept = part(g, shapes, m, &node.input[0], Kind::Kept)?;
+            require!(
+                axes.is_some_and(|a| a.len() == 1 && last(&node.input[0], a[0])),
+                "the Squeeze of {value} is not of the last axis"
+            );
+            kept
+        }
+        (Kind::Kept, "Slice") if node.input.len() >= 3 => {
+            let int = |i: usize| node.input.get(i).filter(|s| !s.is_empty()).and_then(|s| g.constant(s)?.ints());
+            let (starts, ends) = (int(1).unwrap_or_default(), int(2).unwrap_or_default());
+            let axes = int(3).unwrap_or_else(|| vec![0]);
+            let steps = int(4).unwrap_or_else(|| vec![1]);
+            require!(
+                starts.len() == 1 && ends.len() == 1 && axes.len() == 1 && steps == [1],
+                "the Slice of {value} is not one part"
+            );
+            require!(last(&node.input[0], axes[0]), "the Slice of {value} is not on the last axis");
+            let (s, e) = (starts[0], ends[0]);
+            require!(
+                (s == 0 && e == 1) || (s == 1 && e >= 2) || (s == -1 && e >= 0) || (s == -2 && e == -1),
+                "the Slice of {value} ({s}..{e}) is not one part of an axis of 2"
+            );
+            pt(&node.input[0], if s == 0 || s == -2 { 0 } else { 1 })
+        }
+        (Kind::Kept, "Split") if node.output.len() == 2 => {
+            require!(
+                last(&node.input[0], node.attr_int("axis").unwrap_or(0)),
+                "the Split of {value} is not on the last axis"
+            );
+            let sizes = node.attr_ints("split").map(<[i64]>::to_vec).or_else(|| g.constant(node.input.get(1)?)?.ints());
+            require!(sizes.is_none_or(|s| s == [1, 1]), "the Split of {value} is not into two parts of 1");
+            pt(&node.input[0], if node.output[0] == value { 0 } else { 1 })
+        }
+        _ => return Err(Miss::Because(format!("{value} is not a part of a complex tensor"))),
+    };
+    require!(found.index == 0 || found.index == 1, "{value} takes index {} of the last axis", found.index);
+    m.take(p);
+    Ok(found)
+}
