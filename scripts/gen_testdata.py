@@ -176,6 +176,11 @@ def load(name):
     return onnx.load(os.path.join(OUT, name))
 
 
+def also_output(model, value):
+    """Makes an intermediate value a graph output too."""
+    model.graph.output.append(helper.make_tensor_value_info(value, TensorProto.FLOAT, None))
+
+
 def save_near_miss(model, name, base, what):
     onnx.save(model, os.path.join(OUT, name))
     record(name, near_miss_of=base, broken=what)
@@ -242,7 +247,7 @@ def near_misses_rms(base):
 
     m = load(base)
     rm = first(m, "ReduceMean", lambda n: n.input[0] == first(m, "Pow").output[0])
-    m.graph.output.append(helper.make_tensor_value_info(rm.output[0], TensorProto.FLOAT, None))
+    also_output(m, rm.output[0])
     save_near_miss(m, "nm_rms_intermediate_output.onnx", base,
                    "an intermediate (the ReduceMean) is also a graph output")
 
@@ -322,7 +327,7 @@ def near_misses_ln(base):
 
     m = load(base)
     sub = first(m, "Sub")
-    m.graph.output.append(helper.make_tensor_value_info(sub.output[0], TensorProto.FLOAT, None))
+    also_output(m, sub.output[0])
     save_near_miss(m, "nm_ln_centered_output.onnx", base, "the centered value is also a graph output")
 
     m = load(base)
@@ -358,7 +363,7 @@ def near_misses_attention():
 
     m = load(base)
     mul = first(m, "Mul", lambda n: n.name.endswith("self_attn/Mul_8"))
-    m.graph.output.append(helper.make_tensor_value_info(mul.output[0], TensorProto.FLOAT, None))
+    also_output(m, mul.output[0])
     save_near_miss(m, "nm_attn_scores_output.onnx", base, "the scaled scores are also a graph output")
 
     m = load(base)
@@ -579,7 +584,7 @@ def near_misses_complex():
 
     m = load(base)
     mul = first(m, "Mul")
-    m.graph.output.append(helper.make_tensor_value_info(mul.output[0], TensorProto.FLOAT, None))
+    also_output(m, mul.output[0])
     save_near_miss(m, "nm_cmul_product_output.onnx", base, "a Mul output is also a graph output")
 
     m = load(base)

@@ -7,12 +7,11 @@
 //! place and its provenance list folds into this one.
 
 use crate::graph::{Check, Graph, Miss};
-use crate::onnx::AttributeProto;
 use crate::pattern::{self, either_order};
 use crate::require;
 use crate::rewrite::{node, Match, Pass, Rewrite};
 
-use super::rms_norm::rms_core;
+use super::rms_norm::{norm_attributes, rms_core};
 
 pub const PASS: Pass = Pass {
     name: "layer-norm",
@@ -43,12 +42,7 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
                 types[0] == types[1] && g.elem_type(x).is_none_or(|t| Some(t) == types[0]),
                 "x, gamma and beta do not share one element type"
             );
-            let attributes = vec![
-                AttributeProto::int("axis", -1),
-                AttributeProto::float("epsilon", eps),
-                AttributeProto::int("stash_type", 1),
-            ];
-            Ok(m.replace_with(node("LayerNormalization", &[x, gamma, beta], attributes)))
+            Ok(m.replace_with(node("LayerNormalization", &[x, gamma, beta], norm_attributes(eps))))
         },
     )
 }

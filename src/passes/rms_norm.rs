@@ -45,14 +45,15 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
                 }
             };
             pattern::weight(g, weight, x, "weight")?;
-            let attributes = vec![
-                AttributeProto::int("axis", -1),
-                AttributeProto::float("epsilon", core.eps),
-                AttributeProto::int("stash_type", 1),
-            ];
-            Ok(m.replace_with(node("SimplifiedLayerNormalization", &[x, weight], attributes)))
+            Ok(m.replace_with(node("SimplifiedLayerNormalization", &[x, weight], norm_attributes(core.eps))))
         },
     )
+}
+
+/// The attributes both norms are written with: over the last axis, the
+/// model's eps, computed in f32.
+pub fn norm_attributes(eps: f32) -> Vec<AttributeProto> {
+    vec![AttributeProto::int("axis", -1), AttributeProto::float("epsilon", eps), AttributeProto::int("stash_type", 1)]
 }
 
 /// The normalization without its weight: `n = x / sqrt(mean(x², -1) + eps)`.
