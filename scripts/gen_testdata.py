@@ -151,6 +151,29 @@ def export_torch(name, kind, *, opset, dynamo=False, fp16=False, attn="eager"):
            config=configs()[kind].to_diff_dict())
 
 
+class Seq2Seq(torch.nn.Module):
+    """Encoder and decoder in one graph (cross-attention included)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids, decoder_ids):
+        return self.model(input_ids=ids, decoder_input_ids=decoder_ids, use_cache=False).logits
+
+
+def export_t5_seq2seq(name, *, opset):
+    torch.manual_seed(0)
+    cfg = configs()["t5"]
+    cfg._attn_implementation = "eager"
+    model = transformers.T5ForConditionalGeneration(cfg).eval()
+    args = (torch.randint(0, 64, (1, 7)), torch.randint(0, 64, (1, 5)))
+    torch.onnx.export(Seq2Seq(model), args, os.path.join(OUT, name), input_names=["input_ids", "decoder_input_ids"],
+                      output_names=["out"], opset_version=opset, dynamo=False)
+    record(name, model="t5", exporter="torch.onnx TorchScript", opset=opset, dtype="float32",
+           what="T5ForConditionalGeneration: encoder, decoder self- and cross-attention", config=cfg.to_diff_dict())
+
+
 def export_optimum(name, kind, task, *, opset=None, fp16=False):
     from optimum.exporters.onnx import main_export
     torch.manual_seed(0)
@@ -641,6 +664,7 @@ def main():
         ("trocr_decoder_ts_op14.onnx", lambda n: export_torch(n, "trocr", opset=14)),
         ("whisper_encoder_sdpa_ts_op17.onnx", lambda n: export_torch(n, "whisper", opset=17, attn="sdpa")),
         ("llama_ts_op12.onnx", lambda n: export_torch(n, "llama", opset=12)),
+        ("t5_seq2seq_ts_op14.onnx", lambda n: export_t5_seq2seq(n, opset=14)),
         ("bert_optimum.onnx", lambda n: export_optimum(n, "bert", "feature-extraction", opset=14)),
     ]
     for name, job in jobs:

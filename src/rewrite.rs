@@ -241,13 +241,15 @@ fn find(g: &Graph, pass: &Pass, path: &str, declined: &mut Vec<Declined>) -> Vec
 }
 
 /// `Constant` nodes that feed only the match become part of it: once the
-/// match is replaced nothing would read them.
+/// match is replaced nothing would read them (unless the replacement
+/// itself does, e.g. a constant mask of an attention core).
 fn absorb_constants(g: &Graph, rewrite: &mut Rewrite) {
     let inputs: Vec<&str> = rewrite.nodes.iter().flat_map(|&n| g.node(n).input.iter().map(String::as_str)).collect();
     for value in inputs {
         if let Some(p) = g.producer(value) {
             if g.node(p).is("Constant")
                 && !g.is_graph_output(value)
+                && !rewrite.replacement.input.iter().any(|i| i == value)
                 && g.consumers(value).iter().all(|c| rewrite.nodes.contains(c))
             {
                 rewrite.nodes.insert(p);
