@@ -44,7 +44,8 @@ pub fn load(path: &Path, options: LoadOptions) -> Result<Loaded> {
     // SAFETY: the map is read-only; onnx-fuse never writes the input, and a
     // file truncated by another process under us is outside what any reader
     // of a memory-mapped file can defend against.
-    let map = unsafe { memmap2::MmapOptions::new().populate().map(&file) }.with_context(|| format!("{shown}: cannot map"))?;
+    let map =
+        unsafe { memmap2::MmapOptions::new().populate().map(&file) }.with_context(|| format!("{shown}: cannot map"))?;
     let bytes = Bytes::from_owner(map);
     match unknown::find_unknown_field(&bytes) {
         Err(why) => bail!("{shown}: not an ONNX model (invalid protobuf: {why})"),

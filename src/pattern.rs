@@ -42,6 +42,17 @@ pub fn either_order<'a, T>(
     result
 }
 
+/// `either_order` at the anchor: a node none of whose operands fits the
+/// role is not a candidate at all (and is not reported as declined).
+pub fn anchor_operands<'a, T>(
+    node: &'a NodeProto,
+    role: &str,
+    fits: impl Fn(&str) -> bool,
+    f: impl FnMut(&'a str, &'a str) -> Check<T>,
+) -> Check<T> {
+    either_order(node, role, fits, f).map_err(|miss| if miss.is_no_operand() { Miss::NotAnchor } else { miss })
+}
+
 impl Miss {
     fn is_no_operand(&self) -> bool {
         matches!(self, Miss::Because(why) if why.starts_with("no operand of"))

@@ -83,6 +83,18 @@ fn explain_says_why_a_candidate_did_not_fuse() {
         ),
         "{text}"
     );
+    let r =
+        run(&[testdata("nm_rms_weight_not_constant.onnx").to_str().unwrap(), "-o", out.to_str().unwrap(), "--explain"]);
+    let text = String::from_utf8(r.stdout.clone()).unwrap();
+    assert!(
+        text.contains(
+            "at /model/model/layers.0/input_layernorm/Mul_1 (main): the weight (weight_input) is not a constant"
+        ),
+        "{text}"
+    );
+    // Nodes that are no candidate at all (a residual Add, a linear layer's
+    // Mul of two computed values) are not listed.
+    assert!(!text.contains("no operand of"), "{text}");
 }
 
 #[test]

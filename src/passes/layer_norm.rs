@@ -23,7 +23,7 @@ pub const PASS: Pass = Pass {
 
 fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     let out = pattern::anchor(g, index, "Add")?;
-    either_order(
+    pattern::anchor_operands(
         out,
         "a constant beta",
         |b| g.constant(b).is_some(),

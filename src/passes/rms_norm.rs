@@ -26,7 +26,7 @@ pub const PASS: Pass = Pass {
 
 fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     let out = pattern::anchor(g, index, "Mul")?;
-    either_order(
+    pattern::anchor_operands(
         out,
         "a constant weight",
         |w| g.constant(w).is_some(),
@@ -48,6 +48,20 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
             Ok(m.replace_with(node("SimplifiedLayerNormalization", &[x, weight], norm_attributes(core.eps))))
         },
     )
+    .or_else(|miss| if miss == Miss::NotAnchor { weight_not_constant(g, index) } else { Err(miss) })
+}
+
+/// A Mul with no constant operand is no candidate, unless one operand is
+/// the normalized value: then the reason is that the weight is not constant.
+fn weight_not_constant(g: &Graph, index: usize) -> Check<Rewrite> {
+    let out = g.node(index);
+    for (y, weight) in [(&out.input[0], &out.input[1]), (&out.input[1], &out.input[0])] {
+        let normalized = g.produced_by(y, "Cast").map_or(y.as_str(), |c| g.node(c).input[0].as_str());
+        if rms_core(g, &mut Match::new(index), normalized).is_ok() {
+            return Err(Miss::Because(format!("the weight ({weight}) is not a constant")));
+        }
+    }
+    Err(Miss::NotAnchor)
 }
 
 /// The attributes both norms are written with: over the last axis, the
