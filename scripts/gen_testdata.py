@@ -174,7 +174,7 @@ def export_t5_seq2seq(name, *, opset):
            what="T5ForConditionalGeneration: encoder, decoder self- and cross-attention", config=cfg.to_diff_dict())
 
 
-def export_optimum(name, kind, task, *, opset=None, fp16=False):
+def export_optimum(name, kind, task, *, opset=None, fp16=False, file="model.onnx"):
     from optimum.exporters.onnx import main_export
     torch.manual_seed(0)
     cfg = configs()[kind]
@@ -182,14 +182,16 @@ def export_optimum(name, kind, task, *, opset=None, fp16=False):
         src, dst = os.path.join(tmp, "src"), os.path.join(tmp, "dst")
         if kind == "bert":
             transformers.BertModel(cfg).save_pretrained(src)
+        elif kind == "t5":
+            transformers.T5ForConditionalGeneration(cfg).save_pretrained(src)
         else:
             transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(src)
         kw = dict(opset=opset) if opset else {}
         main_export(src, dst, task=task, no_post_process=True, do_validation=False,
                     dtype="fp16" if fp16 else "fp32", device="cpu", **kw)
-        model = onnx.load(os.path.join(dst, "model.onnx"))
+        model = onnx.load(os.path.join(dst, file))
         onnx.save(model, os.path.join(OUT, name))
-    record(name, model=kind, exporter="optimum main_export", task=task, opset=opset or "default",
+    record(name, model=kind, exporter="optimum main_export", task=task, file=file, opset=opset or "default",
            dtype="float16" if fp16 else "float32", config=cfg.to_diff_dict())
 
 
@@ -665,6 +667,9 @@ def main():
         ("whisper_encoder_sdpa_ts_op17.onnx", lambda n: export_torch(n, "whisper", opset=17, attn="sdpa")),
         ("llama_ts_op12.onnx", lambda n: export_torch(n, "llama", opset=12)),
         ("t5_seq2seq_ts_op14.onnx", lambda n: export_t5_seq2seq(n, opset=14)),
+        ("t5_optimum_decoder_past.onnx", lambda n: export_optimum(n, "t5", "text2text-generation-with-past",
+                                                                   file="decoder_with_past_model.onnx")),
+        ("gpt2_optimum_past.onnx", lambda n: export_optimum(n, "gpt2", "text-generation-with-past")),
         ("bert_optimum.onnx", lambda n: export_optimum(n, "bert", "feature-extraction", opset=14)),
     ]
     for name, job in jobs:

@@ -25,6 +25,8 @@ pub const EXPORTS: &[(&str, usize, usize, usize, f32)] = &[
     ("t5_encoder_ts_op17_fp16.onnx", 5, 0, 2, 1e-6),
     // Decoder self- and cross-attention; the cross-attention's position bias is a Constant.
     ("t5_seq2seq_ts_op14.onnx", 12, 0, 6, 1e-6),
+    ("t5_optimum_decoder_past.onnx", 7, 0, 4, 1e-6),
+    ("gpt2_optimum_past.onnx", 0, 0, 2, 1e-5),
     ("gpt2_ts_op14.onnx", 0, 5, 2, 1e-5),
     ("gpt2_sdpa_ts_op14.onnx", 0, 5, 2, 1e-5),
     // From opset 17 (dynamo: 18) the exporters write LayerNormalization themselves.
