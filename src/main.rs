@@ -166,6 +166,35 @@ enum Done {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // No input may make the tool panic; should a bug still do it, the user
+    // gets one line and exit code 1, not a backtrace. Panics inside a pass's
+    // rule are caught where they happen (the node is left alone): the hook
+    // stays silent and remembers the message for the line below.
+    std::panic::set_hook(Box::new(|info| {
+        let message = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        let place = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
+        LAST_PANIC.with(|p| *p.borrow_mut() = format!("{message}{place}"));
+    }));
+    match std::panic::catch_unwind(|| run(cli)) {
+        Ok(code) => code,
+        Err(_) => {
+            let message = LAST_PANIC.with(|p| p.borrow().clone());
+            eprintln!("onnx-fuse: internal error: {message} (please report it with the model that caused it)");
+            ExitCode::from(1)
+        }
+    }
+}
+
+thread_local! {
+    static LAST_PANIC: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+}
+
+fn run(cli: Cli) -> ExitCode {
     let result = match cli.command {
         Some(Command::Show { model, allow_unknown_fields }) => show(&model, LoadOptions { allow_unknown_fields }),
         Some(Command::Verify { original, rewritten, verify, report_json, allow_unknown_fields }) => {

@@ -217,10 +217,18 @@ fn find(g: &Graph, pass: &Pass, path: &str, declined: &mut Vec<Declined>) -> Vec
         if claimed.contains(&anchor) {
             continue;
         }
-        let checked = (pass.rule)(g, anchor).and_then(|mut rewrite| {
-            absorb_constants(g, &mut rewrite);
-            check_nothing_escapes(g, &rewrite)?;
-            Ok(rewrite)
+        // A rule reads nodes as a valid model has them; on a malformed one
+        // (a required input missing) it may index out of bounds. Rules are
+        // pure, so that is caught and the node is left alone.
+        let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            (pass.rule)(g, anchor).and_then(|mut rewrite| {
+                absorb_constants(g, &mut rewrite);
+                check_nothing_escapes(g, &rewrite)?;
+                Ok(rewrite)
+            })
+        }));
+        let checked = attempt.unwrap_or_else(|_| {
+            Err(Miss::Because("the nodes around it are malformed (a required input or attribute is missing)".into()))
         });
         match checked {
             Ok(rewrite) if rewrite.nodes.iter().all(|n| !claimed.contains(n)) => {

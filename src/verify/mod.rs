@@ -448,6 +448,7 @@ fn vocabulary(view: &crate::graph::Graph, input: &str) -> Option<i64> {
         (node.is("Gather") && node.input.get(1).is_some_and(|i| i == input))
             .then(|| view.constant(&node.input[0]).and_then(|t| t.dims.first().copied()))
             .flatten()
+            .filter(|&rows| rows > 0)
     })
 }
 
