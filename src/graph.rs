@@ -36,6 +36,16 @@ macro_rules! require {
     };
 }
 
+/// What [`Graph::ints_argument`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IntsArgument {
+    /// Neither attribute nor input: the op's default applies.
+    Absent,
+    Known(Vec<i64>),
+    /// An input computed at run time.
+    Unknown,
+}
+
 /// Constants of the enclosing graphs, visible inside a subgraph body.
 #[derive(Default, Clone)]
 pub struct Scope(HashMap<String, TensorProto>);
@@ -168,6 +178,20 @@ impl<'a> Graph<'a> {
     /// The value of a constant with exactly one element.
     pub fn scalar(&self, value: &str) -> Option<f64> {
         self.constant(value).and_then(TensorProto::scalar)
+    }
+
+    /// An int list that older opsets give as an attribute and newer ones as
+    /// an input (Unsqueeze/Squeeze/Reduce `axes`, Split `split`).
+    pub fn ints_argument(&self, node: &NodeProto, name: &str, input: usize) -> IntsArgument {
+        if let Some(ints) = node.attr_ints(name) {
+            return IntsArgument::Known(ints.to_vec());
+        }
+        match node.input.get(input).filter(|s| !s.is_empty()) {
+            None => IntsArgument::Absent,
+            Some(value) => {
+                self.constant(value).and_then(|t| t.ints()).map_or(IntsArgument::Unknown, IntsArgument::Known)
+            }
+        }
     }
 
     pub fn elem_type(&self, value: &str) -> Option<i32> {

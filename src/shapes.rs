@@ -14,7 +14,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 
-use crate::graph::Graph;
+use crate::graph::{Graph, IntsArgument};
 use crate::onnx::proto::tensor_shape_proto::dimension::Value as DimValue;
 use crate::onnx::NodeProto;
 
@@ -219,18 +219,15 @@ impl<'g, 'a> Shapes<'g, 'a> {
             }
             "Unsqueeze" | "Squeeze" => {
                 let x = input(0)?;
-                let axes = match node.attr_ints("axes") {
-                    Some(a) => a.to_vec(),
-                    None => match node.input.get(1).filter(|s| !s.is_empty()) {
-                        Some(a) => g.constant(a)?.ints()?,
-                        None if node.op_type() == "Squeeze" => {
-                            if x.iter().any(|d| d.value().is_none()) {
-                                return None;
-                            }
-                            x.iter().enumerate().filter(|(_, d)| d.value() == Some(1)).map(|(i, _)| i as i64).collect()
+                let axes = match g.ints_argument(node, "axes", 1) {
+                    IntsArgument::Known(axes) => axes,
+                    IntsArgument::Absent if node.op_type() == "Squeeze" => {
+                        if x.iter().any(|d| d.value().is_none()) {
+                            return None;
                         }
-                        None => return None,
-                    },
+                        x.iter().enumerate().filter(|(_, d)| d.value() == Some(1)).map(|(i, _)| i as i64).collect()
+                    }
+                    _ => return None,
                 };
                 if node.op_type() == "Unsqueeze" {
                     let rank = x.len() + axes.len();
@@ -270,12 +267,10 @@ impl<'g, 'a> Shapes<'g, 'a> {
             }
             op if op.starts_with("Reduce") => {
                 let x = input(0)?;
-                let axes = match node.attr_ints("axes") {
-                    Some(a) => a.to_vec(),
-                    None => match node.input.get(1).filter(|s| !s.is_empty()) {
-                        Some(a) => g.constant(a)?.ints()?,
-                        None => (0..x.len() as i64).collect(),
-                    },
+                let axes = match g.ints_argument(node, "axes", 1) {
+                    IntsArgument::Known(axes) => axes,
+                    IntsArgument::Absent => (0..x.len() as i64).collect(),
+                    IntsArgument::Unknown => return None,
                 };
                 let axes: Vec<usize> = axes.iter().map(|&a| normalize(a, x.len())).collect::<Option<_>>()?;
                 let keep = node.attr_int("keepdims").unwrap_or(1) == 1;

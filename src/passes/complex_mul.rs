@@ -14,7 +14,7 @@
 //! b may be the same tensor. ONNX Runtime has these two ops on CUDA only,
 //! so this pass is not in the default pipeline.
 
-use crate::graph::{Check, Graph, Miss};
+use crate::graph::{Check, Graph, IntsArgument, Miss};
 use crate::onnx::{NodeProto, FLOAT, FLOAT16};
 use crate::pattern;
 use crate::require;
@@ -58,7 +58,7 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     let unsqueezed = |value: &str| -> Option<usize> {
         let u = g.produced_by(value, "Unsqueeze").ok()?;
         let node = g.node(u);
-        let axes = node.attr_ints("axes").map(<[i64]>::to_vec).or_else(|| g.constant(node.input.get(1)?)?.ints())?;
+        let IntsArgument::Known(axes) = g.ints_argument(node, "axes", 1) else { return None };
         (axes.len() == 1 && last_axis(axes[0], &node.output[0])).then_some(u)
     };
     let (re, im, kind) = match (unsqueezed(&concat.input[0]), unsqueezed(&concat.input[1])) {
@@ -147,10 +147,10 @@ fn part<'a>(g: &Graph<'a>, shapes: &Shapes, m: &mut Match, value: &'a str, kind:
             pt(&node.input[0], i as i64)
         }
         (Kind::Squeezed, "Squeeze") => {
-            let axes = node.attr_ints("axes").map(<[i64]>::to_vec).or_else(|| g.constant(node.input.get(1)?)?.ints());
+            let axes = g.ints_argument(node, "axes", 1);
             let kept = part(g, shapes, m, &node.input[0], Kind::Kept)?;
             require!(
-                axes.is_some_and(|a| a.len() == 1 && last(&node.input[0], a[0])),
+                matches!(&axes, IntsArgument::Known(a) if a.len() == 1 && last(&node.input[0], a[0])),
                 "the Squeeze of {value} is not of the last axis"
             );
             kept
@@ -177,8 +177,11 @@ fn part<'a>(g: &Graph<'a>, shapes: &Shapes, m: &mut Match, value: &'a str, kind:
                 last(&node.input[0], node.attr_int("axis").unwrap_or(0)),
                 "the Split of {value} is not on the last axis"
             );
-            let sizes = node.attr_ints("split").map(<[i64]>::to_vec).or_else(|| g.constant(node.input.get(1)?)?.ints());
-            require!(sizes.is_none_or(|s| s == [1, 1]), "the Split of {value} is not into two parts of 1");
+            let sizes = g.ints_argument(node, "split", 1);
+            require!(
+                sizes == IntsArgument::Absent || sizes == IntsArgument::Known(vec![1, 1]),
+                "the Split of {value} is not proved to be into two parts of 1"
+            );
             pt(&node.input[0], if node.output[0] == value { 0 } else { 1 })
         }
         _ => return Err(Miss::Because(format!("{value} is not a part of a complex tensor"))),
