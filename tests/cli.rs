@@ -42,20 +42,8 @@ fn report_lists_counts_and_replaced_nodes() {
 
 #[test]
 fn report_json_has_the_documented_fields() {
-    let dir = tempdir();
-    let (out, json) = (dir.path().join("out.onnx"), dir.path().join("report.json"));
-    let r = run(&[
-        "-q",
-        "--verify",
-        testdata("llama_ts_op14.onnx").to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-        "--report-json",
-        json.to_str().unwrap(),
-    ]);
-    assert!(r.status.success(), "{}", stderr(&r));
+    let (r, report) = run_with_report("llama_ts_op14.onnx", &["-q", "--verify"]);
     assert!(r.stderr.is_empty() && r.stdout.is_empty(), "quiet");
-    let report: serde_json::Value = serde_json::from_slice(&fs::read(&json).unwrap()).unwrap();
     assert_eq!(report["schema"], 1);
     assert_eq!(report["passes"][1]["name"], "rms-norm");
     assert_eq!(report["passes"][1]["fused"], 5);
@@ -210,23 +198,11 @@ fn ops_the_cpu_lacks_are_verified_through_reference_functions() {
 
 #[test]
 fn inputs_can_come_from_an_npz_file() {
-    let dir = tempdir();
-    let (out, json) = (dir.path().join("out.onnx"), dir.path().join("r.json"));
-    let model = testdata("llama_ts_op14.onnx");
-    let r = run(&[
-        "-q",
-        "--verify",
-        "--inputs",
-        testdata("llama_inputs.npz").to_str().unwrap(),
-        model.to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-        "--report-json",
-        json.to_str().unwrap(),
-    ]);
-    assert!(r.status.success(), "{}", stderr(&r));
-    let report: serde_json::Value = serde_json::from_slice(&fs::read(&json).unwrap()).unwrap();
+    let inputs = testdata("llama_inputs.npz");
+    let (_, report) = run_with_report("llama_ts_op14.onnx", &["-q", "--verify", "--inputs", inputs.to_str().unwrap()]);
     assert_eq!(report["verification"]["inputs"]["input_ids"], serde_json::json!([1, 7]));
+    let dir = tempdir();
+    let model = testdata("llama_ts_op14.onnx");
     let r = run(&[
         "--verify",
         "--inputs",

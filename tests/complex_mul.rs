@@ -53,20 +53,8 @@ fn not_in_the_default_pipeline() {
 
 #[test]
 fn the_report_warns_that_the_output_needs_cuda() {
-    let dir = tempdir();
-    let (out, json) = (dir.path().join("out.onnx"), dir.path().join("r.json"));
-    let r = run(&[
-        "--passes",
-        "default,complex-mul",
-        testdata("cmul_split_ts_op17.onnx").to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-        "--report-json",
-        json.to_str().unwrap(),
-    ]);
-    assert!(r.status.success());
+    let (r, report) = run_with_report("cmul_split_ts_op17.onnx", &["--passes", "default,complex-mul"]);
     assert!(stderr(&r).contains("warning: complex-mul:") && stderr(&r).contains("CUDA execution provider only"));
-    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     assert!(report["cautions"][0].as_str().unwrap().contains("CUDA"));
 }
 

@@ -82,6 +82,19 @@ pub fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// Runs the binary on a testdata model with `args`, the output and a JSON
+/// report going to a temporary directory; asserts success and returns the
+/// run and the report.
+pub fn run_with_report(model: &str, args: &[&str]) -> (Output, serde_json::Value) {
+    let dir = tempdir();
+    let (input, out, json) = (testdata(model), dir.path().join("out.onnx"), dir.path().join("report.json"));
+    let files = [input.to_str().unwrap(), "-o", out.to_str().unwrap(), "--report-json", json.to_str().unwrap()];
+    let r = run(&[args, &files[..]].concat());
+    assert!(r.status.success(), "{model}: {}", stderr(&r));
+    let report = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    (r, report)
+}
+
 pub fn tempdir() -> tempfile::TempDir {
     tempfile::tempdir().expect("a temporary directory")
 }
