@@ -61,6 +61,13 @@ pub fn fused_list(node: &NodeProto) -> Vec<&str> {
     node.metadata(FUSED_KEY).expect("a transmuter.fused entry").split(", ").collect()
 }
 
+/// Asserts a node's `transmuter.fused` value: `entries` are `OpType name`
+/// with the name relative to `scope`.
+pub fn assert_provenance(node: &NodeProto, scope: &str, entries: &[&str]) {
+    let expected: Vec<String> = entries.iter().map(|e| e.replacen(' ', &format!(" {scope}"), 1)).collect();
+    assert_eq!(node.metadata(FUSED_KEY), Some(expected.join(", ").as_str()), "{}", node.name());
+}
+
 /// Proves `fused` computes what `original` does, through ONNX Runtime.
 pub fn assert_equivalent(original: &ModelProto, fused: &ModelProto, name: &str) -> Verification {
     let dir = io::parent(&testdata(name));
