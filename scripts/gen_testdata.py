@@ -201,6 +201,15 @@ def load(name):
     return onnx.load(os.path.join(OUT, name))
 
 
+def set_int_attr(node, name, value):
+    """Sets (or adds) an int attribute of a node."""
+    for a in node.attribute:
+        if a.name == name:
+            a.i = value
+            return
+    node.attribute.append(helper.make_attribute(name, value))
+
+
 def also_output(model, value):
     """Makes an intermediate value a graph output too."""
     model.graph.output.append(helper.make_tensor_value_info(value, TensorProto.FLOAT, None))
@@ -262,12 +271,7 @@ def near_misses_rms(base):
 
     m = load(base)
     rm = first(m, "ReduceMean", lambda n: n.input[0] == first(m, "Pow").output[0])
-    for a in rm.attribute:
-        if a.name == "keepdims":
-            a.i = 0
-            break
-    else:
-        rm.attribute.append(helper.make_attribute("keepdims", 0))
+    set_int_attr(rm, "keepdims", 0)
     save_near_miss(m, "nm_rms_keepdims0.onnx", base, "keepdims 0")
 
     m = load(base)
@@ -400,9 +404,7 @@ def near_misses_attention():
     base = "llama_ts_op12.onnx"
     m = load(base)
     sm = first(m, "Softmax")
-    for a in sm.attribute:
-        if a.name == "axis":
-            a.i = 1
+    set_int_attr(sm, "axis", 1)
     save_near_miss(m, "nm_attn_softmax_axis1_op12.onnx", base, "Softmax(axis=1) before opset 13: flattens axes 1..")
 
     base = "trocr_decoder_ts_op14.onnx"
@@ -614,9 +616,7 @@ def near_misses_complex():
 
     m = load(base)
     gather = first(m, "Gather")
-    for a in gather.attribute:
-        if a.name == "axis":
-            a.i = 0
+    set_int_attr(gather, "axis", 0)
     save_near_miss(m, "nm_cmul_gather_axis0.onnx", base, "a Gather on axis 0")
 
 
