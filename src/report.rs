@@ -6,7 +6,7 @@ use std::fmt::Write;
 use serde::Serialize;
 
 use crate::onnx::{GraphProto, ModelProto, FUSED_KEY};
-use crate::rewrite::{Declined, Fused, Outcome, Pass};
+use crate::rewrite::{body_path, display_name, Declined, Fused, Outcome, Pass};
 use crate::verify::Verification;
 
 #[derive(Debug, Serialize)]
@@ -89,8 +89,8 @@ pub fn fused_in(model: &ModelProto) -> Vec<(String, String, Vec<String>)> {
                 found.push((node.op_type().to_string(), name, list.split(", ").map(str::to_string).collect()));
             }
             for a in &node.attribute {
-                for body in a.g.iter().chain(&a.graphs) {
-                    walk(body, &format!("{path}/{}.{}", node.name(), a.name()), found);
+                for (i, body) in a.g.iter().chain(&a.graphs).enumerate() {
+                    walk(body, &body_path(path, &display_name(node), a.name(), i), found);
                 }
             }
         }

@@ -184,9 +184,7 @@ fn run_graph(graph: &mut GraphProto, opset: i64, outer: &Scope, passes: &[&Pass]
             let name = attribute.name().to_string();
             let bodies = attribute.g.iter_mut().chain(attribute.graphs.iter_mut());
             for (i, body) in bodies.enumerate() {
-                let sub_path =
-                    format!("{path}/{holder}.{name}{}", if i > 0 { format!("[{i}]") } else { String::new() });
-                run_graph(body, opset, &scope, passes, &sub_path, outcome);
+                run_graph(body, opset, &scope, passes, &body_path(path, &holder, &name, i), outcome);
             }
         }
     }
@@ -300,7 +298,15 @@ pub fn provenance_entry(node: &NodeProto) -> String {
     format!("{} {}", node.op_type(), display_name(node))
 }
 
-fn display_name(node: &NodeProto) -> String {
+/// Where a subgraph body is: `main/If_0.then_branch`, with `[i]` for the
+/// i-th graph of a graph-list attribute. Reports and `show` use the same.
+pub fn body_path(path: &str, holder: &str, attribute: &str, index: usize) -> String {
+    let index = if index > 0 { format!("[{index}]") } else { String::new() };
+    format!("{path}/{holder}.{attribute}{index}")
+}
+
+/// A node's name, or `<first output>` for an unnamed node.
+pub fn display_name(node: &NodeProto) -> String {
     if node.name().is_empty() {
         format!("<{}>", node.output.first().map_or("", String::as_str))
     } else {
