@@ -271,7 +271,7 @@ fn fused_outputs(model: &ModelProto) -> Vec<(String, String)> {
     g.node
         .iter()
         .filter(|n| n.metadata(FUSED_KEY).is_some() && !n.output.is_empty())
-        .map(|n| (n.output[0].clone(), format!("{} {}", n.op_type(), n.name())))
+        .map(|n| (n.output[0].clone(), crate::rewrite::provenance_entry(n)))
         .collect()
 }
 
