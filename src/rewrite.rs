@@ -177,14 +177,17 @@ fn add_functions(model: &mut ModelProto, functions: Vec<FunctionProto>) {
 
 fn run_graph(graph: &mut GraphProto, opset: i64, outer: &Scope, passes: &[&Pass], path: &str, outcome: &mut Outcome) {
     // Bodies first: what they stop reading may free an outer match.
-    let scope = Graph::new(graph, opset, outer).scope_for_subgraphs();
-    for node in graph.node.iter_mut() {
-        let holder = display_name(node);
-        for attribute in node.attribute.iter_mut() {
-            let name = attribute.name().to_string();
-            let bodies = attribute.g.iter_mut().chain(attribute.graphs.iter_mut());
-            for (i, body) in bodies.enumerate() {
-                run_graph(body, opset, &scope, passes, &body_path(path, &holder, &name, i), outcome);
+    // (The scope needs a view of the whole graph: only built when a body needs it.)
+    if graph.node.iter().any(|n| n.subgraphs().next().is_some()) {
+        let scope = Graph::new(graph, opset, outer).scope_for_subgraphs();
+        for node in graph.node.iter_mut() {
+            let holder = display_name(node);
+            for attribute in node.attribute.iter_mut() {
+                let name = attribute.name().to_string();
+                let bodies = attribute.g.iter_mut().chain(attribute.graphs.iter_mut());
+                for (i, body) in bodies.enumerate() {
+                    run_graph(body, opset, &scope, passes, &body_path(path, &holder, &name, i), outcome);
+                }
             }
         }
     }
