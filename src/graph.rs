@@ -22,6 +22,9 @@ pub enum Miss {
     NotAnchor,
     /// The node could be an anchor, but a precondition failed.
     Because(String),
+    /// No operand of a commutative node fits the role a pattern needs
+    /// (`pattern::either_order`); a reason like `Because`.
+    NoOperand(String),
 }
 
 pub type Check<T> = Result<T, Miss>;

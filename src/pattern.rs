@@ -29,12 +29,12 @@ pub fn either_order<'a, T>(
 ) -> Check<T> {
     require!(node.input.len() == 2, "{} {} does not have two operands", node.op_type(), node.name());
     let (a, b) = (node.input[0].as_str(), node.input[1].as_str());
-    let mut result = Err(Miss::Because(format!("no operand of {} {} is {role}", node.op_type(), node.name())));
+    let mut result = Err(Miss::NoOperand(format!("no operand of {} {} is {role}", node.op_type(), node.name())));
     for (other, fitting) in [(a, b), (b, a)] {
         if fits(fitting) {
             match f(other, fitting) {
                 Ok(found) => return Ok(found),
-                Err(miss) if result.as_ref().is_err_and(|m| m.is_no_operand()) => result = Err(miss),
+                Err(miss) if matches!(result, Err(Miss::NoOperand(_))) => result = Err(miss),
                 Err(_) => {}
             }
         }
@@ -50,13 +50,7 @@ pub fn anchor_operands<'a, T>(
     fits: impl Fn(&str) -> bool,
     f: impl FnMut(&'a str, &'a str) -> Check<T>,
 ) -> Check<T> {
-    either_order(node, role, fits, f).map_err(|miss| if miss.is_no_operand() { Miss::NotAnchor } else { miss })
-}
-
-impl Miss {
-    fn is_no_operand(&self) -> bool {
-        matches!(self, Miss::Because(why) if why.starts_with("no operand of"))
-    }
+    either_order(node, role, fits, f).map_err(|miss| if let Miss::NoOperand(_) = miss { Miss::NotAnchor } else { miss })
 }
 
 /// The value of a constant with exactly one element.

@@ -238,7 +238,7 @@ fn find(g: &Graph, pass: &Pass, path: &str, declined: &mut Vec<Declined>) -> Vec
             }
             Ok(_) => {}
             Err(Miss::NotAnchor) => {}
-            Err(Miss::Because(reason)) => declined.push(Declined {
+            Err(Miss::Because(reason) | Miss::NoOperand(reason)) => declined.push(Declined {
                 pass: pass.name,
                 node: display_name(g.node(anchor)),
                 graph: path.to_string(),
