@@ -11,7 +11,7 @@ use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 
 use crate::onnx::{
-    proto::tensor_shape_proto::dimension::Value as Dim, proto::type_proto::Value as TypeValue, proto::TensorShapeProto,
+    proto::type_proto::Value as TypeValue, proto::TensorShapeProto,
     GraphProto, NodeProto, TensorProto, ValueInfoProto, BOOL, FLOAT, INT64,
 };
 
@@ -49,9 +49,16 @@ pub enum IntsArgument {
     Unknown,
 }
 
-/// Constants of the enclosing graphs, visible inside a subgraph body.
+/// What the enclosing graphs make visible inside a subgraph body: their
+/// constants, and every name they define (a body that defines one of them
+/// again is invalid ONNX, and runtimes disagree on which value wins).
 #[derive(Default, Clone)]
-pub struct Scope(HashMap<String, TensorProto>);
+pub struct Scope {
+    constants: HashMap<String, TensorProto>,
+    names: HashSet<String>,
+    /// Shapes of the enclosing graphs' values, declared or derived.
+    shapes: HashMap<String, Vec<crate::shapes::Dim>>,
+}
 
 pub struct Graph<'a> {
     pub proto: &'a GraphProto,
@@ -63,6 +70,9 @@ pub struct Graph<'a> {
     /// Names the graph itself defines (inputs, node outputs): they shadow
     /// constants of the enclosing graphs.
     defined: HashSet<&'a str>,
+    /// Names defined twice: in this graph and an enclosing one, or by two
+    /// nodes of this graph. No match may read or write them.
+    ambiguous: HashSet<&'a str>,
     consts: HashMap<&'a str, Cow<'a, TensorProto>>,
     outer: &'a Scope,
     types: HashMap<&'a str, i32>,
@@ -81,6 +91,7 @@ impl<'a> Graph<'a> {
             consumers: HashMap::new(),
             outputs: proto.output.iter().map(|o| o.name()).collect(),
             defined: proto.input.iter().map(|i| i.name()).collect(),
+            ambiguous: HashSet::new(),
             consts: HashMap::new(),
             outer,
             types: HashMap::new(),
@@ -94,9 +105,14 @@ impl<'a> Graph<'a> {
                 g.consts.insert(t.name(), Cow::Borrowed(t));
             }
         }
+        let own_names = proto.input.iter().map(|i| i.name()).chain(proto.initializer.iter().map(|t| t.name()));
+        g.ambiguous.extend(own_names.filter(|n| outer.names.contains(*n)));
         for (i, node) in proto.node.iter().enumerate() {
             for out in node.output.iter().filter(|o| !o.is_empty()) {
-                g.producer.insert(out, i);
+                let twice = g.producer.insert(out, i).is_some() || g.defined.contains(out.as_str());
+                if twice || g.consts.contains_key(out.as_str()) || outer.names.contains(out) {
+                    g.ambiguous.insert(out);
+                }
                 g.defined.insert(out);
             }
             for input in node.input.iter().filter(|v| !v.is_empty()) {
@@ -175,7 +191,13 @@ impl<'a> Graph<'a> {
         if self.defined.contains(value) {
             return None;
         }
-        self.outer.0.get(value)
+        self.outer.constants.get(value)
+    }
+
+    /// True for a name defined twice (in this graph and an enclosing one,
+    /// or twice in this graph): which value a reader gets is not defined.
+    pub fn is_ambiguous(&self, value: &str) -> bool {
+        self.ambiguous.contains(value)
     }
 
     /// The value of a constant with exactly one element.
@@ -184,29 +206,72 @@ impl<'a> Graph<'a> {
     }
 
     /// An int list that older opsets give as an attribute and newer ones as
-    /// an input (Unsqueeze/Squeeze/Reduce `axes`, Split `split`).
-    pub fn ints_argument(&self, node: &NodeProto, name: &str, input: usize) -> IntsArgument {
-        if let Some(ints) = node.attr_ints(name) {
-            return IntsArgument::Known(ints.to_vec());
+    /// an input (Unsqueeze/Squeeze/Reduce `axes`, Split `split`): the
+    /// attribute before opset `from`, the input `input` from it on. A form
+    /// the node's opset does not define counts as computed at run time.
+    pub fn ints_argument(&self, node: &NodeProto, name: &str, input: usize, from: i64) -> IntsArgument {
+        let input = node.input.get(input).filter(|s| !s.is_empty());
+        let attribute = node.attr_ints(name);
+        if self.opset < from {
+            return match (attribute, input) {
+                (_, Some(_)) => IntsArgument::Unknown,
+                (Some(ints), None) => IntsArgument::Known(ints.to_vec()),
+                (None, None) => IntsArgument::Absent,
+            };
         }
-        match node.input.get(input).filter(|s| !s.is_empty()) {
-            None => IntsArgument::Absent,
-            Some(value) => {
+        match (attribute, input) {
+            (Some(_), _) => IntsArgument::Unknown,
+            (None, None) => IntsArgument::Absent,
+            (None, Some(value)) => {
                 self.constant(value).and_then(|t| t.ints()).map_or(IntsArgument::Unknown, IntsArgument::Known)
             }
         }
     }
 
-    pub fn elem_type(&self, value: &str) -> Option<i32> {
-        self.types.get(value).copied().or_else(|| self.constant(value).map(|t| t.data_type()))
+    /// The `axes` of a Reduce op: an input from opset 13 for ReduceSum and
+    /// from 18 for the others, an attribute before.
+    pub fn reduce_axes(&self, node: &NodeProto) -> IntsArgument {
+        self.ints_argument(node, "axes", 1, if node.op_type() == "ReduceSum" { 13 } else { 18 })
     }
 
-    /// The rank of `value`, from its declared shape or its constant dims.
-    pub fn rank(&self, value: &str) -> Option<usize> {
-        match self.shapes.get(value) {
-            Some(s) => Some(s.dim.len()),
-            None => self.constant(value).map(|t| t.dims.len()),
+    /// Whether `a` and `b` are provably one value: the same name, or outputs
+    /// of identical deterministic nodes (same op, attributes and output
+    /// position) whose inputs are in turn one value. Exporters write e.g.
+    /// `Sub(x, mean)` or `Cast(x)` once per use. Returns the nodes that
+    /// compute `b` apart from `a` (none when the names are equal).
+    pub fn same_value(&self, a: &str, b: &str) -> Option<Vec<usize>> {
+        self.twins(a, b, 4)
+    }
+
+    fn twins(&self, a: &str, b: &str, depth: usize) -> Option<Vec<usize>> {
+        if a == b {
+            return Some(vec![]);
         }
+        if depth == 0 || self.is_ambiguous(a) || self.is_ambiguous(b) {
+            return None;
+        }
+        let (pa, pb) = (self.producer(a)?, self.producer(b)?);
+        let (na, nb) = (self.node(pa), self.node(pb));
+        let position = |n: &NodeProto, v: &str| n.output.iter().position(|o| o == v);
+        let identical = na.op_type() == nb.op_type()
+            && crate::onnx::is_default_domain(na.domain())
+            && crate::onnx::is_default_domain(nb.domain())
+            && DETERMINISTIC.contains(&na.op_type())
+            && na.attribute == nb.attribute
+            && na.input.len() == nb.input.len()
+            && position(na, a) == position(nb, b);
+        if !identical {
+            return None;
+        }
+        let mut nodes = vec![pb];
+        for (x, y) in na.input.iter().zip(&nb.input) {
+            nodes.extend(self.twins(x, y, depth - 1)?);
+        }
+        Some(nodes)
+    }
+
+    pub fn elem_type(&self, value: &str) -> Option<i32> {
+        self.types.get(value).copied().or_else(|| self.constant(value).map(|t| t.data_type()))
     }
 
     /// Where `shapes::Shapes` keeps what it derived for this graph.
@@ -219,25 +284,38 @@ impl<'a> Graph<'a> {
         self.shapes.get(value).copied()
     }
 
-    /// The size of the last axis of `value`, when declared as a number.
-    pub fn last_dim(&self, value: &str) -> Option<i64> {
-        match self.shapes.get(value) {
-            Some(s) => match s.dim.last()?.value {
-                Some(Dim::DimValue(d)) => Some(d),
-                _ => None,
-            },
-            None => self.constant(value).and_then(|t| t.dims.last().copied()),
-        }
+    /// Symbolic shapes of this graph's values (derived once, memoized).
+    pub fn shapes(&self) -> crate::shapes::Shapes<'_, 'a> {
+        crate::shapes::Shapes::new(self)
     }
 
     /// The constants this graph makes visible to its subgraph bodies.
     pub fn scope_for_subgraphs(&self) -> Scope {
         let mut scope = self.outer.clone();
-        scope.0.retain(|name, _| !self.defined.contains(name.as_str()));
+        scope.constants.retain(|name, _| !self.defined.contains(name.as_str()));
         for (name, t) in &self.consts {
-            scope.0.insert(name.to_string(), t.as_ref().clone());
+            scope.constants.insert(name.to_string(), t.as_ref().clone());
         }
+        let initializers = self.proto.initializer.iter().map(|t| t.name());
+        let own: Vec<&str> = self.defined.iter().copied().chain(initializers).collect();
+        let shapes = self.shapes();
+        for name in &own {
+            match shapes.shape(name) {
+                Some(shape) => scope.shapes.insert(name.to_string(), shape),
+                None => scope.shapes.remove(*name),
+            };
+        }
+        scope.names.extend(own.into_iter().map(str::to_string));
         scope
+    }
+
+    /// The shape an enclosing graph knows for `value`, when this graph does
+    /// not define the name itself.
+    pub fn outer_shape(&self, value: &str) -> Option<&[crate::shapes::Dim]> {
+        if self.defined.contains(value) || self.consts.contains_key(value) {
+            return None;
+        }
+        self.outer.shapes.get(value).map(Vec::as_slice)
     }
 
     /// Element types: declared ones first, then what simple ops imply
@@ -287,6 +365,15 @@ impl<'a> Graph<'a> {
         }
     }
 }
+
+/// Ops that compute the same outputs from the same inputs and attributes
+/// (no randomness, no state): two such nodes that agree are one value.
+const DETERMINISTIC: &[&str] = &[
+    "Abs", "Add", "Cast", "CastLike", "Concat", "Cos", "Div", "Equal", "Erf", "Exp", "Expand", "Gather", "Identity",
+    "Log", "MatMul", "Mul", "Neg", "Pow", "Reciprocal", "ReduceMax", "ReduceMean", "ReduceMin", "ReduceSum", "Relu",
+    "Reshape", "Shape", "Sigmoid", "Sin", "Slice", "Softmax", "Sqrt", "Squeeze", "Sub", "Tanh", "Transpose",
+    "Unsqueeze", "Where",
+];
 
 /// Ops whose first output has the element type of their first input.
 const SAME_TYPE_AS_FIRST_INPUT: &[&str] = &[

@@ -1,7 +1,8 @@
 //! Small matchers that patterns share: operand order, reductions over the
 //! last axis, weights, scalar constants. Each fails with a reason.
 
-use crate::graph::{Check, Graph, Miss};
+use crate::graph::{Check, Graph, IntsArgument, Miss};
+use crate::shapes::Dim;
 use crate::onnx::NodeProto;
 use crate::require;
 
@@ -53,9 +54,20 @@ pub fn anchor_operands<'a, T>(
     either_order(node, role, fits, f).map_err(|miss| if let Miss::NoOperand(_) = miss { Miss::NotAnchor } else { miss })
 }
 
-/// The value of a constant with exactly one element.
-pub fn scalar(g: &Graph, value: &str, what: &str) -> Check<f64> {
-    g.scalar(value).ok_or_else(|| Miss::Because(format!("{what} ({value}) is not a constant with one value")))
+/// The value of a constant with exactly one element (eps, an exponent, a
+/// numerator, a scale, a fill) that takes part in an elementwise op with
+/// `other` without changing the result's shape. Broadcasting a one-element
+/// tensor can only raise the rank, so its rank must be at most `other`'s:
+/// 0 or 1 always (every such op in the patterns reads a value of rank ≥ 1),
+/// more only where `other`'s rank is proved.
+pub fn scalar(g: &Graph, value: &str, other: &str, what: &str) -> Check<f64> {
+    let t = g.constant(value);
+    let v = t.and_then(|t| t.scalar());
+    let v = v.ok_or_else(|| Miss::Because(format!("{what} ({value}) is not a constant with one value")))?;
+    let rank = t.map_or(0, |t| t.dims.len());
+    let room = g.shapes().rank(other).unwrap_or(1).max(1);
+    require!(rank <= room, "{what} ({value}) has rank {rank}, which would raise the rank of the result (of rank {room})");
+    Ok(v)
 }
 
 /// `node` is a ReduceMean over the last axis only that keeps it.
@@ -66,18 +78,14 @@ pub fn reduce_mean_last_axis(g: &Graph, index: usize) -> Check<()> {
     let node = g.node(index);
     require!(node.is("ReduceMean"), "{} is not a ReduceMean", node.name());
     require!(node.attr_int("keepdims").unwrap_or(1) == 1, "ReduceMean {} does not keep dims", node.name());
-    let axes = if g.opset < 18 {
-        node.attr_ints("axes").map(<[i64]>::to_vec).unwrap_or_default()
-    } else {
-        match node.input.get(1).filter(|a| !a.is_empty()) {
-            None => vec![],
-            Some(axes) => g
-                .constant(axes)
-                .and_then(|t| t.ints())
-                .ok_or_else(|| Miss::Because(format!("the axes of ReduceMean {} are not a constant", node.name())))?,
+    let axes = match g.reduce_axes(node) {
+        IntsArgument::Known(axes) => axes,
+        IntsArgument::Absent => vec![],
+        IntsArgument::Unknown => {
+            return Err(Miss::Because(format!("the axes of ReduceMean {} are not a constant", node.name())));
         }
     };
-    let last = g.rank(&node.input[0]).map(|r| r as i64 - 1);
+    let last = g.shapes().rank(&node.input[0]).map(|r| r as i64 - 1);
     require!(
         axes.len() == 1 && (axes[0] == -1 || Some(axes[0]) == last),
         "ReduceMean {} reduces axes {axes:?}, not the last axis alone",
@@ -86,18 +94,27 @@ pub fn reduce_mean_last_axis(g: &Graph, index: usize) -> Check<()> {
     Ok(())
 }
 
-/// A weight (scale or bias) the fused ops broadcast along the last axis: a
-/// constant of rank at most 1, read through its dims only. One element is
-/// accepted only where the last axis of `x` is proved to be 1, since the
-/// fused kernels want one value per element of that axis.
+/// True for a value that may be a weight: rank at most 1, proved.
+pub fn is_vector(g: &Graph, value: &str) -> bool {
+    g.shapes().rank(value).is_some_and(|r| r <= 1)
+}
+
+/// A weight (scale or bias) the fused ops apply along the last axis: a
+/// value of proved shape `[D]` where the last axis of `x` is proved to be D
+/// (declared or derived shapes; a constant is read through its dims only),
+/// so the primitives broadcast it along that axis alone. A weight with no
+/// axis is accepted where the last axis of x is proved to be 1.
 pub fn weight(g: &Graph, value: &str, x: &str, what: &str) -> Check<()> {
-    let t = g.constant(value).ok_or_else(|| Miss::Because(format!("the {what} ({value}) is not a constant")))?;
-    require!(t.dims.len() <= 1, "the {what} ({value}) has rank {}, more than 1", t.dims.len());
-    let n = t.dims.first().copied().unwrap_or(1);
-    match g.last_dim(x) {
-        Some(d) => require!(d == n, "the {what} ({value}) has {n} values but the last axis of {x} is {d}"),
-        None => require!(n > 1, "the {what} ({value}) has one value and the last axis of {x} is unknown"),
-    }
+    let shapes = g.shapes();
+    let shape = shapes.shape(value).ok_or_else(|| Miss::Because(format!("the {what} ({value}) has no proved shape")))?;
+    require!(shape.len() <= 1, "the {what} ({value}) has rank {}, more than 1", shape.len());
+    let n = shape.first().cloned().unwrap_or(Dim::known(1));
+    let last = shapes.shape(x).and_then(|s| s.last().cloned());
+    require!(
+        last.as_ref() == Some(&n),
+        "the {what} ({value}) has {n} values but the last axis of {x} is {}",
+        last.map_or("unknown".to_string(), |d| d.to_string())
+    );
     Ok(())
 }
 

@@ -128,7 +128,8 @@ pub struct Declined {
 pub struct Outcome {
     pub fused: Vec<Fused>,
     pub declined: Vec<Declined>,
-    /// Functions rewrites called, in the order first needed.
+    /// The model's functions, then those rewrites call, in the order first
+    /// needed: a rewrite may only call a function whose body is its own.
     functions: Vec<FunctionProto>,
     /// Operator sets rewrites need imported.
     imports: Vec<(&'static str, i64)>,
@@ -138,7 +139,7 @@ pub struct Outcome {
 /// to a fixed point.
 pub fn run(model: &mut ModelProto, passes: &[&Pass]) -> Outcome {
     let opset = model.default_opset();
-    let mut outcome = Outcome::default();
+    let mut outcome = Outcome { functions: model.functions.clone(), ..Default::default() };
     if let Some(graph) = model.graph.as_mut() {
         run_graph(graph, opset, &Scope::default(), passes, "main", &mut outcome);
     }
@@ -155,9 +156,8 @@ pub fn run(model: &mut ModelProto, passes: &[&Pass]) -> Outcome {
 /// imports (plus their own domain), and raises the IR version to what local
 /// functions need: 8, or 10 when they are overloaded. Never lowers it.
 fn add_functions(model: &mut ModelProto, functions: Vec<FunctionProto>) {
-    for mut function in functions {
-        let key = |f: &FunctionProto| (f.domain().to_string(), f.name().to_string(), f.overload().to_string());
-        if model.functions.iter().any(|f| key(f) == key(&function)) {
+    for function in functions {
+        if model.functions.iter().any(|f| same_signature(f, &function)) {
             continue;
         }
         if !model.opset_import.iter().any(|o| o.domain() == function.domain()) {
@@ -165,14 +165,34 @@ fn add_functions(model: &mut ModelProto, functions: Vec<FunctionProto>) {
         }
         let needed = if function.overload().is_empty() { 8 } else { 10 };
         model.ir_version = Some(model.ir_version().max(needed));
-        function.opset_import = model.opset_import.clone();
         model.functions.push(function);
     }
-    // Functions added earlier saw the opset imports of their time.
-    let imports = model.opset_import.clone();
+    // Functions see the opset imports of the finished model. ONNX Runtime
+    // resolves a function body's default-domain ops only through an import
+    // spelled "" (a model may spell it "ai.onnx"; the two are one domain).
+    let mut imports: Vec<OperatorSetIdProto> = Vec::new();
+    for import in &model.opset_import {
+        let spelled = (import.domain() == "ai.onnx").then(|| OperatorSetIdProto { domain: Some(String::new()), ..*import });
+        let import = spelled.as_ref().unwrap_or(import);
+        if !imports.iter().any(|o| o.domain() == import.domain()) {
+            imports.push(import.clone());
+        }
+    }
     for f in model.functions.iter_mut().filter(|f| f.domain() == crate::onnx::TRANSMUTER_DOMAIN) {
         f.opset_import = imports.clone();
     }
+}
+
+/// Functions are identified by domain, name and overload.
+fn same_signature(a: &FunctionProto, b: &FunctionProto) -> bool {
+    (a.domain(), a.name(), a.overload()) == (b.domain(), b.name(), b.overload())
+}
+
+/// A function's identity is its body: the same signature must mean the same
+/// inputs, outputs, attributes and nodes.
+fn same_body(a: &FunctionProto, b: &FunctionProto) -> bool {
+    (&a.input, &a.output, &a.attribute, &a.attribute_proto, &a.node)
+        == (&b.input, &b.output, &b.attribute, &b.attribute_proto, &b.node)
 }
 
 fn run_graph(graph: &mut GraphProto, opset: i64, outer: &Scope, passes: &[&Pass], path: &str, outcome: &mut Outcome) {
@@ -194,9 +214,14 @@ fn run_graph(graph: &mut GraphProto, opset: i64, outer: &Scope, passes: &[&Pass]
     loop {
         let mut changed = false;
         for pass in passes {
-            let rewrites = find(&Graph::new(graph, opset, outer), pass, path, &mut outcome.declined);
+            let rewrites =
+                find(&Graph::new(graph, opset, outer), pass, path, &outcome.functions, &mut outcome.declined);
             if !rewrites.is_empty() {
-                outcome.functions.extend(rewrites.iter().filter_map(|r| r.function.clone()));
+                for function in rewrites.iter().filter_map(|r| r.function.as_ref()) {
+                    if !outcome.functions.iter().any(|f| same_signature(f, function)) {
+                        outcome.functions.push(function.clone());
+                    }
+                }
                 outcome.imports.extend(rewrites.iter().filter_map(|r| r.import));
                 apply(graph, rewrites, pass.name, path, &mut outcome.fused);
                 changed = true;
@@ -211,9 +236,15 @@ fn run_graph(graph: &mut GraphProto, opset: i64, outer: &Scope, passes: &[&Pass]
 }
 
 /// Every non-overlapping match of `pass` in node order.
-fn find(g: &Graph, pass: &Pass, path: &str, declined: &mut Vec<Declined>) -> Vec<Rewrite> {
+fn find(
+    g: &Graph,
+    pass: &Pass,
+    path: &str,
+    functions: &[FunctionProto],
+    declined: &mut Vec<Declined>,
+) -> Vec<Rewrite> {
     let mut claimed = HashSet::new();
-    let mut found = Vec::new();
+    let mut found: Vec<Rewrite> = Vec::new();
     for anchor in 0..g.len() {
         if claimed.contains(&anchor) {
             continue;
@@ -225,6 +256,10 @@ fn find(g: &Graph, pass: &Pass, path: &str, declined: &mut Vec<Declined>) -> Vec
             (pass.rule)(g, anchor).and_then(|mut rewrite| {
                 absorb_constants(g, &mut rewrite);
                 check_nothing_escapes(g, &rewrite)?;
+                check_reads_survive(g, &rewrite)?;
+                check_unambiguous(g, &rewrite)?;
+                let earlier = functions.iter().chain(found.iter().filter_map(|r| r.function.as_ref()));
+                check_function_identity(earlier, &rewrite)?;
                 Ok(rewrite)
             })
         }));
@@ -288,6 +323,45 @@ fn check_nothing_escapes(g: &Graph, rewrite: &Rewrite) -> Check<()> {
             );
         }
     }
+    Ok(())
+}
+
+/// The replacement reads only values that survive the rewrite: none that
+/// a removed node makes (the mask being the scores themselves, say).
+fn check_reads_survive(g: &Graph, rewrite: &Rewrite) -> Check<()> {
+    for value in rewrite.replacement.input.iter().filter(|v| !v.is_empty()) {
+        let made_inside = g.producer(value).is_some_and(|p| rewrite.nodes.contains(&p));
+        require!(!made_inside, "the replacement would read {value}, which the rewrite removes");
+    }
+    Ok(())
+}
+
+/// Spec, ground rule 8: a name defined in two scopes (or twice) makes a
+/// match unprovable, since runtimes disagree on which value it names.
+fn check_unambiguous(g: &Graph, rewrite: &Rewrite) -> Check<()> {
+    let nodes = rewrite.nodes.iter().map(|&n| g.node(n));
+    let names = nodes.flat_map(|n| n.input.iter().chain(&n.output)).chain(&rewrite.replacement.input);
+    for name in names.filter(|v| !v.is_empty()) {
+        require!(!g.is_ambiguous(name), "{name} is defined in two scopes or twice (invalid ONNX; runtimes disagree)");
+    }
+    Ok(())
+}
+
+/// A replacement may only call a function of an existing signature when
+/// the bodies agree: a function's identity is its body.
+fn check_function_identity<'f>(
+    mut earlier: impl Iterator<Item = &'f FunctionProto>,
+    rewrite: &Rewrite,
+) -> Check<()> {
+    let Some(function) = &rewrite.function else { return Ok(()) };
+    let clash = earlier.find(|f| same_signature(f, function) && !same_body(f, function));
+    require!(
+        clash.is_none(),
+        "the model already has a function {}.{} (overload {:?}) with another body",
+        function.domain(),
+        function.name(),
+        function.overload()
+    );
     Ok(())
 }
 

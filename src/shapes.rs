@@ -16,7 +16,6 @@ use std::collections::HashMap;
 
 use crate::graph::{Graph, IntsArgument};
 use crate::onnx::proto::tensor_shape_proto::dimension::Value as DimValue;
-use crate::onnx::NodeProto;
 
 /// `coef × atoms[0] × atoms[1] × …` (atoms sorted).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -55,6 +54,16 @@ impl Dim {
             atoms.remove(i);
         }
         Some(Dim { coef: self.coef / other.coef, atoms })
+    }
+}
+
+impl std::fmt::Display for Dim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut parts: Vec<String> = self.atoms.iter().map(|a| a.trim_start_matches('$').to_string()).collect();
+        if self.coef != 1 || parts.is_empty() {
+            parts.insert(0, self.coef.to_string());
+        }
+        f.write_str(&parts.join("·"))
     }
 }
 
@@ -130,11 +139,20 @@ impl<'g, 'a> Shapes<'g, 'a> {
         if let Some(t) = g.constant(value) {
             return Some(t.dims.iter().map(|&d| Dim::known(d)).collect());
         }
+        if let Some(outer) = g.outer_shape(value) {
+            return Some(outer.to_vec());
+        }
         let node = g.node(g.producer(value)?);
-        if !crate::onnx::is_default_domain(node.domain()) || node.output.first().map(String::as_str) != Some(value) {
+        if !crate::onnx::is_default_domain(node.domain()) {
             return None;
         }
         let input = |i: usize| node.input.get(i).filter(|s| !s.is_empty()).and_then(|v| self.shape(v));
+        if node.is("Split") {
+            return self.split_part(node, value, input(0)?);
+        }
+        if node.output.first().map(String::as_str) != Some(value) {
+            return None;
+        }
         let opaque = |rank: usize| (0..rank).map(|i| Dim::atom(format!("{value}#{i}"))).collect::<Vec<_>>();
         Some(match node.op_type() {
             "Cast"
@@ -192,25 +210,33 @@ impl<'g, 'a> Shapes<'g, 'a> {
                     Some(p) => p.iter().map(|&i| usize::try_from(i).ok()).collect::<Option<_>>()?,
                     None => (0..x.len()).rev().collect(),
                 };
+                if perm.len() != x.len() {
+                    return None;
+                }
                 perm.iter().map(|&i| x.get(i).cloned()).collect::<Option<_>>()?
             }
             "Reshape" => {
                 let target = self.shape_tensor(node.input.get(1)?)?;
                 let x = input(0);
                 let allowzero = node.attr_int("allowzero").unwrap_or(0) == 1;
+                // An element computed at run time may be 0 or -1: its axis,
+                // and the axis -1 stands for, cannot be told.
                 let mut out: Vec<Option<Dim>> = target
                     .iter()
                     .enumerate()
-                    .map(|(i, d)| match d.value() {
+                    .map(|(i, d)| match d.as_ref()?.value() {
                         Some(0) if !allowzero => x.as_ref().and_then(|x| x.get(i).cloned()),
                         Some(-1) => None,
-                        _ => Some(d.clone()),
+                        _ => d.clone(),
                     })
                     .collect();
-                if let Some(hole) = target.iter().position(|d| d.value() == Some(-1)) {
-                    let known = out.iter().flatten().fold(Dim::known(1), |p, d| p.mul(d));
+                let hole = target.iter().position(|d| d.as_ref().and_then(Dim::value) == Some(-1));
+                if let (Some(hole), true) = (hole, target.iter().all(Option::is_some)) {
+                    let known: Option<Vec<&Dim>> =
+                        out.iter().enumerate().filter(|(i, _)| *i != hole).map(|(_, d)| d.as_ref()).collect();
+                    let known = known.map(|k| k.into_iter().fold(Dim::known(1), |p, d| p.mul(d)));
                     let total = x.as_ref().map(|x| x.iter().fold(Dim::known(1), |p, d| p.mul(d)));
-                    out[hole] = total.and_then(|t| t.div(&known));
+                    out[hole] = total.zip(known).and_then(|(t, k)| t.div(&k));
                 }
                 out.into_iter()
                     .enumerate()
@@ -219,7 +245,7 @@ impl<'g, 'a> Shapes<'g, 'a> {
             }
             "Unsqueeze" | "Squeeze" => {
                 let x = input(0)?;
-                let axes = match g.ints_argument(node, "axes", 1) {
+                let axes = match g.ints_argument(node, "axes", 1, 13) {
                     IntsArgument::Known(axes) => axes,
                     IntsArgument::Absent if node.op_type() == "Squeeze" => {
                         if x.iter().any(|d| d.value().is_none()) {
@@ -246,7 +272,30 @@ impl<'g, 'a> Shapes<'g, 'a> {
                 let axis = normalize(node.attr_int("axis").unwrap_or(0), data.len())?;
                 [&data[..axis], &indices[..], &data[axis + 1..]].concat()
             }
-            "ConstantOfShape" => self.shape_tensor(&node.input[0])?,
+            "ConstantOfShape" => self
+                .shape_tensor(&node.input[0])?
+                .into_iter()
+                .enumerate()
+                .map(|(i, d)| d.unwrap_or_else(|| Dim::atom(format!("{value}#{i}"))))
+                .collect(),
+            "Conv" => {
+                // Batch, then the weight's output channels; the spatial axes
+                // depend on pads and strides and are left opaque.
+                let (x, w) = (input(0)?, input(1)?);
+                if x.len() != w.len() || x.len() < 3 {
+                    return None;
+                }
+                let spatial = (2..x.len()).map(|i| Dim::atom(format!("{value}#{i}")));
+                [x[0].clone(), w[0].clone()].into_iter().chain(spatial).collect()
+            }
+            "Gemm" => {
+                let (a, b) = (input(0)?, input(1)?);
+                let trans = |name: &str| node.attr_int(name).unwrap_or(0) == 1;
+                let ([a0, a1], [b0, b1]) = (<[Dim; 2]>::try_from(a).ok()?, <[Dim; 2]>::try_from(b).ok()?);
+                let m = if trans("transA") { a1 } else { a0 };
+                let n = if trans("transB") { b0 } else { b1 };
+                vec![m, n]
+            }
             "Shape" => {
                 let r = input(0)?.len() as i64;
                 let clamp = |a: i64| if a < 0 { (a + r).max(0) } else { a.min(r) };
@@ -267,13 +316,22 @@ impl<'g, 'a> Shapes<'g, 'a> {
             }
             op if op.starts_with("Reduce") => {
                 let x = input(0)?;
-                let axes = match g.ints_argument(node, "axes", 1) {
-                    IntsArgument::Known(axes) => axes,
-                    IntsArgument::Absent => (0..x.len() as i64).collect(),
+                let keep = node.attr_int("keepdims").unwrap_or(1) == 1;
+                let axes: Vec<i64> = match g.reduce_axes(node) {
+                    IntsArgument::Known(axes) if !axes.is_empty() => axes,
+                    // No axes: every axis, or none with noop_with_empty_axes.
+                    IntsArgument::Known(_) | IntsArgument::Absent => {
+                        if node.attr_int("noop_with_empty_axes").unwrap_or(0) == 1 {
+                            return Some(x);
+                        }
+                        (0..x.len() as i64).collect()
+                    }
+                    // Axes computed at run time: only the rank is known, and
+                    // only when the reduced axes are kept.
+                    IntsArgument::Unknown if keep => return Some(opaque(x.len())),
                     IntsArgument::Unknown => return None,
                 };
                 let axes: Vec<usize> = axes.iter().map(|&a| normalize(a, x.len())).collect::<Option<_>>()?;
-                let keep = node.attr_int("keepdims").unwrap_or(1) == 1;
                 x.into_iter()
                     .enumerate()
                     .filter_map(|(i, d)| match (axes.contains(&i), keep) {
@@ -284,12 +342,13 @@ impl<'g, 'a> Shapes<'g, 'a> {
                     .collect()
             }
             "Expand" => {
-                // Broadcast of the input with the target shape; the target's
-                // length is the size of the shape tensor.
-                let target = match self.shape_tensor(&node.input[1]) {
-                    Some(t) => t,
-                    None => opaque(usize::try_from(self.shape(&node.input[1])?.first()?.value()?).ok()?),
-                };
+                // Broadcast of the input with the target shape.
+                let target = self.shape_tensor(&node.input[1])?;
+                let target = target
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, d)| d.unwrap_or_else(|| Dim::atom(format!("{value}#expand{i}"))))
+                    .collect();
                 broadcast(value, &[input(0)?, target])
             }
             "Slice" | "Trilu" | "Tile" | "Pad" => opaque(input(0)?.len()),
@@ -297,29 +356,76 @@ impl<'g, 'a> Shapes<'g, 'a> {
         })
     }
 
-    /// The contents of a 1-D integer tensor that holds a shape.
-    pub fn shape_tensor(&self, value: &str) -> Option<Vec<Dim>> {
+    /// The shape of one output of a Split: sizes given (attribute before
+    /// opset 13, input from it on), or equal parts of a divisible axis.
+    fn split_part(&self, node: &crate::onnx::NodeProto, value: &str, x: Vec<Dim>) -> Option<Vec<Dim>> {
+        let index = node.output.iter().position(|o| o == value)?;
+        let axis = normalize(node.attr_int("axis").unwrap_or(0), x.len())?;
+        let part = match self.g.ints_argument(node, "split", 1, 13) {
+            IntsArgument::Known(sizes) if sizes.len() == node.output.len() => Dim::known(*sizes.get(index)?),
+            IntsArgument::Absent if node.attr_int("num_outputs").is_none_or(|n| n == node.output.len() as i64) => {
+                x[axis].div(&Dim::known(node.output.len() as i64))?
+            }
+            _ => return None,
+        };
+        let mut shape = x;
+        shape[axis] = part;
+        Some(shape)
+    }
+
+    /// The elements of a 1-D integer tensor that holds a shape: known where
+    /// they are constants or dimensions read by `Shape`, None where they are
+    /// computed otherwise (such an element may even be 0 or -1).
+    pub fn shape_tensor(&self, value: &str) -> Option<Vec<Option<Dim>>> {
         let g = self.g;
         if let Some(t) = g.constant(value) {
-            return Some(t.ints()?.into_iter().map(Dim::known).collect());
+            return Some(t.ints()?.into_iter().map(|d| Some(Dim::known(d))).collect());
         }
-        let node: &NodeProto = g.node(g.producer(value)?);
-        match node.op_type() {
+        let unknown = || -> Option<Vec<Option<Dim>>> {
+            match self.shape(value)?.as_slice() {
+                [n] => Some(vec![None; usize::try_from(n.value()?).ok()?]),
+                _ => None,
+            }
+        };
+        let Some(node) = g.producer(value).map(|p| g.node(p)) else { return unknown() };
+        if !crate::onnx::is_default_domain(node.domain()) {
+            return unknown();
+        }
+        let found = match node.op_type() {
             "Shape" => {
                 let s = self.shape(&node.input[0])?;
                 let r = s.len() as i64;
                 let clamp = |a: i64| if a < 0 { (a + r).max(0) } else { a.min(r) } as usize;
                 let start = clamp(node.attr_int("start").unwrap_or(0));
                 let end = clamp(node.attr_int("end").unwrap_or(r));
-                Some(s.get(start..end.max(start))?.to_vec())
+                s.get(start..end.max(start)).map(|s| s.iter().cloned().map(Some).collect())
             }
-            "Concat" if node.attr_int("axis").unwrap_or(0) == 0 => {
+            "Concat" if node.attr_int("axis") == Some(0) || node.attr_int("axis") == Some(-1) => {
                 node.input.iter().map(|p| self.shape_tensor(p)).collect::<Option<Vec<_>>>().map(|v| v.concat())
             }
-            "Unsqueeze" => Some(vec![self.scalar(&node.input[0])?]),
+            "Unsqueeze" if self.shape(&node.input[0]).is_some_and(|s| s.is_empty()) => {
+                Some(vec![self.scalar(&node.input[0])])
+            }
             "Cast" | "Identity" => self.shape_tensor(&node.input[0]),
+            "Slice" if g.opset >= 10 => {
+                let data = self.shape_tensor(&node.input[0])?;
+                let int = |i: usize| node.input.get(i).filter(|s| !s.is_empty()).and_then(|s| g.constant(s)?.ints());
+                let (starts, ends) = (int(1)?, int(2)?);
+                let axes = node.input.get(3).filter(|s| !s.is_empty()).map_or(Some(vec![0]), |_| int(3))?;
+                let steps = node.input.get(4).filter(|s| !s.is_empty()).map_or(Some(vec![1]), |_| int(4))?;
+                match (starts.as_slice(), ends.as_slice(), axes.as_slice(), steps.as_slice()) {
+                    ([start], [end], [0 | -1], [step]) => Some(
+                        slice_indices(*start, *end, *step, data.len() as i64)
+                            .into_iter()
+                            .map(|i| data[i as usize].clone())
+                            .collect(),
+                    ),
+                    _ => None,
+                }
+            }
             _ => None,
-        }
+        };
+        found.or_else(unknown)
     }
 
     /// The value of an integer scalar (or one-element tensor) as a monomial.
@@ -333,13 +439,13 @@ impl<'g, 'a> Shapes<'g, 'a> {
             "Gather" if node.attr_int("axis").unwrap_or(0) == 0 => {
                 let data = self.shape_tensor(&node.input[0])?;
                 let i = g.scalar(&node.input[1])? as i64;
-                data.get(normalize(i, data.len())?).cloned()
+                data.get(normalize(i, data.len())?).cloned().flatten()
             }
             "Mul" => Some(self.scalar(&node.input[0])?.mul(&self.scalar(&node.input[1])?)),
             "Div" => self.scalar(&node.input[0])?.div(&self.scalar(&node.input[1])?),
             "Cast" | "Identity" => self.scalar(&node.input[0]),
             "Squeeze" | "Reshape" => match self.shape_tensor(&node.input[0])?.as_slice() {
-                [one] => Some(one.clone()),
+                [one] => one.clone(),
                 _ => None,
             },
             _ => None,
@@ -347,13 +453,34 @@ impl<'g, 'a> Shapes<'g, 'a> {
     }
 }
 
+/// The indices `Slice(start, end, step)` selects from an axis of `len`,
+/// by ONNX's rules: negative values count from the end, then starts and
+/// ends are clamped (to [0, len] for a positive step, [-1, len-1] for a
+/// negative one). A step of 0 is invalid and selects nothing here.
+pub fn slice_indices(start: i64, end: i64, step: i64, len: i64) -> Vec<i64> {
+    if step == 0 {
+        return vec![];
+    }
+    let resolve = |v: i64| if v < 0 { v.saturating_add(len) } else { v };
+    let (lo, hi) = if step > 0 { (0, len) } else { (-1, len - 1) };
+    let (mut i, end) = (resolve(start).clamp(lo, hi), resolve(end).clamp(lo, hi));
+    let mut out = Vec::new();
+    while (step > 0 && i < end) || (step < 0 && i > end) {
+        out.push(i);
+        i += step;
+    }
+    out
+}
+
 fn normalize(axis: i64, rank: usize) -> Option<usize> {
     let a = if axis < 0 { axis + rank as i64 } else { axis };
     (0..rank as i64).contains(&a).then_some(a as usize)
 }
 
-/// Numpy broadcasting of symbolic shapes; a dimension that cannot be told
-/// becomes an atom of the result.
+/// Numpy broadcasting of symbolic shapes: along each axis the dimensions
+/// other than 1 must agree, so a known one other than 1 is the result (a
+/// model that runs has the others equal to it or 1); a dimension that
+/// cannot be told becomes an atom of the result.
 fn broadcast(value: &str, shapes: &[Vec<Dim>]) -> Vec<Dim> {
     let rank = shapes.iter().map(Vec::len).max().unwrap_or(0);
     (0..rank)
@@ -361,9 +488,13 @@ fn broadcast(value: &str, shapes: &[Vec<Dim>]) -> Vec<Dim> {
             let dims: Vec<&Dim> =
                 shapes.iter().filter_map(|s| (i + s.len()).checked_sub(rank).map(|j| &s[j])).collect();
             let not_one: Vec<&Dim> = dims.iter().copied().filter(|d| d.value() != Some(1)).collect();
-            match not_one.split_first() {
-                None => Dim::known(1),
-                Some((first, rest)) if rest.iter().all(|d| d == first) => (*first).clone(),
+            let mut known: Vec<i64> = not_one.iter().filter_map(|d| d.value()).collect();
+            known.sort_unstable();
+            known.dedup();
+            match (not_one.split_first(), known.as_slice()) {
+                (None, _) => Dim::known(1),
+                (Some((first, rest)), _) if rest.iter().all(|d| d == first) => (*first).clone(),
+                (_, [n]) => Dim::known(*n),
                 _ => Dim::atom(format!("{value}#{i}")),
             }
         })

@@ -71,12 +71,18 @@ fn explain_says_why_a_candidate_did_not_fuse() {
         ),
         "{text}"
     );
-    let r =
-        run(&[testdata("nm_rms_weight_not_constant.onnx").to_str().unwrap(), "-o", out.to_str().unwrap(), "--explain"]);
+    // A weight of unproved length: a graph input declared with a symbolic axis.
+    let mut model = load("rms_weight_graph_input.onnx");
+    let weight = model.graph.as_mut().unwrap().input.iter_mut().find(|i| i.name() == "weight_input").unwrap();
+    set_dims(weight, &["hidden"]);
+    let input = dir.path().join("weight_symbolic.onnx");
+    std::fs::write(&input, prost::Message::encode_to_vec(&model)).unwrap();
+    let r = run(&[input.to_str().unwrap(), "-o", out.to_str().unwrap(), "--explain"]);
     let text = String::from_utf8(r.stdout.clone()).unwrap();
     assert!(
         text.contains(
-            "at /model/model/layers.0/input_layernorm/Mul_1 (main): the weight (weight_input) is not a constant"
+            "at /model/model/layers.0/input_layernorm/Mul_1 (main): the weight (weight_input) has hidden values \
+             but the last axis of /model/model/layers.0/input_layernorm/Cast_output_0 is 32"
         ),
         "{text}"
     );

@@ -136,8 +136,8 @@ fn probs_step<'a>(g: &Graph<'a>, m: &mut Match, p: usize) -> Check<(Step, &'a st
         let guarded = node.input[2].as_str();
         let isnan = g.produced_by(&node.input[0], "IsNaN").map_err(|_| Miss::NotAnchor)?;
         require_not_anchor(g.node(isnan).input[0] == guarded)?;
-        let zero = g.constant(&node.input[1]).filter(|t| t.scalar() == Some(0.0));
-        let zero = zero.ok_or_else(|| Miss::Because("the NaN guard does not write 0".into()))?;
+        require!(pattern::scalar(g, &node.input[1], guarded, "the NaN guard's value")? == 0.0, "the NaN guard does not write 0");
+        let zero = g.constant(&node.input[1]).expect("a constant, proved above");
         m.take(isnan);
         return Ok((Step::NanGuard(attribute_tensor(zero)), guarded));
     }
@@ -189,8 +189,8 @@ fn scores_chain<'a>(g: &Graph<'a>, m: &mut Match, value: &'a str, depth: usize) 
         "MatMul" if binary => return Ok((p, vec![])),
         "Mul" if binary => {
             let (s, c) = if g.scalar(&node.input[1]).is_some() { (0, 1) } else { (1, 0) };
-            let scale = g.constant(&node.input[c]).filter(|t| t.scalar().is_some());
-            let scale = scale.ok_or_else(|| Miss::Because("the Mul scale is not a constant with one value".into()))?;
+            pattern::scalar(g, &node.input[c], &node.input[s], "the Mul scale")?;
+            let scale = g.constant(&node.input[c]).expect("a constant, proved above");
             let found =
                 step(scores_chain(g, m, &node.input[s], depth + 1), Step::Scale("Mul", attribute_tensor(scale)));
             return found.inspect(|_| {
@@ -201,7 +201,7 @@ fn scores_chain<'a>(g: &Graph<'a>, m: &mut Match, value: &'a str, depth: usize) 
             let divisor = &node.input[1];
             let s = match g.constant(divisor) {
                 Some(t) => {
-                    require!(t.scalar().is_some(), "the Div scale is not a constant with one value");
+                    pattern::scalar(g, divisor, &node.input[0], "the Div scale")?;
                     Step::Scale("Div", attribute_tensor(t))
                 }
                 None => Step::Divisor(divisor.clone()),
@@ -218,9 +218,8 @@ fn scores_chain<'a>(g: &Graph<'a>, m: &mut Match, value: &'a str, depth: usize) 
             });
         }
         "Where" if node.input.len() == 3 => {
-            let fill = g.constant(&node.input[2]).filter(|t| t.scalar().is_some());
-            let fill = fill.ok_or_else(|| Miss::Because("the Where fill is not a constant with one value".into()))?;
-            let value = fill.scalar().unwrap_or_default();
+            let value = pattern::scalar(g, &node.input[2], &node.input[1], "the Where fill")?;
+            let fill = g.constant(&node.input[2]).expect("a constant, proved above");
             require!(value <= MAX_FILL, "the Where fill is {value}, not at most -1e4: hidden keys would keep weight");
             let s = Step::Where { keep: node.input[0].clone(), fill: attribute_tensor(fill) };
             return step(scores_chain(g, m, &node.input[1], depth + 1), s).inspect(|_| {
@@ -308,16 +307,12 @@ fn build(q: &str, k: &str, v: &str, steps: &[Step]) -> (NodeProto, FunctionProto
             }
             Step::Reshape { shape, allowzero } => {
                 let name = format!("{}_shape", side(after_softmax));
-                let shape = match shape {
-                    Side::Constant(t) => {
-                        form.push("reshape".into());
-                        b.constant(&name, t)
-                    }
-                    Side::Input(value) => {
-                        form.push("reshape_input".into());
-                        b.input(&name, value)
-                    }
+                let (token, shape) = match shape {
+                    Side::Constant(t) => ("reshape", b.constant(&name, t)),
+                    Side::Input(value) => ("reshape_input", b.input(&name, value)),
                 };
+                // allowzero changes what a 0 in the shape means: another body.
+                form.push(if *allowzero { format!("{token}_allowzero") } else { token.into() });
                 let attrs = if *allowzero { vec![AttributeProto::int("allowzero", 1)] } else { vec![] };
                 b.op("Reshape", &[&s, &shape], attrs)
             }

@@ -19,7 +19,7 @@ use crate::onnx::{NodeProto, FLOAT, FLOAT16};
 use crate::pattern;
 use crate::require;
 use crate::rewrite::{node, Match, Pass, Rewrite};
-use crate::shapes::Shapes;
+use crate::shapes::{slice_indices, Shapes};
 
 pub const PASS: Pass = Pass {
     name: "complex-mul",
@@ -58,7 +58,7 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     let unsqueezed = |value: &str| -> Option<usize> {
         let u = g.produced_by(value, "Unsqueeze").ok()?;
         let node = g.node(u);
-        let IntsArgument::Known(axes) = g.ints_argument(node, "axes", 1) else { return None };
+        let IntsArgument::Known(axes) = g.ints_argument(node, "axes", 1, 13) else { return None };
         (axes.len() == 1 && last_axis(axes[0], &node.output[0])).then_some(u)
     };
     let (re, im, kind) = match (unsqueezed(&concat.input[0]), unsqueezed(&concat.input[1])) {
@@ -139,15 +139,17 @@ fn part<'a>(g: &Graph<'a>, shapes: &Shapes, m: &mut Match, value: &'a str, kind:
         (Kind::Squeezed, "Gather") if crate::onnx::is_default_domain(node.domain()) => {
             let index = g.constant(&node.input[1]);
             require!(index.is_some_and(|t| t.dims.is_empty()), "the Gather index of {value} is not a scalar");
-            let i = index.and_then(|t| t.scalar()).unwrap_or(-1.0);
             require!(
                 last(&node.input[0], node.attr_int("axis").unwrap_or(0)),
                 "the Gather of {value} is not on the last axis"
             );
-            pt(&node.input[0], i as i64)
+            // The axis is proved to have length 2 below, where -1 is 1 and -2 is 0.
+            let i = index.and_then(|t| t.scalar()).unwrap_or(f64::NAN);
+            require!(matches!(i as i64, -2..=1) && i.fract() == 0.0, "the Gather of {value} takes index {i}");
+            pt(&node.input[0], (i as i64).rem_euclid(2))
         }
         (Kind::Squeezed, "Squeeze") => {
-            let axes = g.ints_argument(node, "axes", 1);
+            let axes = g.ints_argument(node, "axes", 1, 13);
             let kept = part(g, shapes, m, &node.input[0], Kind::Kept)?;
             require!(
                 matches!(&axes, IntsArgument::Known(a) if a.len() == 1 && last(&node.input[0], a[0])),
@@ -155,29 +157,25 @@ fn part<'a>(g: &Graph<'a>, shapes: &Shapes, m: &mut Match, value: &'a str, kind:
             );
             kept
         }
-        (Kind::Kept, "Slice") if node.input.len() >= 3 => {
-            let int = |i: usize| node.input.get(i).filter(|s| !s.is_empty()).and_then(|s| g.constant(s)?.ints());
-            let (starts, ends) = (int(1).unwrap_or_default(), int(2).unwrap_or_default());
-            let axes = int(3).unwrap_or_else(|| vec![0]);
-            let steps = int(4).unwrap_or_else(|| vec![1]);
+        (Kind::Kept, "Slice") if node.input.len() >= 3 || g.opset < 10 => {
+            let (starts, ends, axes, steps) = slice_arguments(g, node)
+                .ok_or_else(|| Miss::Because(format!("the Slice of {value} has arguments computed at run time")))?;
             require!(
-                starts.len() == 1 && ends.len() == 1 && axes.len() == 1 && steps == [1],
-                "the Slice of {value} is not one part"
+                starts.len() == 1 && ends.len() == 1 && axes.len() == 1 && steps.len() == 1,
+                "the Slice of {value} is not of one axis"
             );
             require!(last(&node.input[0], axes[0]), "the Slice of {value} is not on the last axis");
-            let (s, e) = (starts[0], ends[0]);
-            require!(
-                (s == 0 && e == 1) || (s == 1 && e >= 2) || (s == -1 && e >= 0) || (s == -2 && e == -1),
-                "the Slice of {value} ({s}..{e}) is not one part of an axis of 2"
-            );
-            pt(&node.input[0], if s == 0 || s == -2 { 0 } else { 1 })
+            // The axis is proved to have length 2 below.
+            let selected = slice_indices(starts[0], ends[0], steps[0], 2);
+            require!(selected.len() == 1, "the Slice of {value} takes {selected:?} of an axis of 2, not one element");
+            pt(&node.input[0], selected[0])
         }
         (Kind::Kept, "Split") if node.output.len() == 2 => {
             require!(
                 last(&node.input[0], node.attr_int("axis").unwrap_or(0)),
                 "the Split of {value} is not on the last axis"
             );
-            let sizes = g.ints_argument(node, "split", 1);
+            let sizes = g.ints_argument(node, "split", 1, 13);
             require!(
                 sizes == IntsArgument::Absent || sizes == IntsArgument::Known(vec![1, 1]),
                 "the Split of {value} is not proved to be into two parts of 1"
@@ -189,4 +187,45 @@ fn part<'a>(g: &Graph<'a>, shapes: &Shapes, m: &mut Match, value: &'a str, kind:
     require!(found.index == 0 || found.index == 1, "{value} takes index {} of the last axis", found.index);
     m.take(p);
     Ok(found)
+}
+
+/// Starts, ends, axes and steps of a Slice: attributes before opset 10,
+/// constant inputs from it on (absent axes: 0, 1, …; absent steps: 1).
+fn slice_arguments(g: &Graph, node: &NodeProto) -> Option<(Vec<i64>, Vec<i64>, Vec<i64>, Vec<i64>)> {
+    if g.opset < 10 {
+        let attr = |name: &str| node.attr_ints(name).map(<[i64]>::to_vec);
+        let (starts, ends) = (attr("starts")?, attr("ends")?);
+        let axes = attr("axes").unwrap_or_else(|| (0..starts.len() as i64).collect());
+        let steps = vec![1; starts.len()];
+        return (node.input.len() == 1).then_some((starts, ends, axes, steps));
+    }
+    let int = |i: usize| -> Option<Option<Vec<i64>>> {
+        match node.input.get(i).filter(|s| !s.is_empty()) {
+            None => Some(None),
+            Some(value) => Some(Some(g.constant(value)?.ints()?)),
+        }
+    };
+    let (starts, ends) = (int(1)??, int(2)??);
+    let axes = int(3)?.unwrap_or_else(|| (0..starts.len() as i64).collect());
+    let steps = int(4)?.unwrap_or_else(|| vec![1; starts.len()]);
+    Some((starts, ends, axes, steps))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::shapes::slice_indices;
+
+    #[test]
+    fn slices_of_an_axis_of_two() {
+        assert_eq!(slice_indices(0, 1, 1, 2), [0]);
+        assert_eq!(slice_indices(1, i64::MAX, 1, 2), [1]);
+        assert_eq!(slice_indices(-1, i64::MAX, 1, 2), [1]);
+        assert_eq!(slice_indices(-2, -1, 1, 2), [0]);
+        assert_eq!(slice_indices(-1, 0, 1, 2), Vec::<i64>::new(), "[-1:0] is empty");
+        assert_eq!(slice_indices(0, 2, 1, 2), [0, 1]);
+        assert_eq!(slice_indices(1, 0, -1, 2), [1]);
+        assert_eq!(slice_indices(-1, i64::MIN, -1, 2), [1, 0]);
+        assert_eq!(slice_indices(5, 9, 1, 2), Vec::<i64>::new());
+        assert_eq!(slice_indices(0, 2, 2, 2), [0]);
+    }
 }

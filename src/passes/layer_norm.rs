@@ -1,13 +1,16 @@
 //! layer-norm: `d = x - mean(x, axis=-1)`, `(d / sqrt(mean(d², -1) + eps)) * gamma + beta`
 //!          → `LayerNormalization(x, gamma, beta)`, axis -1, epsilon eps, stash_type 1.
 //!
-//! The normalization of `d` is the rms-norm core, so this pass reuses it;
+//! The normalization of `d` is the rms-norm core, so this pass reuses it
+//! (`d` may be computed twice by identical `Sub` nodes, one per use);
+//! gamma and beta follow the weight rule (proved shape `[D]`, D the last
+//! axis of x, constant or not);
 //! when rms-norm ran first and already turned `… * gamma` into a
 //! `SimplifiedLayerNormalization(d, gamma)`, that node is accepted in its
 //! place and its provenance list folds into this one.
 
 use crate::graph::{Check, Graph, Miss};
-use crate::pattern::{self, either_order};
+use crate::pattern::{self, either_order, is_vector};
 use crate::require;
 use crate::rewrite::{node, Match, Pass, Rewrite};
 
@@ -25,8 +28,8 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     let out = pattern::anchor(g, index, "Add")?;
     pattern::anchor_operands(
         out,
-        "a constant beta",
-        |b| g.constant(b).is_some(),
+        "a beta of rank at most 1",
+        |b| is_vector(g, b),
         |scaled, beta| {
             let mut m = Match::new(index);
             let (d, gamma, eps) = scaled_norm(g, &mut m, scaled)?;
@@ -68,8 +71,8 @@ fn scaled_norm<'a>(g: &Graph<'a>, m: &mut Match, scaled: &'a str) -> Check<(&'a 
     m.take(p);
     either_order(
         node,
-        "a constant gamma",
-        |c| g.constant(c).is_some(),
+        "a gamma of rank at most 1",
+        |c| is_vector(g, c),
         |n, gamma| {
             let mut inner = Match::new(p);
             let core = rms_core(g, &mut inner, n)?;

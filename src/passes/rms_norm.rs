@@ -9,10 +9,14 @@
 //! - fp16/bf16 exports that normalize in f32: `Cast(x → f32)` before the
 //!   core and `Cast(→ type of x)` before the weight; both casts fold into
 //!   the op, which computes in f32 (stash_type 1) and writes the type of x.
+//!   Casts fold only where they widen and come back (or are identities):
+//!   a chain that narrows in the middle is another function;
+//! - the weight a constant or any value of proved shape `[D]`, with D the
+//!   proved last axis of x.
 
 use crate::graph::{Check, Graph, Miss};
 use crate::onnx::{AttributeProto, BFLOAT16, FLOAT, FLOAT16};
-use crate::pattern::{self, cast_to, either_order, scalar};
+use crate::pattern::{self, cast_to, either_order, is_vector, scalar};
 use crate::require;
 use crate::rewrite::{node, Match, Pass, Rewrite};
 
@@ -28,8 +32,8 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     let out = pattern::anchor(g, index, "Mul")?;
     pattern::anchor_operands(
         out,
-        "a constant weight",
-        |w| g.constant(w).is_some(),
+        "a weight of rank at most 1",
+        |w| is_vector(g, w),
         |y, weight| {
             let mut m = Match::new(index);
             let output_cast = g.produced_by(y, "Cast").ok();
@@ -41,24 +45,24 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
                     m.take(cast);
                     let to = cast_to(g.node(cast)).unwrap_or_default();
                     require!(g.elem_type(weight) == Some(to), "the weight's type differs from the output Cast's");
-                    uncast_input(g, &mut m, core.x, to)?
+                    fold_casts(g, &mut m, &core, to)?
                 }
             };
             pattern::weight(g, weight, x, "weight")?;
             Ok(m.replace_with(node("SimplifiedLayerNormalization", &[x, weight], norm_attributes(core.eps))))
         },
     )
-    .or_else(|miss| if miss == Miss::NotAnchor { weight_not_constant(g, index) } else { Err(miss) })
+    .or_else(|miss| if miss == Miss::NotAnchor { weight_not_a_vector(g, index) } else { Err(miss) })
 }
 
-/// A Mul with no constant operand is no candidate, unless one operand is
-/// the normalized value: then the reason is that the weight is not constant.
-fn weight_not_constant(g: &Graph, index: usize) -> Check<Rewrite> {
+/// A Mul with no operand of rank ≤ 1 is no candidate, unless one operand is
+/// the normalized value: then the reason is the weight's shape.
+fn weight_not_a_vector(g: &Graph, index: usize) -> Check<Rewrite> {
     let out = g.node(index);
     for (y, weight) in [(&out.input[0], &out.input[1]), (&out.input[1], &out.input[0])] {
         let normalized = g.produced_by(y, "Cast").map_or(y.as_str(), |c| g.node(c).input[0].as_str());
         if rms_core(g, &mut Match::new(index), normalized).is_ok() {
-            return Err(Miss::Because(format!("the weight ({weight}) is not a constant")));
+            return Err(Miss::Because(format!("the weight ({weight}) is not proved to have rank at most 1")));
         }
     }
     Err(Miss::NotAnchor)
@@ -77,6 +81,8 @@ pub struct RmsCore<'a> {
     /// eps, exactly as the model stores it (f32, f16 and bf16 all widen to
     /// f32 without rounding).
     pub eps: f32,
+    /// The element type the core computes in: eps's (an Add takes one type).
+    pub elem_type: i32,
 }
 
 /// Matches the core that ends in the value `n`, adding its nodes to `m`.
@@ -98,8 +104,8 @@ pub fn rms_core<'a>(g: &Graph<'a>, m: &mut Match, n: &'a str) -> Check<RmsCore<'
         "a constant eps",
         |e| g.constant(e).is_some(),
         |mean, eps| {
-            let mean = g.produced_by(mean, "ReduceMean")?;
-            Ok((mean, (eps, scalar(g, eps, "eps")?)))
+            let mean_node = g.produced_by(mean, "ReduceMean")?;
+            Ok((mean_node, (eps, scalar(g, eps, mean, "eps")?)))
         },
     )?;
     let (eps, eps_value) = eps;
@@ -108,10 +114,10 @@ pub fn rms_core<'a>(g: &Graph<'a>, m: &mut Match, n: &'a str) -> Check<RmsCore<'
     pattern::reduce_mean_last_axis(g, m.take(mean))?;
     let square =
         m.take(g.producer(&g.node(mean).input[0]).ok_or_else(|| Miss::Because("the mean's input is not x²".into()))?);
-    let squared = squared_value(g, square)?;
+    let squared = squared_value(g, m, square)?;
     same_value(g, m, x, squared)?;
     require!(g.elem_type(x).is_none_or(|t| t == eps_type), "eps ({eps}) does not have the element type of x");
-    Ok(RmsCore { x, eps: eps_value as f32 })
+    Ok(RmsCore { x, eps: eps_value as f32, elem_type: eps_type })
 }
 
 fn is_reciprocal(g: &Graph, value: &str) -> bool {
@@ -126,59 +132,79 @@ fn reciprocal_of<'a>(g: &Graph<'a>, m: &mut Match, inverse: &'a str) -> Check<&'
     }
     let div = g.produced_by(inverse, "Div")?;
     let node = g.node(div);
-    require!(scalar(g, &node.input[0], "the numerator of 1 / r")? == 1.0, "the numerator of 1 / r is not exactly 1");
+    let numerator = scalar(g, &node.input[0], &node.input[1], "the numerator of 1 / r")?;
+    require!(numerator == 1.0, "the numerator of 1 / r is not exactly 1");
     m.take(div);
     Ok(node.input[1].as_str())
 }
 
 /// The x of `Pow(x, 2)` (exponent exactly 2) or `Mul(x, x)`.
-fn squared_value<'a>(g: &Graph<'a>, square: usize) -> Check<&'a str> {
+fn squared_value<'a>(g: &Graph<'a>, m: &mut Match, square: usize) -> Check<&'a str> {
     let node = g.node(square);
     if node.is("Pow") && node.input.len() == 2 {
-        let exponent = scalar(g, &node.input[1], "the exponent")?;
+        let exponent = scalar(g, &node.input[1], &node.input[0], "the exponent")?;
         require!(exponent == 2.0, "the exponent is {exponent}, not 2");
         Ok(node.input[0].as_str())
-    } else if node.is("Mul") && node.input.len() == 2 && node.input[0] == node.input[1] {
+    } else if node.is("Mul") && node.input.len() == 2 {
+        // Mul(x, x), or Mul(x, x') with x' computed again by identical nodes.
+        let twins = g.same_value(&node.input[0], &node.input[1]);
+        let twins = twins.ok_or_else(|| Miss::Because(format!("{} is a product of two values, not x²", node.name())))?;
+        twins.into_iter().for_each(|n| {
+            m.take(n);
+        });
         Ok(node.input[0].as_str())
     } else {
         Err(Miss::Because(format!("{} is not Pow(x, 2) or Mul(x, x)", node.name())))
     }
 }
-
 /// The numerator and the squared value must be the same value: the same
-/// name, a Cast of the numerator to its own type, or two Casts of one source
-/// to one type. A Cast only the square reads joins the match.
+/// name, outputs of identical nodes (T5 casts x once per use, Megatron
+/// writes `Sub(x, mean)` twice), or a Cast of the numerator to its own
+/// type. The nodes that compute the square's copy join the match.
 fn same_value(g: &Graph, m: &mut Match, numerator: &str, squared: &str) -> Check<()> {
-    if numerator == squared {
-        return Ok(());
+    let twins = g.same_value(numerator, squared).or_else(|| {
+        let cast = g.produced_by(squared, "Cast").ok()?;
+        let identity = g.node(cast).input[0] == numerator && g.elem_type(numerator) == cast_to(g.node(cast));
+        identity.then(|| vec![cast])
+    });
+    let twins = twins.ok_or_else(|| Miss::Because("the square and the numerator read different values".into()))?;
+    for n in twins {
+        m.take(n);
     }
-    let cast = g
-        .produced_by(squared, "Cast")
-        .map_err(|_| Miss::Because("the square and the numerator read different values".into()))?;
-    let cast_node = g.node(cast);
-    let source = cast_node.input[0].as_str();
-    let identity = source == numerator && g.elem_type(numerator).is_some_and(|t| Some(t) == cast_to(cast_node));
-    let twin = g
-        .produced_by(numerator, "Cast")
-        .is_ok_and(|other| g.node(other).input[0] == source && cast_to(g.node(other)) == cast_to(cast_node));
-    require!(identity || twin, "the square and the numerator read different values");
-    m.take(cast);
     Ok(())
 }
 
-/// For the fp16 form: `x` must be `Cast(x0 → f32)` with x0 of type `to`
-/// (the op then reads x0 and folds the cast, unless another node reads its
-/// output), or already of type `to`.
-fn uncast_input<'a>(g: &Graph<'a>, m: &mut Match, x: &'a str, to: i32) -> Check<&'a str> {
-    if let Ok(cast) = g.produced_by(x, "Cast") {
-        let source = g.node(cast).input[0].as_str();
-        // When something else reads the f32 value (fp32 exports pass the
-        // identity cast's output on as the residual), the cast stays.
-        if g.elem_type(source) == Some(to) && m.only_read_inside(g, x) {
-            m.take(cast);
-            return Ok(source);
+/// The input the fused op reads when the core is wrapped in Casts, ending
+/// in `Cast(→ to)` before the weight. Casts fold only where they widen and
+/// come back, `x0 (f16|bf16) → Cast(f32) → core → Cast(→ type of x0)`, or
+/// are identities (a Cast to the type a value already has); a chain that
+/// narrows in the middle computes another function and is left alone.
+fn fold_casts<'a>(g: &Graph<'a>, m: &mut Match, core: &RmsCore<'a>, to: i32) -> Check<&'a str> {
+    let input_cast = g.produced_by(core.x, "Cast").ok();
+    let source = input_cast.map(|c| g.node(c).input[0].as_str());
+    let foldable = input_cast.is_some() && m.only_read_inside(g, core.x);
+    if to == core.elem_type {
+        // Identity Casts on the way out; the one on the way in folds only
+        // when it is an identity too and nothing else reads its output (fp32
+        // exports pass it on as the residual).
+        if let (Some(cast), Some(source)) = (input_cast, source) {
+            if foldable && g.elem_type(source) == Some(to) {
+                m.take(cast);
+                return Ok(source);
+            }
         }
+        return Ok(core.x);
     }
-    require!(g.elem_type(x) == Some(to), "cannot prove that the Casts around the norm give back the type of x");
-    Ok(x)
+    require!(
+        core.elem_type == FLOAT && matches!(to, FLOAT16 | BFLOAT16),
+        "the Casts around the norm do not widen to f32 and come back (the core computes in type {}, the output is cast to {to})",
+        core.elem_type
+    );
+    let (Some(cast), Some(source)) = (input_cast, source) else {
+        return Err(Miss::Because("the f32 core does not read x widened from the output's type".into()));
+    };
+    require!(g.elem_type(source) == Some(to), "the f32 core does not read x widened from the output's type");
+    require!(foldable, "the widened x ({}) is also read outside the norm", core.x);
+    m.take(cast);
+    Ok(source)
 }

@@ -2,6 +2,9 @@
 //! and the binary, and proving equivalence through ONNX Runtime.
 #![allow(dead_code)]
 
+pub mod build;
+pub use build::set_dims;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

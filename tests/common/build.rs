@@ -1,0 +1,154 @@
+//! Hand-made models for tests: a small graph builder over the ONNX types.
+
+use onnx_fuse::onnx::proto::tensor_shape_proto::{dimension::Value as DimValue, Dimension};
+use onnx_fuse::onnx::proto::type_proto::{Tensor, Value as TypeValue};
+use onnx_fuse::onnx::proto::TensorShapeProto;
+use onnx_fuse::onnx::{
+    AttributeProto, AttributeType, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto, TypeProto,
+    ValueInfoProto,
+};
+
+/// A dimension of a declared shape: a number, a symbol, or nothing known.
+#[derive(Debug, Clone, PartialEq)]
+pub enum D {
+    N(i64),
+    S(String),
+    Unknown,
+}
+
+pub fn sym(name: &str) -> D {
+    D::S(name.to_string())
+}
+
+/// A tensor value_info; `dims` None declares no shape at all.
+pub fn value_info(name: &str, elem: i32, dims: Option<&[D]>) -> ValueInfoProto {
+    let shape = dims.map(|dims| TensorShapeProto {
+        dim: dims
+            .iter()
+            .map(|d| Dimension {
+                value: match d {
+                    D::N(n) => Some(DimValue::DimValue(*n)),
+                    D::S(s) => Some(DimValue::DimParam(s.clone())),
+                    D::Unknown => None,
+                },
+                ..Default::default()
+            })
+            .collect(),
+    });
+    ValueInfoProto {
+        name: Some(name.into()),
+        r#type: Some(TypeProto {
+            value: Some(TypeValue::TensorType(Tensor { elem_type: Some(elem), shape })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Redeclares a value's shape: numbers stay numbers, anything else is a symbol.
+pub fn set_dims(vi: &mut ValueInfoProto, dims: &[&str]) {
+    let elem = match vi.r#type.as_ref().and_then(|t| t.value.as_ref()) {
+        Some(TypeValue::TensorType(t)) => t.elem_type(),
+        _ => 1,
+    };
+    let dims: Vec<D> = dims.iter().map(|d| d.parse().map_or_else(|_| sym(d), D::N)).collect();
+    *vi = value_info(vi.name(), elem, Some(&dims));
+}
+
+/// A tensor of `elem` type with `values` (written as that type's raw bytes).
+pub fn tensor(elem: i32, dims: &[i64], values: &[f64]) -> TensorProto {
+    use onnx_fuse::onnx::{BFLOAT16, BOOL, DOUBLE, FLOAT, FLOAT16, INT64};
+    let mut raw = Vec::new();
+    for &v in values {
+        match elem {
+            FLOAT => raw.extend((v as f32).to_le_bytes()),
+            FLOAT16 => raw.extend(half::f16::from_f64(v).to_le_bytes()),
+            BFLOAT16 => raw.extend(half::bf16::from_f64(v).to_le_bytes()),
+            DOUBLE => raw.extend(v.to_le_bytes()),
+            INT64 => raw.extend((v as i64).to_le_bytes()),
+            BOOL => raw.push(u8::from(v != 0.0)),
+            7 /* int32 */ | 6 => raw.extend((v as i32).to_le_bytes()),
+            other => panic!("tensor: element type {other} not supported"),
+        }
+    }
+    TensorProto { dims: dims.to_vec(), data_type: Some(elem), raw_data: Some(raw.into()), ..Default::default() }
+}
+
+pub fn attr_int(name: &str, v: i64) -> AttributeProto {
+    AttributeProto::int(name, v)
+}
+
+pub fn attr_ints(name: &str, v: &[i64]) -> AttributeProto {
+    AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(AttributeType::Ints as i32),
+        ints: v.to_vec(),
+        ..Default::default()
+    }
+}
+
+pub fn attr_tensor(name: &str, t: TensorProto) -> AttributeProto {
+    AttributeProto { name: Some(name.into()), r#type: Some(AttributeType::Tensor as i32), t: Some(t), ..Default::default() }
+}
+
+pub fn attr_graph(name: &str, g: GraphProto) -> AttributeProto {
+    AttributeProto { name: Some(name.into()), r#type: Some(AttributeType::Graph as i32), g: Some(g), ..Default::default() }
+}
+
+/// Builds one graph; `model` wraps it.
+#[derive(Default, Clone)]
+pub struct Builder {
+    pub graph: GraphProto,
+    count: usize,
+}
+
+impl Builder {
+    pub fn input(&mut self, name: &str, elem: i32, dims: Option<&[D]>) -> String {
+        self.graph.input.push(value_info(name, elem, dims));
+        name.to_string()
+    }
+
+    pub fn output(&mut self, name: &str, elem: i32, dims: Option<&[D]>) {
+        self.graph.output.push(value_info(name, elem, dims));
+    }
+
+    /// An initializer named `name`.
+    pub fn init(&mut self, name: &str, t: TensorProto) -> String {
+        self.graph.initializer.push(TensorProto { name: Some(name.into()), ..t });
+        name.to_string()
+    }
+
+    /// A `Constant` node holding `t`.
+    pub fn constant(&mut self, t: TensorProto) -> String {
+        self.node("Constant", &[], vec![attr_tensor("value", t)])
+    }
+
+    /// A default-domain node with one fresh output, returned.
+    pub fn node(&mut self, op: &str, inputs: &[&str], attributes: Vec<AttributeProto>) -> String {
+        self.count += 1;
+        let out = format!("{}_{}", op.to_lowercase(), self.count);
+        self.node_to(op, inputs, &[&out], attributes);
+        out
+    }
+
+    pub fn node_to(&mut self, op: &str, inputs: &[&str], outputs: &[&str], attributes: Vec<AttributeProto>) {
+        self.graph.node.push(NodeProto {
+            op_type: Some(op.into()),
+            name: Some(format!("n{}_{op}", self.graph.node.len())),
+            input: inputs.iter().map(|s| s.to_string()).collect(),
+            output: outputs.iter().map(|s| s.to_string()).collect(),
+            attribute: attributes,
+            ..Default::default()
+        });
+    }
+
+    pub fn model(&self, opset: i64) -> ModelProto {
+        ModelProto {
+            ir_version: Some(8),
+            opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(opset) }],
+            producer_name: Some("onnx-fuse tests".into()),
+            graph: Some(GraphProto { name: Some("g".into()), ..self.graph.clone() }),
+            ..Default::default()
+        }
+    }
+}
