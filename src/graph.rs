@@ -56,8 +56,10 @@ pub enum IntsArgument {
 pub struct Scope {
     constants: HashMap<String, TensorProto>,
     names: HashSet<String>,
-    /// Shapes of the enclosing graphs' values, declared or derived.
+    /// Shapes and element types of the enclosing graphs' values, declared
+    /// or derived.
     shapes: HashMap<String, Vec<crate::shapes::Dim>>,
+    types: HashMap<String, i32>,
 }
 
 pub struct Graph<'a> {
@@ -236,7 +238,8 @@ impl<'a> Graph<'a> {
 
     /// Whether `a` and `b` are provably one value: the same name, or outputs
     /// of identical deterministic nodes (same op, attributes and output
-    /// position) whose inputs are in turn one value. Exporters write e.g.
+    /// position) whose inputs are in turn one value, or `Identity` of such a
+    /// value. Exporters write e.g.
     /// `Sub(x, mean)` or `Cast(x)` once per use. Returns the nodes that
     /// compute `b` apart from `a` (none when the names are equal).
     pub fn same_value(&self, a: &str, b: &str) -> Option<Vec<usize>> {
@@ -249,6 +252,12 @@ impl<'a> Graph<'a> {
         }
         if depth == 0 || self.is_ambiguous(a) || self.is_ambiguous(b) {
             return None;
+        }
+        // Identity(v) is v.
+        if let Some(p) = self.producer(b).filter(|&p| self.node(p).is("Identity") && self.node(p).input.len() == 1) {
+            let mut nodes = self.twins(a, &self.node(p).input[0], depth - 1)?;
+            nodes.push(p);
+            return Some(nodes);
         }
         let (pa, pb) = (self.producer(a)?, self.producer(b)?);
         let (na, nb) = (self.node(pa), self.node(pb));
@@ -271,7 +280,8 @@ impl<'a> Graph<'a> {
     }
 
     pub fn elem_type(&self, value: &str) -> Option<i32> {
-        self.types.get(value).copied().or_else(|| self.constant(value).map(|t| t.data_type()))
+        let own = self.types.get(value).copied().or_else(|| self.constant(value).map(|t| t.data_type()));
+        own.or_else(|| (!self.defined.contains(value)).then(|| self.outer.types.get(value).copied()).flatten())
     }
 
     /// Where `shapes::Shapes` keeps what it derived for this graph.
@@ -303,6 +313,10 @@ impl<'a> Graph<'a> {
             match shapes.shape(name) {
                 Some(shape) => scope.shapes.insert(name.to_string(), shape),
                 None => scope.shapes.remove(*name),
+            };
+            match self.elem_type(name) {
+                Some(t) => scope.types.insert(name.to_string(), t),
+                None => scope.types.remove(*name),
             };
         }
         scope.names.extend(own.into_iter().map(str::to_string));

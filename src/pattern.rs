@@ -33,7 +33,12 @@ pub fn either_order<'a, T>(
     let mut result = Err(Miss::NoOperand(format!("no operand of {} {} is {role}", node.op_type(), node.name())));
     for (other, fitting) in [(a, b), (b, a)] {
         if fits(fitting) {
-            match f(other, fitting) {
+            // A role missing further in is a reason here, not "no candidate".
+            let attempt = f(other, fitting).map_err(|miss| match miss {
+                Miss::NoOperand(why) => Miss::Because(why),
+                miss => miss,
+            });
+            match attempt {
                 Ok(found) => return Ok(found),
                 Err(miss) if matches!(result, Err(Miss::NoOperand(_))) => result = Err(miss),
                 Err(_) => {}

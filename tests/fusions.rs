@@ -204,26 +204,44 @@ fn layer_norm_is_one_node_whichever_pass_runs_first() {
     assert_equivalent(&original, &rms_first, "gpt2_ts_op14.onnx");
 }
 
-/// (near-miss model, the anchor that must survive, SLN count, LN count)
-const NEAR_MISSES: &[(&str, &str, usize, usize)] = &[
+/// (near-miss model, the anchor that must survive, SLN count, LN count, the reason --explain gives)
+const NEAR_MISSES: &[(&str, &str, usize, usize, &str)] = &[
     // (the attention cores of these models fuse as usual: counted apart)
-    ("nm_rms_exponent3.onnx", "/model/model/layers.0/input_layernorm/Mul_1", 4, 0),
-    ("nm_rms_eps_not_constant.onnx", "/model/model/layers.0/input_layernorm/Mul_1", 4, 0),
-    ("nm_rms_axis0.onnx", "/model/model/layers.0/input_layernorm/Mul_1", 4, 0),
-    ("nm_rms_keepdims0.onnx", "/model/model/layers.0/input_layernorm/Mul_1", 4, 0),
-    ("nm_rms_intermediate_output.onnx", "/model/model/layers.0/input_layernorm/Mul_1", 4, 0),
-    ("nm_rms_numerator2.onnx", "/model/model/layers.0/input_layernorm/Mul_1", 4, 0),
-    ("nm_rms_square_of_other_value.onnx", "/model/model/layers.0/input_layernorm/Mul_1", 4, 0),
+    ("nm_rms_exponent3.onnx", "/model/model/layers.0/input_layernorm/Mul_1", 4, 0, "the exponent is 3, not 2"),
+    ("nm_rms_eps_not_constant.onnx", "/model/model/layers.0/input_layernorm/Mul_1", 4, 0, "is a constant eps"),
+    ("nm_rms_axis0.onnx", "/model/model/layers.0/input_layernorm/Mul_1", 4, 0, "reduces axes [0], not the last axis"),
+    ("nm_rms_keepdims0.onnx", "/model/model/layers.0/input_layernorm/Mul_1", 4, 0, "does not keep dims"),
+    (
+        "nm_rms_intermediate_output.onnx",
+        "/model/model/layers.0/input_layernorm/Mul_1",
+        4,
+        0,
+        "ReduceMean_output_0 is also a graph output",
+    ),
+    ("nm_rms_numerator2.onnx", "/model/model/layers.0/input_layernorm/Mul_1", 4, 0, "numerator of 1 / r is not exactly 1"),
+    (
+        "nm_rms_square_of_other_value.onnx",
+        "/model/model/layers.0/input_layernorm/Mul_1",
+        4,
+        0,
+        "the square and the numerator read different values",
+    ),
     // Equal norm weights share one initializer in torch exports: all five are 2-D.
-    ("nm_rms_weight_2d.onnx", "/model/model/layers.0/input_layernorm/Mul_1", 0, 0),
-    ("nm_rms_op18_no_axes.onnx", "node_mul_3", 4, 0),
-    ("nm_rms_op18_axes_not_constant.onnx", "node_mul_3", 4, 0),
-    ("nm_rms_read_by_subgraph.onnx", "/outer/Mul", 0, 0),
+    ("nm_rms_weight_2d.onnx", "/model/model/layers.0/input_layernorm/Mul_1", 0, 0, "not proved to have rank at most 1"),
+    ("nm_rms_op18_no_axes.onnx", "node_mul_3", 4, 0, "reduces axes [], not the last axis alone"),
+    ("nm_rms_op18_axes_not_constant.onnx", "node_mul_3", 4, 0, "the axes of ReduceMean node_mean are not a constant"),
+    ("nm_rms_read_by_subgraph.onnx", "/outer/Mul", 0, 0, "/outer/mean is also read outside the matched nodes"),
     // A broken LayerNorm keeps its Add; its scaled rms core may still fuse.
-    ("nm_ln_mean_axis0.onnx", "/model/transformer/h.0/ln_1/Add_1", 1, 4),
-    ("nm_ln_centered_output.onnx", "/model/transformer/h.0/ln_1/Add_1", 1, 4),
-    ("nm_ln_mean_of_other_value.onnx", "/model/transformer/h.0/ln_1/Add_1", 1, 4),
-    ("nm_ln_beta_2d.onnx", "/model/transformer/h.0/ln_1/Add_1", 5, 0),
+    ("nm_ln_mean_axis0.onnx", "/model/transformer/h.0/ln_1/Add_1", 1, 4, "reduces axes [0], not the last axis"),
+    ("nm_ln_centered_output.onnx", "/model/transformer/h.0/ln_1/Add_1", 1, 4, "Sub_output_0 is also a graph output"),
+    (
+        "nm_ln_mean_of_other_value.onnx",
+        "/model/transformer/h.0/ln_1/Add_1",
+        1,
+        4,
+        "the mean is not of the value it is subtracted from",
+    ),
+    ("nm_ln_beta_2d.onnx", "/model/transformer/h.0/ln_1/Add_1", 5, 0, "the beta (model.transformer.h.0.ln_1.bias"),
 ];
 
 fn fuse_norms(name: &str) -> (ModelProto, ModelProto, onnx_fuse::rewrite::Outcome) {
@@ -233,13 +251,16 @@ fn fuse_norms(name: &str) -> (ModelProto, ModelProto, onnx_fuse::rewrite::Outcom
 }
 
 #[test]
-fn near_misses_do_not_fuse() {
-    for &(name, survivor, rms, ln) in NEAR_MISSES {
+fn near_misses_do_not_fuse_and_say_why() {
+    for &(name, survivor, rms, ln, reason) in NEAR_MISSES {
         let (_, fused, outcome) = fuse_norms(name);
         assert!(common::node(&fused, survivor).is_some(), "{name}: {survivor} must not be fused away");
         assert_eq!(count_op(&fused, "SimplifiedLayerNormalization"), rms, "{name}: SimplifiedLayerNormalization count");
         assert_eq!(count_op(&fused, "LayerNormalization"), ln, "{name}: LayerNormalization count");
         assert_eq!(outcome.fused.len(), rms + ln, "{name}");
+        let said: Vec<&str> =
+            outcome.declined.iter().filter(|d| d.node == survivor).map(|d| d.reason.as_str()).collect();
+        assert!(said.iter().any(|r| r.contains(reason)), "{name}: {survivor} declined because {reason:?}; said {said:?}");
     }
 }
 

@@ -48,6 +48,19 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
             Ok(m.replace_with(node("LayerNormalization", &[x, gamma, beta], norm_attributes(eps))))
         },
     )
+    .or_else(|miss| if miss == Miss::NotAnchor { beta_not_a_vector(g, index) } else { Err(miss) })
+}
+
+/// An Add with no operand of rank ≤ 1 is no candidate, unless one operand
+/// is the scaled norm: then the reason is beta's shape.
+fn beta_not_a_vector(g: &Graph, index: usize) -> Check<Rewrite> {
+    let out = g.node(index);
+    for (scaled, beta) in [(&out.input[0], &out.input[1]), (&out.input[1], &out.input[0])] {
+        if scaled_norm(g, &mut Match::new(index), scaled).is_ok() {
+            return Err(Miss::Because(format!("the beta ({beta}) is not proved to have rank at most 1")));
+        }
+    }
+    Err(Miss::NotAnchor)
 }
 
 /// `n(d) * gamma` as primitives, or as the `SimplifiedLayerNormalization`

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod build;
+#[allow(unused_imports)]
 pub use build::set_dims;
 
 use std::path::{Path, PathBuf};

@@ -1,0 +1,216 @@
+//! The differential fuzzer: every accepted form of every pass, built at
+//! random and mutated (tests/fuzz/forms.rs), is fused; wherever anything
+//! fused, original and fused model run through ONNX Runtime on several
+//! shapes (dims of 1 included) and seeds. A difference in values, shape or
+//! type, or a fused model that fails where the original runs, is a false
+//! fusion. `cargo test` runs a fixed budget; `scripts/fuzz.sh --minutes N`
+//! a campaign. Failures are written to target/fuzz-failures/; each one
+//! found becomes a model in testdata/fuzz/, checked by `regressions`.
+
+mod common;
+#[path = "fuzz/forms.rs"]
+mod forms;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use forms::{Case, Expect, Rng};
+use onnx_fuse::onnx::ModelProto;
+use onnx_fuse::{passes, rewrite, verify};
+use prost::Message;
+
+/// Symbol values each fused case runs with, and the seeds of the first.
+const SHAPES: &[&[(&str, i64)]] = &[
+    &[("b", 2), ("s", 3), ("t", 5), ("d", 4)],
+    &[("b", 1), ("s", 1), ("t", 1), ("d", 1)],
+    &[("b", 1), ("s", 2), ("t", 1), ("d", 4)],
+];
+const SEEDS: &[u64] = &[0, 7];
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Verdict {
+    /// The original model does not run on any of the shapes: not a case.
+    Invalid,
+    NotFused,
+    Fused,
+    False(String),
+}
+
+/// Fuses `model` with `pass` and compares through ONNX Runtime.
+fn differential(model: &ModelProto, pass: &str) -> Verdict {
+    let pipeline = passes::pipeline(&[pass.to_string()], &[]).expect("a known pass");
+    let mut fused = model.clone();
+    let outcome = rewrite::run(&mut fused, &pipeline);
+    let dir = Path::new(".");
+    if outcome.fused.is_empty() {
+        // Still a case only if the original runs.
+        let ran = SHAPES.iter().any(|dims| {
+            let options = verify::Options { dims: to_map(dims), ..Default::default() };
+            verify::verify((model, dir), (model, dir), &options).is_ok()
+        });
+        return if ran { Verdict::NotFused } else { Verdict::Invalid };
+    }
+    let mut ran = false;
+    for (i, dims) in SHAPES.iter().enumerate() {
+        for &seed in if i == 0 { SEEDS } else { &SEEDS[..1] } {
+            let options = verify::Options { dims: to_map(dims), seed, ..Default::default() };
+            match verify::verify((model, dir), (&fused, dir), &options) {
+                Ok(v) if v.passed => ran = true,
+                Ok(v) => return Verdict::False(format!("dims {dims:?} seed {seed}: {}", v.text())),
+                Err(e) => {
+                    let e = format!("{e:#}");
+                    if e.contains("rewritten model") {
+                        return Verdict::False(format!("dims {dims:?}: {e}"));
+                    }
+                    // The original does not run on these shapes.
+                }
+            }
+        }
+    }
+    if ran {
+        Verdict::Fused
+    } else {
+        Verdict::Invalid
+    }
+}
+
+fn to_map(dims: &[(&str, i64)]) -> HashMap<String, i64> {
+    dims.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+}
+
+type Generator = fn(&mut Rng) -> Case;
+const GENERATORS: &[(&str, Generator)] = &[
+    ("rms-norm", forms::rms),
+    ("layer-norm", forms::layer_norm),
+    ("attention", forms::attention),
+    ("complex-mul", forms::complex_mul),
+];
+
+#[derive(Default, Debug)]
+struct Tally {
+    generated: usize,
+    invalid: usize,
+    fused: usize,
+    false_fusions: usize,
+    refused_equivalents: usize,
+    fused_unexpectedly: usize,
+}
+
+/// Runs cases `first..` of every generator until `budget` cases each or the
+/// deadline; returns the tally per pass and the failures.
+fn campaign(seed: u64, budget: usize, deadline: Option<Instant>) -> (BTreeMap<&'static str, Tally>, Vec<String>) {
+    let mut tallies: BTreeMap<&'static str, Tally> = BTreeMap::new();
+    let mut failures = Vec::new();
+    let mut refused: BTreeMap<String, usize> = BTreeMap::new();
+    for i in 0..budget {
+        if deadline.is_some_and(|d| Instant::now() > d) {
+            break;
+        }
+        for &(pass, generate) in GENERATORS {
+            let case_seed = seed.wrapping_mul(1_000_003).wrapping_add(i as u64);
+            let case = generate(&mut Rng::new(case_seed ^ hash(pass)));
+            let tally = tallies.entry(pass).or_default();
+            tally.generated += 1;
+            let verdict = differential(&case.model, pass);
+            let what = case.what.join("; ");
+            match (&verdict, case.expect) {
+                (Verdict::Invalid, _) => tally.invalid += 1,
+                (Verdict::False(why), _) => {
+                    tally.false_fusions += 1;
+                    failures.push(save_failure(pass, case_seed, &case, &why));
+                }
+                (Verdict::Fused, Expect::NoFuse) => {
+                    tally.fused += 1;
+                    tally.fused_unexpectedly += 1;
+                    failures.push(save_failure(pass, case_seed, &case, "fused a mutant that is not equivalent"));
+                }
+                (Verdict::Fused, _) => tally.fused += 1,
+                (Verdict::NotFused, Expect::Fuse) => {
+                    tally.refused_equivalents += 1;
+                    if std::env::var_os("FUZZ_SAVE_REFUSED").is_some() {
+                        save_failure(pass, case_seed, &case, "refused");
+                    }
+                    *refused.entry(format!("{pass}: [{what}]")).or_default() += 1;
+                }
+                (Verdict::NotFused, _) => {}
+            }
+        }
+    }
+    if std::env::var_os("FUZZ_SHOW_REFUSED").is_some() {
+        for (what, n) in &refused {
+            eprintln!("refused equivalent ×{n}: {what}");
+        }
+    }
+    (tallies, failures)
+}
+
+fn hash(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+}
+
+/// Writes a failing case to target/fuzz-failures/ and says where.
+fn save_failure(pass: &str, seed: u64, case: &Case, why: &str) -> String {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fuzz-failures");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{pass}-{seed}.onnx"));
+    let mut model = case.model.clone();
+    model.doc_string = Some(format!("pass {pass}; {}", case.what.join("; ")));
+    std::fs::write(&path, model.encode_to_vec()).unwrap();
+    format!("{pass} case {seed} [{}] ({}): {why}", case.what.join("; "), path.display())
+}
+
+fn print(tallies: &BTreeMap<&'static str, Tally>, seconds: f64) {
+    eprintln!("pass          generated  invalid    fused  false  unexpected  refused-equivalent  ({seconds:.0} s)");
+    for (pass, t) in tallies {
+        eprintln!(
+            "{pass:<12} {:>10} {:>8} {:>8} {:>6} {:>11} {:>19}",
+            t.generated, t.invalid, t.fused, t.false_fusions, t.fused_unexpectedly, t.refused_equivalents
+        );
+    }
+}
+
+#[test]
+fn no_false_fusion_in_a_fixed_budget() {
+    let started = Instant::now();
+    let (tallies, failures) = campaign(1, 60, None);
+    print(&tallies, started.elapsed().as_secs_f64());
+    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+    for (pass, t) in &tallies {
+        assert!(t.fused > 0, "{pass}: the budget fused something");
+    }
+}
+
+/// A campaign: FUZZ_SECONDS (default 60) from FUZZ_SEED (default: the time).
+#[test]
+#[ignore = "a long campaign: scripts/fuzz.sh"]
+fn campaign_until_deadline() {
+    let seconds: u64 = std::env::var("FUZZ_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
+    let seed: u64 = std::env::var("FUZZ_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs()
+    });
+    eprintln!("fuzz campaign: seed {seed}, {seconds} s");
+    let started = Instant::now();
+    let (tallies, failures) = campaign(seed, usize::MAX, Some(started + Duration::from_secs(seconds)));
+    print(&tallies, started.elapsed().as_secs_f64());
+    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+}
+
+/// Every false fusion the fuzzer ever found, kept as a model: none may fuse
+/// falsely again. The model's doc_string names the pass.
+#[test]
+fn regressions() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/fuzz");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let model = ModelProto::decode(std::fs::read(&path).unwrap().as_slice()).unwrap();
+        let pass = model.doc_string().strip_prefix("pass ").and_then(|s| s.split(';').next()).unwrap().to_string();
+        let verdict = differential(&model, &pass);
+        assert!(!matches!(verdict, Verdict::False(_) | Verdict::Invalid), "{}: {verdict:?}", path.display());
+        let expect_fused = model.doc_string().contains("expect: fused");
+        assert_eq!(verdict == Verdict::Fused, expect_fused, "{}: {verdict:?}", path.display());
+        checked += 1;
+    }
+    assert!(checked > 0, "testdata/fuzz holds the regression models");
+}

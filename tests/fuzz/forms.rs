@@ -1,0 +1,714 @@
+//! The forms each pass accepts, built at random and mutated: every case
+//! says what was done to it and whether the mutation keeps the rewrite
+//! exact (`Fuse`), breaks it (`NoFuse`), or may go either way (`Either`).
+
+use onnx_fuse::onnx::{ModelProto, BFLOAT16, BOOL, DOUBLE, FLOAT, FLOAT16, INT64};
+
+use crate::common::build::{attr_graph, attr_int, attr_ints, sym, tensor, value_info, Builder, D};
+
+/// What the mutations make of the rewrite.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expect {
+    /// Equivalent by construction: refusing it is a refused equivalent.
+    Fuse,
+    /// Not the same function (or not provable): fusing it is a false fusion.
+    NoFuse,
+    /// Depends on what a runtime accepts; only ONNX Runtime's verdict counts.
+    Either,
+}
+
+pub struct Case {
+    pub pass: &'static str,
+    pub what: Vec<String>,
+    pub expect: Expect,
+    pub model: ModelProto,
+}
+
+/// SplitMix64: cases depend on their seed only.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed ^ 0x5eed_f0f0_1234_abcd)
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    pub fn chance(&mut self, p: f64) -> bool {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64 <= p
+    }
+
+    pub fn pick<T: Clone>(&mut self, items: &[T]) -> T {
+        items[self.below(items.len())].clone()
+    }
+}
+
+/// The case being built: its notes and expectation.
+struct Ctx {
+    what: Vec<String>,
+    expect: Expect,
+}
+
+impl Ctx {
+    fn new() -> Self {
+        Ctx { what: vec![], expect: Expect::Fuse }
+    }
+
+    fn note(&mut self, s: impl Into<String>) {
+        self.what.push(s.into());
+    }
+
+    /// A mutation that makes the rewrite wrong or unprovable.
+    fn breaks(&mut self, s: impl Into<String>) {
+        self.note(s);
+        self.expect = Expect::NoFuse;
+    }
+
+    /// A mutation whose effect only a runtime can tell.
+    fn unsure(&mut self, s: impl Into<String>) {
+        self.note(s);
+        if self.expect == Expect::Fuse {
+            self.expect = Expect::Either;
+        }
+    }
+}
+
+/// The hidden size the weights have.
+const HIDDEN: i64 = 4;
+
+/// x's shape: leading dims at random, the last one as the case decides.
+fn x_shape(rng: &mut Rng, c: &mut Ctx, rank: usize) -> (Option<Vec<D>>, D) {
+    let mut dims: Vec<D> = (0..rank - 1).map(|i| rng.pick(&[D::N(2), D::N(1), sym(["b", "s"][i % 2]), D::Unknown])).collect();
+    let last = match rng.below(16) {
+        0 => {
+            c.note("x's last axis is symbolic");
+            sym("d")
+        }
+        1 => {
+            c.note("x's last axis is unknown");
+            D::Unknown
+        }
+        2 => {
+            c.note("x's shape is not declared");
+            return (None, D::Unknown);
+        }
+        3 => {
+            c.note("x's last axis is 1");
+            D::N(1)
+        }
+        _ => D::N(HIDDEN),
+    };
+    dims.push(last.clone());
+    (Some(dims), last)
+}
+
+/// A one-value constant of `elem` type with `rank` axes, as an initializer
+/// or a Constant node.
+fn one_value(rng: &mut Rng, b: &mut Builder, name: &str, elem: i32, rank: usize, v: f64) -> String {
+    let t = tensor(elem, &vec![1; rank], &[v]);
+    if rng.chance(0.5) {
+        b.init(name, t)
+    } else {
+        b.constant(t)
+    }
+}
+
+/// A constant's rank: usually 0 or 1; above x's rank it raises the result's.
+fn scalar_rank(rng: &mut Rng, c: &mut Ctx, what: &str, x_rank: Option<usize>) -> usize {
+    let rank = rng.pick(&[0, 0, 0, 0, 0, 1, 1, 1, 2, 3, 5]);
+    if rank > 1 {
+        match x_rank {
+            Some(r) if rank <= r => c.note(format!("{what} has rank {rank}")),
+            _ => c.breaks(format!("{what} has rank {rank}, more than x's")),
+        }
+    }
+    rank
+}
+
+/// `Op(a, b)` with the operands in random order.
+fn commuted(rng: &mut Rng, b: &mut Builder, op: &str, x: &str, y: &str) -> String {
+    if rng.chance(0.5) {
+        b.node(op, &[x, y], vec![])
+    } else {
+        b.node(op, &[y, x], vec![])
+    }
+}
+
+/// ReduceMean over the last axis (axes as the opset wants them), or a mutant.
+fn reduce_mean(rng: &mut Rng, c: &mut Ctx, b: &mut Builder, opset: i64, x: &str, rank: usize, declared: bool) -> String {
+    let mut axes: Option<Vec<i64>> = Some(vec![-1]);
+    match rng.below(24) {
+        0 if rank > 1 => {
+            c.breaks("ReduceMean over axis 0");
+            axes = Some(vec![0]);
+        }
+        1 => {
+            if declared {
+                c.note("ReduceMean over axis rank-1");
+            } else {
+                c.breaks("ReduceMean over axis rank-1, rank unknown");
+            }
+            axes = Some(vec![rank as i64 - 1]);
+        }
+        2 => {
+            if rank == 1 {
+                c.breaks("ReduceMean with no axes (all axes; rank 1: the last; refused)");
+            } else {
+                c.breaks("ReduceMean with no axes (all axes)");
+            }
+            axes = None;
+        }
+        3 if rank > 1 => {
+            c.breaks("ReduceMean over two axes");
+            axes = Some(vec![-2, -1]);
+        }
+        _ => {}
+    }
+    let mut attributes = vec![];
+    if rng.chance(0.1) {
+        c.breaks("ReduceMean keepdims 0");
+        attributes.push(attr_int("keepdims", 0));
+    }
+    if axes.is_none() && opset >= 18 && rng.chance(0.5) {
+        c.breaks("ReduceMean noop_with_empty_axes (no reduction)");
+        attributes.push(attr_int("noop_with_empty_axes", 1));
+    }
+    match axes {
+        Some(axes) if opset >= 18 => {
+            let a = b.constant(tensor(INT64, &[axes.len() as i64], &axes.iter().map(|&v| v as f64).collect::<Vec<_>>()));
+            b.node("ReduceMean", &[x, &a], attributes)
+        }
+        Some(axes) => {
+            attributes.push(attr_ints("axes", &axes));
+            b.node("ReduceMean", &[x], attributes)
+        }
+        None => b.node("ReduceMean", &[x], attributes),
+    }
+}
+
+/// `x / sqrt(mean(x²) + eps)` in one of its forms; returns the normalized value.
+fn rms_core(rng: &mut Rng, c: &mut Ctx, b: &mut Builder, opset: i64, x: &str, elem: i32, rank: usize, declared: bool) -> String {
+    let x_rank = declared.then_some(rank);
+    // The square's copy of x: x itself, or computed again by identical nodes.
+    let sx = match rng.below(8) {
+        0 => {
+            c.note("the square reads Identity(x)");
+            b.node("Identity", &[x], vec![])
+        }
+        1 => {
+            c.breaks("the square reads Neg(x)");
+            b.node("Neg", &[x], vec![])
+        }
+        _ => x.to_string(),
+    };
+    let square = if rng.chance(0.3) {
+        c.note("square as Mul(x, x)");
+        b.node("Mul", &[&sx, &sx], vec![])
+    } else {
+        let e_elem = rng.pick(&[elem, elem, INT64]);
+        let exponent = match rng.below(12) {
+            0 => {
+                c.breaks("exponent 3");
+                3.0
+            }
+            // A value its type holds exactly, other than 2.
+            1 if e_elem != INT64 => {
+                c.breaks("exponent 2.5");
+                2.5
+            }
+            1 if e_elem == FLOAT => {
+                c.breaks("exponent 2.0001");
+                2.0001
+            }
+            _ => 2.0,
+        };
+        let r = scalar_rank(rng, c, "the exponent", x_rank);
+        let e = one_value(rng, b, "exponent", e_elem, r, exponent);
+        b.node("Pow", &[&sx, &e], vec![])
+    };
+    let mean = reduce_mean(rng, c, b, opset, &square, rank, declared);
+    let eps = if rng.chance(0.08) {
+        c.breaks("eps is a graph input");
+        b.input("eps_in", elem, Some(&[]))
+    } else {
+        let r = scalar_rank(rng, c, "eps", x_rank);
+        one_value(rng, b, "eps", elem, r, 1e-5)
+    };
+    let added = commuted(rng, b, "Add", &mean, &eps);
+    let root = b.node("Sqrt", &[&added], vec![]);
+    match rng.below(3) {
+        0 => b.node("Div", &[x, &root], vec![]),
+        1 => {
+            let inv = b.node("Reciprocal", &[&root], vec![]);
+            commuted(rng, b, "Mul", x, &inv)
+        }
+        _ => {
+            let numerator = if rng.chance(0.1) {
+                c.breaks("numerator 2");
+                2.0
+            } else {
+                1.0
+            };
+            let r = scalar_rank(rng, c, "the numerator", x_rank);
+            let one = one_value(rng, b, "one", elem, r, numerator);
+            let inv = b.node("Div", &[&one, &root], vec![]);
+            commuted(rng, b, "Mul", x, &inv)
+        }
+    }
+}
+
+/// A weight (or gamma, beta) for x's last axis `last`.
+fn weight(rng: &mut Rng, c: &mut Ctx, b: &mut Builder, name: &str, elem: i32, last: &D, bias: bool) -> String {
+    let v: Vec<f64> = (0..HIDDEN).map(|i| if bias { 0.1 * i as f64 } else { 1.0 + 0.25 * i as f64 }).collect();
+    match rng.below(16) {
+        0 => {
+            c.breaks(format!("the {name} is 2-D [1, D]"));
+            b.init(name, tensor(elem, &[1, HIDDEN], &v))
+        }
+        1 => {
+            if *last == D::N(1) {
+                c.note(format!("the {name} has one value, x's last axis is 1"));
+            } else {
+                c.breaks(format!("the {name} has one value"));
+            }
+            b.init(name, tensor(elem, &[1], &[1.5]))
+        }
+        2 => {
+            c.note(format!("the {name} is a graph input [D]"));
+            if *last != D::N(HIDDEN) {
+                c.breaks(format!("the {name} [D] on x of last axis {last:?}"));
+            }
+            b.input(name, elem, Some(&[D::N(HIDDEN)]))
+        }
+        3 => {
+            c.note(format!("the {name} is a graph input [d]"));
+            if *last != sym("d") {
+                c.breaks(format!("the {name} [d] on x of last axis {last:?}"));
+            }
+            b.input(name, elem, Some(&[sym("d")]))
+        }
+        4 => {
+            c.breaks(format!("the {name} is a graph input without a shape"));
+            b.input(name, elem, None)
+        }
+        _ => {
+            if *last != D::N(HIDDEN) {
+                c.breaks(format!("the {name} [D] on x of last axis {last:?}"));
+            }
+            b.init(name, tensor(elem, &[HIDDEN], &v))
+        }
+    }
+}
+
+/// The values nodes since `before` compute (not Constants: a constant that
+/// something else reads too simply stays).
+fn computed_since(b: &Builder, before: usize) -> Vec<String> {
+    b.graph.node[before..].iter().filter(|n| n.op_type() != "Constant").map(|n| n.output[0].clone()).collect()
+}
+
+/// Extra readers of an intermediate value: a graph output, or another node.
+fn leak(rng: &mut Rng, c: &mut Ctx, b: &mut Builder, inner: &[String], elem: i32) {
+    if inner.is_empty() || !rng.chance(0.1) {
+        return;
+    }
+    let v = rng.pick(inner);
+    if rng.chance(0.5) {
+        c.breaks(format!("{v} is also a graph output"));
+        b.output(&v, elem, None);
+    } else {
+        c.breaks(format!("{v} is also read by another node"));
+        let other = b.node("Neg", &[&v], vec![]);
+        b.output(&other, elem, None);
+    }
+}
+
+/// rms-norm: `x / sqrt(mean(x²) + eps) * weight`, plain or wrapped in Casts.
+pub fn rms(rng: &mut Rng) -> Case {
+    let mut c = Ctx::new();
+    let mut b = Builder::default();
+    let opset = rng.pick(&[13i64, 17, 18]);
+    let rank = 1 + rng.below(4);
+    let (dims, last) = x_shape(rng, &mut c, rank);
+    let declared = dims.is_some();
+    // fp16 forms: the core in f32 between Casts.
+    let cast_form = rng.chance(0.3);
+    let (x_elem, core_elem) = if cast_form {
+        match rng.below(6) {
+            0 => {
+                c.note("f32 narrowed to an f16 core");
+                (FLOAT, FLOAT16)
+            }
+            1 => {
+                c.breaks("the core computes in f64");
+                (FLOAT16, DOUBLE)
+            }
+            2 => {
+                c.note("bf16 widened to f32 and back");
+                c.unsure("bf16 (ONNX Runtime's CPU kernels may lack it)");
+                (BFLOAT16, FLOAT)
+            }
+            _ => {
+                c.note("f16 widened to f32 and back");
+                (FLOAT16, FLOAT)
+            }
+        }
+    } else {
+        let e = rng.pick(&[FLOAT, FLOAT, FLOAT, FLOAT16]);
+        (e, e)
+    };
+    let x = b.input("x", x_elem, dims.as_deref());
+    let core_in = if cast_form { b.node("Cast", &[&x], vec![attr_int("to", core_elem as i64)]) } else { x.clone() };
+    let before = b.graph.node.len();
+    let n = rms_core(rng, &mut c, &mut b, opset, &core_in, core_elem, rank, declared);
+    let inner = computed_since(&b, before);
+    let mut normalized = n;
+    let mut w_elem = core_elem;
+    if cast_form {
+        let to = if rng.chance(0.1) {
+            // An identity Cast on the way out: the op reads the core's input.
+            c.note("the output Cast is to the core's own type");
+            core_elem
+        } else {
+            if (x_elem, core_elem) == (FLOAT, FLOAT16) {
+                c.breaks("Casts narrow in the middle: f32 → f16 core → f32");
+            }
+            x_elem
+        };
+        normalized = b.node("Cast", &[&normalized], vec![attr_int("to", to as i64)]);
+        w_elem = to;
+    }
+    let w = weight(rng, &mut c, &mut b, "w", w_elem, &last, false);
+    let y = commuted(rng, &mut b, "Mul", &normalized, &w);
+    b.output(&y, w_elem, None);
+    leak(rng, &mut c, &mut b, &inner, core_elem);
+    finish(rng, c, b, "rms-norm", opset, w_elem)
+}
+
+/// layer-norm: `(x - mean(x)) / sqrt(mean((x - mean(x))²) + eps) * gamma + beta`.
+pub fn layer_norm(rng: &mut Rng) -> Case {
+    let mut c = Ctx::new();
+    let mut b = Builder::default();
+    let opset = rng.pick(&[13i64, 16, 18]);
+    let rank = 1 + rng.below(4);
+    let (dims, last) = x_shape(rng, &mut c, rank);
+    let declared = dims.is_some();
+    let elem = rng.pick(&[FLOAT, FLOAT, FLOAT16]);
+    let x = b.input("x", elem, dims.as_deref());
+    let before = b.graph.node.len();
+    let mean_of = if rng.chance(0.08) {
+        c.breaks("the mean is of another value");
+        b.node("Neg", &[&x], vec![])
+    } else {
+        x.clone()
+    };
+    let mu = reduce_mean(rng, &mut c, &mut b, opset, &mean_of, rank, declared);
+    let d = b.node("Sub", &[&x, &mu], vec![]);
+    // Exporters write the centered value once per use: the core's square may
+    // read an identical second Sub.
+    let n = if rng.chance(0.3) {
+        c.note("the square reads a twin Sub");
+        let twin = b.node("Sub", &[&x, &mu], vec![]);
+        let sq = b.node("Mul", &[&twin, &twin], vec![]);
+        let m = reduce_mean(rng, &mut c, &mut b, opset, &sq, rank, declared);
+        let eps = one_value(rng, &mut b, "eps", elem, 0, 1e-5);
+        let a = b.node("Add", &[&m, &eps], vec![]);
+        let r = b.node("Sqrt", &[&a], vec![]);
+        b.node("Div", &[&d, &r], vec![])
+    } else {
+        rms_core(rng, &mut c, &mut b, opset, &d, elem, rank, declared)
+    };
+    let inner = computed_since(&b, before);
+    let gamma = weight(rng, &mut c, &mut b, "gamma", elem, &last, false);
+    let g = commuted(rng, &mut b, "Mul", &n, &gamma);
+    let beta = weight(rng, &mut c, &mut b, "beta", elem, &last, true);
+    let y = commuted(rng, &mut b, "Add", &g, &beta);
+    b.output(&y, elem, None);
+    leak(rng, &mut c, &mut b, &inner, elem);
+    finish(rng, c, b, "layer-norm", opset, elem)
+}
+
+/// attention: `softmax(q·k [scale] [cast] [where] [+ mask]) [cast] · v`.
+pub fn attention(rng: &mut Rng) -> Case {
+    let mut c = Ctx::new();
+    let mut b = Builder::default();
+    let opset = rng.pick(&[12i64, 14, 18]);
+    let elem = rng.pick(&[FLOAT, FLOAT, FLOAT16]);
+    let four = rng.chance(0.7);
+    let e = D::N(HIDDEN);
+    let (qd, kd, vd) = if four {
+        (vec![sym("b"), D::N(2), sym("s"), e.clone()], vec![sym("b"), D::N(2), e.clone(), sym("t")], vec![sym("b"), D::N(2), sym("t"), e.clone()])
+    } else {
+        (vec![sym("b"), sym("s"), e.clone()], vec![sym("b"), e.clone(), sym("t")], vec![sym("b"), sym("t"), e.clone()])
+    };
+    let rank = qd.len();
+    let declare = rng.chance(0.85);
+    let q = b.input("q", elem, declare.then_some(&qd[..]));
+    let k = b.input("k", elem, declare.then_some(&kd[..]));
+    let v = b.input("v", elem, declare.then_some(&vd[..]));
+    let before = b.graph.node.len();
+    let mut s = b.node("MatMul", &[&q, &k], vec![]);
+    let mut s_elem = elem;
+    let scores = s.clone();
+    if rng.chance(0.7) {
+        if rng.chance(0.08) {
+            c.breaks("the scale has two values");
+            let t = b.init("scale", tensor(elem, &[2], &[0.5, 0.5]));
+            s = b.node("Mul", &[&s, &t], vec![]);
+        } else if rng.chance(0.15) {
+            c.note("a run-time divisor");
+            let d = b.input("divisor", elem, Some(&[]));
+            s = b.node("Div", &[&s, &d], vec![]);
+        } else {
+            let op = rng.pick(&["Mul", "Div"]);
+            let r = scalar_rank(rng, &mut c, "the scale", declare.then_some(rank));
+            let t = one_value(rng, &mut b, "scale", elem, r, 0.5);
+            s = if op == "Mul" { commuted(rng, &mut b, "Mul", &s, &t) } else { b.node("Div", &[&s, &t], vec![]) };
+        }
+    }
+    if rng.chance(0.3) && elem == FLOAT16 {
+        c.note("scores cast to f32");
+        s = b.node("Cast", &[&s], vec![attr_int("to", FLOAT as i64)]);
+        s_elem = FLOAT;
+    }
+    if rng.chance(0.3) {
+        let fill = if rng.chance(0.2) {
+            c.breaks("fill -100");
+            -100.0
+        } else {
+            -1.0e9_f64.max(if s_elem == FLOAT16 { -65504.0 } else { -1e9 })
+        };
+        let km = b.input("keep_src", FLOAT, Some(&[D::N(1), D::N(1), sym("s"), sym("t")][4 - rank..]));
+        let zero = b.init("zero", tensor(FLOAT, &[], &[0.0]));
+        let keep = b.node("Greater", &[&km, &zero], vec![]);
+        let r = scalar_rank(rng, &mut c, "the fill", declare.then_some(rank));
+        let f = one_value(rng, &mut b, "fill", s_elem, r, fill);
+        s = b.node("Where", &[&keep, &s, &f], vec![]);
+    }
+    if rng.chance(0.5) {
+        if rng.chance(0.08) {
+            c.breaks("the mask is the scores themselves");
+            s = b.node("Add", &[&s, &scores], vec![]);
+        } else {
+            let m = b.input("m", s_elem, Some(&[D::N(1), D::N(1), sym("s"), sym("t")][4 - rank..]));
+            s = commuted(rng, &mut b, "Add", &s, &m);
+        }
+    }
+    let axis = match rng.below(8) {
+        0 => {
+            if opset < 13 {
+                if declare {
+                    c.note("Softmax axis rank-1 before opset 13");
+                } else {
+                    c.breaks("Softmax axis rank-1 before opset 13, rank unproved");
+                }
+            } else if !declare {
+                c.breaks("Softmax axis rank-1, rank unproved");
+            }
+            Some(rank as i64 - 1)
+        }
+        1 => {
+            c.breaks("Softmax over axis 1");
+            Some(1)
+        }
+        2 => Some(-1),
+        _ if opset < 13 => {
+            c.breaks("Softmax with the default axis before opset 13 (axis 1)");
+            None
+        }
+        _ => None,
+    };
+    let mut p = b.node("Softmax", &[&s], axis.map(|a| vec![attr_int("axis", a)]).unwrap_or_default());
+    if s_elem != elem {
+        p = b.node("Cast", &[&p], vec![attr_int("to", elem as i64)]);
+    }
+    if rng.chance(0.2) {
+        c.note("NaN guard");
+        let nan = b.node("IsNaN", &[&p], vec![]);
+        let r = scalar_rank(rng, &mut c, "the NaN guard's 0", declare.then_some(rank));
+        let z = one_value(rng, &mut b, "nan_zero", elem, r, 0.0);
+        p = b.node("Where", &[&nan, &z, &p], vec![]);
+    }
+    let inner = computed_since(&b, before);
+    let out = if rng.chance(0.05) {
+        c.breaks("MatMul(p, p)");
+        b.node("MatMul", &[&p, &p], vec![])
+    } else {
+        b.node("MatMul", &[&p, &v], vec![])
+    };
+    b.output(&out, elem, None);
+    leak(rng, &mut c, &mut b, &inner, elem);
+    finish(rng, c, b, "attention", opset, elem)
+}
+
+/// complex-mul: the product of complex numbers held in a last axis of 2.
+pub fn complex_mul(rng: &mut Rng) -> Case {
+    let mut c = Ctx::new();
+    let mut b = Builder::default();
+    let opset = rng.pick(&[13i64, 17, 18]);
+    let elem = rng.pick(&[FLOAT, FLOAT, FLOAT16]);
+    let last = match rng.below(10) {
+        0 => {
+            c.breaks("the last axis is 3");
+            D::N(3)
+        }
+        1 => {
+            c.breaks("the last axis is symbolic");
+            sym("d")
+        }
+        _ => D::N(2),
+    };
+    let a = b.input("a", elem, Some(&[sym("b"), D::N(3), last.clone()]));
+    let same = rng.chance(0.15);
+    let bb = if same {
+        c.note("a and b are one tensor");
+        a.clone()
+    } else {
+        b.input("bb", elem, Some(&[sym("b"), D::N(3), last.clone()]))
+    };
+    let kept = rng.chance(0.4);
+    // Parts: Gather with a scalar index (squeezed) or Slice (kept).
+    let mut part = |b: &mut Builder, c: &mut Ctx, x: &str, i: i64| -> String {
+        if kept {
+            let (start, end, step) = match (i, rng.below(8)) {
+                (0, 0) => (-2, -1, 1),
+                (1, 0) => (-1, i64::MAX, 1),
+                (1, 1) => {
+                    c.breaks("a part is the empty slice [-1:0]");
+                    (-1, 0, 1)
+                }
+                (0, 1) => (1, 0, -1),
+                (_, 2) => {
+                    c.breaks("a part takes two elements");
+                    (0, 2, 1)
+                }
+                _ => (i, i + 1, 1),
+            };
+            if (i, start, step) == (0, 1, -1) {
+                c.breaks("a part reversed from 1 (selects index 1 as the real part)");
+            }
+            let t = |v: i64| tensor(INT64, &[1], &[v as f64]);
+            let (s, e, ax, st) = (b.constant(t(start)), b.constant(t(end)), b.constant(t(-1)), b.constant(t(step)));
+            b.node("Slice", &[x, &s, &e, &ax, &st], vec![])
+        } else {
+            let index = match rng.below(8) {
+                0 => {
+                    c.note("a negative Gather index");
+                    i - 2
+                }
+                1 => {
+                    c.breaks("a Gather index of shape [1]");
+                    let idx = b.constant(tensor(INT64, &[1], &[i as f64]));
+                    return b.node("Gather", &[x, &idx], vec![attr_int("axis", -1)]);
+                }
+                _ => i,
+            };
+            let idx = b.constant(tensor(INT64, &[], &[index as f64]));
+            let axis = if rng.chance(0.05) {
+                c.breaks("a Gather on axis 0");
+                0
+            } else {
+                rng.pick(&[-1, 2])
+            };
+            b.node("Gather", &[x, &idx], vec![attr_int("axis", axis)])
+        }
+    };
+    let (ar, ai, br, bi) = (part(&mut b, &mut c, &a, 0), part(&mut b, &mut c, &a, 1), part(&mut b, &mut c, &bb, 0), part(&mut b, &mut c, &bb, 1));
+    let conj = rng.chance(0.4);
+    let rr = commuted(rng, &mut b, "Mul", &ar, &br);
+    let ii = commuted(rng, &mut b, "Mul", &ai, &bi);
+    let ri = commuted(rng, &mut b, "Mul", &ar, &bi);
+    let ir = commuted(rng, &mut b, "Mul", &ai, &br);
+    let (re, im) = if conj {
+        c.note("conjugate product");
+        let re = commuted(rng, &mut b, "Add", &rr, &ii);
+        (re, b.node("Sub", &[&ir, &ri], vec![]))
+    } else {
+        let re = b.node("Sub", &[&rr, &ii], vec![]);
+        if rng.chance(0.08) {
+            c.breaks("im = ar·bi − ai·br");
+            (re, b.node("Sub", &[&ri, &ir], vec![]))
+        } else {
+            (re, commuted(rng, &mut b, "Add", &ri, &ir))
+        }
+    };
+    let inner = vec![rr.clone(), re.clone()];
+    let (re, im) = if kept {
+        (re, im)
+    } else {
+        let axes = |b: &mut Builder| b.constant(tensor(INT64, &[1], &[-1.0]));
+        let (x1, x2) = (axes(&mut b), axes(&mut b));
+        (b.node("Unsqueeze", &[&re, &x1], vec![]), b.node("Unsqueeze", &[&im, &x2], vec![]))
+    };
+    let out = if rng.chance(0.06) {
+        c.breaks("real and imaginary parts swapped");
+        b.node("Concat", &[&im, &re], vec![attr_int("axis", -1)])
+    } else {
+        b.node("Concat", &[&re, &im], vec![attr_int("axis", -1)])
+    };
+    b.output(&out, elem, None);
+    leak(rng, &mut c, &mut b, &inner, elem);
+    finish(rng, c, b, "complex-mul", opset, elem)
+}
+
+/// Places the graph in an If or Loop body at random (with a shadowing
+/// mutation), and wraps it as a model.
+fn finish(rng: &mut Rng, mut c: Ctx, b: Builder, pass: &'static str, opset: i64, elem: i32) -> Case {
+    let model = match rng.below(10) {
+        0 => {
+            c.note("inside an If's then branch");
+            nest_in_if(rng, &mut c, b, opset, elem)
+        }
+        _ => b.model(opset),
+    };
+    Case { pass, what: c.what, expect: c.expect, model }
+}
+
+/// The nodes go into the then branch of an If (the else branch passes the
+/// first input on); inputs and initializers stay outside, read from the body.
+fn nest_in_if(rng: &mut Rng, c: &mut Ctx, b: Builder, opset: i64, elem: i32) -> ModelProto {
+    let mut outer = Builder::default();
+    outer.graph.input = b.graph.input.clone();
+    outer.graph.initializer = b.graph.initializer.clone();
+    let mut body = b.graph.clone();
+    body.input.clear();
+    body.initializer.clear();
+    body.name = Some("then".into());
+    // Every initializer but `zero` (read outside the match) is read by it.
+    let shadowed: Vec<_> = outer.graph.initializer.iter().filter(|t| t.name() != "zero").cloned().collect();
+    if !shadowed.is_empty() && rng.chance(0.3) {
+        let t = rng.pick(&shadowed);
+        c.breaks(format!("the branch defines {} again (shadowing)", t.name()));
+        body.initializer.push(t);
+    }
+    let first_input = outer.graph.input[0].name().to_string();
+    let mut other = onnx_fuse::onnx::GraphProto { name: Some("else".into()), ..Default::default() };
+    let mut results = Vec::new();
+    for (i, o) in body.output.iter().enumerate() {
+        let name = format!("else_{i}");
+        other.node.push(onnx_fuse::onnx::NodeProto {
+            op_type: Some("Identity".into()),
+            input: vec![first_input.clone()],
+            output: vec![name.clone()],
+            ..Default::default()
+        });
+        other.output.push(value_info(&name, elem, None));
+        results.push((format!("result_{i}"), o.clone()));
+    }
+    let cond = outer.input("cond", BOOL, Some(&[]));
+    let names: Vec<&str> = results.iter().map(|(n, _)| n.as_str()).collect();
+    outer.node_to("If", &[&cond], &names, vec![attr_graph("then_branch", body), attr_graph("else_branch", other)]);
+    for (name, _) in &results {
+        outer.output(name, elem, None);
+    }
+    outer.model(opset)
+}
