@@ -1,0 +1,132 @@
+//! Unit tests of the toolkit's proofs: symbolic shapes and the wire walk.
+
+mod common;
+
+use common::build::{attr_int, attr_ints, sym, tensor, Builder, D};
+use onnx_fuse::graph::{Graph, Scope};
+use onnx_fuse::onnx::unknown::find_unknown_field;
+use onnx_fuse::onnx::{ModelProto, FLOAT, INT64};
+use prost::Message;
+
+/// The derived shape of `value` in `b`'s graph at `opset`, as text.
+fn shape(b: &Builder, opset: i64, value: &str) -> Option<Vec<String>> {
+    let model = b.model(opset);
+    let scope = Scope::default();
+    let g = Graph::new(model.graph.as_ref().unwrap(), opset, &scope);
+    let shape = g.shapes().shape(value);
+    shape.map(|s| s.iter().map(|d| d.to_string()).collect())
+}
+
+fn ints(v: &[i64]) -> onnx_fuse::onnx::TensorProto {
+    tensor(INT64, &[v.len() as i64], &v.iter().map(|&x| x as f64).collect::<Vec<_>>())
+}
+
+#[test]
+fn broadcasting_takes_the_known_dimension_other_than_one() {
+    let mut b = Builder::default();
+    let x = b.input("x", FLOAT, Some(&[sym("b"), D::Unknown, D::N(1)]));
+    let y = b.input("y", FLOAT, Some(&[D::N(4)]));
+    let z = b.input("z", FLOAT, Some(&[sym("c"), D::N(1), D::N(1)]));
+    let xy = b.node("Add", &[&x, &y], vec![]);
+    let xz = b.node("Mul", &[&x, &z], vec![]);
+    assert_eq!(shape(&b, 17, &xy).unwrap(), ["b", "x#1", "4"]);
+    // b and c are different symbols: the result's axis 0 is its own unknown.
+    assert_eq!(shape(&b, 17, &xz).unwrap(), ["mul_2#0", "x#1", "1"]);
+}
+
+#[test]
+fn reductions_follow_the_opset_rules() {
+    let mut b = Builder::default();
+    let x = b.input("x", FLOAT, Some(&[sym("b"), D::N(3), D::N(4)]));
+    let axes = b.init("axes", ints(&[-1]));
+    let kept = b.node("ReduceMean", &[&x, &axes], vec![]);
+    let dropped = b.node("ReduceMean", &[&x, &axes], vec![attr_int("keepdims", 0)]);
+    let all = b.node("ReduceMean", &[&x], vec![]);
+    let none = b.node("ReduceMean", &[&x], vec![attr_int("noop_with_empty_axes", 1)]);
+    assert_eq!(shape(&b, 18, &kept).unwrap(), ["b", "3", "1"]);
+    assert_eq!(shape(&b, 18, &dropped).unwrap(), ["b", "3"]);
+    assert_eq!(shape(&b, 18, &all).unwrap(), ["1", "1", "1"]);
+    assert_eq!(shape(&b, 18, &none).unwrap(), ["b", "3", "4"]);
+    // Before opset 18 axes are an attribute; an axes input is not read.
+    let mut old = Builder::default();
+    let x = old.input("x", FLOAT, Some(&[sym("b"), D::N(3), D::N(4)]));
+    let by_attribute = old.node("ReduceMean", &[&x], vec![attr_ints("axes", &[1])]);
+    assert_eq!(shape(&old, 13, &by_attribute).unwrap(), ["b", "1", "4"]);
+}
+
+#[test]
+fn a_reshape_computed_from_shapes_is_proved() {
+    // Reshape(x, [0, 0, 2, -1]) and back through Shape → Gather → Concat.
+    let mut b = Builder::default();
+    let x = b.input("x", FLOAT, Some(&[sym("b"), sym("s"), D::N(32)]));
+    let target = b.init("target", ints(&[0, 0, 2, -1]));
+    let heads = b.node("Reshape", &[&x, &target], vec![]);
+    assert_eq!(shape(&b, 17, &heads).unwrap(), ["b", "s", "2", "16"]);
+    let s = b.node("Shape", &[&x], vec![]);
+    let (i0, i1) = (b.init("i0", tensor(INT64, &[], &[0.0])), b.init("i1", tensor(INT64, &[], &[1.0])));
+    let d0 = b.node("Gather", &[&s, &i0], vec![]);
+    let d1 = b.node("Gather", &[&s, &i1], vec![]);
+    let zero = b.init("zero_axis", ints(&[0]));
+    let u0 = b.node("Unsqueeze", &[&d0, &zero], vec![]);
+    let u1 = b.node("Unsqueeze", &[&d1, &zero], vec![]);
+    let last = b.init("last", ints(&[32]));
+    let back_shape = b.node("Concat", &[&u0, &u1, &last], vec![attr_int("axis", 0)]);
+    let back = b.node("Reshape", &[&heads, &back_shape], vec![]);
+    assert_eq!(shape(&b, 17, &back), shape(&b, 17, &x));
+    // An element computed otherwise may be 0 or -1: that axis is unknown.
+    let n = b.input("n", INT64, Some(&[D::N(1)]));
+    let odd = b.node("Concat", &[&u0, &n, &last], vec![attr_int("axis", 0)]);
+    let reshaped = b.node("Reshape", &[&heads, &odd], vec![]);
+    assert_eq!(shape(&b, 17, &reshaped).unwrap(), ["b", &format!("{reshaped}#1"), "32"]);
+}
+
+#[test]
+fn split_transpose_and_unknown_ops() {
+    let mut b = Builder::default();
+    let x = b.input("x", FLOAT, Some(&[sym("b"), D::N(96)]));
+    b.node_to("Split", &[&x], &["q", "k", "v"], vec![attr_int("axis", 1)]);
+    assert_eq!(shape(&b, 17, "k").unwrap(), ["b", "32"]);
+    let t = b.node("Transpose", &[&x], vec![attr_ints("perm", &[1, 0, 2])]);
+    assert_eq!(shape(&b, 17, &t), None, "a perm of the wrong length proves nothing");
+    let unknown = b.node("NoSuchOp", &[&x], vec![]);
+    assert_eq!(shape(&b, 17, &unknown), None);
+}
+
+fn append_field(bytes: &mut Vec<u8>, number: u32) {
+    bytes.push(((number << 3) | 0) as u8);
+    bytes.push(1);
+}
+
+#[test]
+fn the_wire_walk_finds_unknown_fields_at_any_depth() {
+    let mut b = Builder::default();
+    let x = b.input("x", FLOAT, Some(&[D::N(1)]));
+    b.node("Relu", &[&x], vec![]);
+    let model = b.model(17);
+    let clean = model.encode_to_vec();
+    assert_eq!(find_unknown_field(&clean), Ok(None));
+
+    let mut top = clean.clone();
+    append_field(&mut top, 15);
+    let found = find_unknown_field(&top).unwrap().unwrap();
+    assert_eq!((found.number, found.message.as_str(), found.path.as_str()), (15, "onnx.ModelProto", "top level"));
+
+    // A field 15 inside the first node: re-encode the node with it appended.
+    let mut graph = model.graph.clone().unwrap();
+    let mut node_bytes = graph.node[0].encode_to_vec();
+    append_field(&mut node_bytes, 15);
+    graph.node.clear();
+    let mut graph_bytes = graph.encode_to_vec();
+    graph_bytes.push((1 << 3) | 2); // GraphProto.node, length-delimited
+    graph_bytes.push(node_bytes.len() as u8);
+    graph_bytes.extend(&node_bytes);
+    let mut nested = ModelProto { graph: None, ..model.clone() }.encode_to_vec();
+    nested.push((7 << 3) | 2); // ModelProto.graph
+    nested.push(graph_bytes.len() as u8);
+    nested.extend(&graph_bytes);
+    let found = find_unknown_field(&nested).unwrap().unwrap();
+    assert_eq!((found.message.as_str(), found.path.as_str()), ("onnx.NodeProto", "graph.node[0]"));
+
+    // Truncated in the middle of a field: not protobuf.
+    assert!(find_unknown_field(&clean[..clean.len() - 1]).is_err());
+}
