@@ -149,3 +149,16 @@ fn near_misses_that_run_still_compute_the_same() {
         assert_equivalent(&original, &fused, name);
     }
 }
+
+/// A model may spell the default domain `ai.onnx`: the fused model still
+/// loads, since function bodies import it as ONNX Runtime resolves it.
+#[test]
+fn a_model_that_spells_the_default_domain_ai_onnx_still_loads() {
+    let mut original = load("llama_ts_op14.onnx");
+    for import in original.opset_import.iter_mut().filter(|o| o.domain().is_empty()) {
+        import.domain = Some("ai.onnx".into());
+    }
+    let (fused, outcome) = fuse_model(&original, &["default"]);
+    assert_eq!(outcome.fused.len(), 7);
+    assert_equivalent(&original, &fused, "llama_ts_op14.onnx");
+}

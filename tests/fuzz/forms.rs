@@ -18,7 +18,6 @@ pub enum Expect {
 }
 
 pub struct Case {
-    pub pass: &'static str,
     pub what: Vec<String>,
     pub expect: Expect,
     pub model: ModelProto,
@@ -391,7 +390,7 @@ pub fn rms(rng: &mut Rng) -> Case {
     let y = commuted(rng, &mut b, "Mul", &normalized, &w);
     b.output(&y, w_elem, None);
     leak(rng, &mut c, &mut b, &inner, core_elem);
-    finish(rng, c, b, "rms-norm", opset, w_elem)
+    finish(rng, c, b, opset, w_elem)
 }
 
 /// layer-norm: `(x - mean(x)) / sqrt(mean((x - mean(x))²) + eps) * gamma + beta`.
@@ -434,7 +433,7 @@ pub fn layer_norm(rng: &mut Rng) -> Case {
     let y = commuted(rng, &mut b, "Add", &g, &beta);
     b.output(&y, elem, None);
     leak(rng, &mut c, &mut b, &inner, elem);
-    finish(rng, c, b, "layer-norm", opset, elem)
+    finish(rng, c, b, opset, elem)
 }
 
 /// attention: `softmax(q·k [scale] [cast] [where] [+ mask]) [cast] · v`.
@@ -547,7 +546,7 @@ pub fn attention(rng: &mut Rng) -> Case {
     };
     b.output(&out, elem, None);
     leak(rng, &mut c, &mut b, &inner, elem);
-    finish(rng, c, b, "attention", opset, elem)
+    finish(rng, c, b, opset, elem)
 }
 
 /// complex-mul: the product of complex numbers held in a last axis of 2.
@@ -657,12 +656,12 @@ pub fn complex_mul(rng: &mut Rng) -> Case {
     };
     b.output(&out, elem, None);
     leak(rng, &mut c, &mut b, &inner, elem);
-    finish(rng, c, b, "complex-mul", opset, elem)
+    finish(rng, c, b, opset, elem)
 }
 
 /// Places the graph in an If or Loop body at random (with a shadowing
 /// mutation), and wraps it as a model.
-fn finish(rng: &mut Rng, mut c: Ctx, b: Builder, pass: &'static str, opset: i64, elem: i32) -> Case {
+fn finish(rng: &mut Rng, mut c: Ctx, b: Builder, opset: i64, elem: i32) -> Case {
     let model = match rng.below(10) {
         0 => {
             c.note("inside an If's then branch");
@@ -670,7 +669,7 @@ fn finish(rng: &mut Rng, mut c: Ctx, b: Builder, pass: &'static str, opset: i64,
         }
         _ => b.model(opset),
     };
-    Case { pass, what: c.what, expect: c.expect, model }
+    Case { what: c.what, expect: c.expect, model }
 }
 
 /// The nodes go into the then branch of an If (the else branch passes the
