@@ -452,11 +452,12 @@ fn vocabulary(view: &crate::graph::Graph, input: &str) -> Option<i64> {
     })
 }
 
-/// A small deterministic generator (SplitMix64), so inputs depend on the seed only.
-struct SplitMix(u64);
+/// A small deterministic generator (SplitMix64), so inputs depend on the
+/// seed only (the fuzzer's cases too).
+pub struct SplitMix(pub u64);
 
 impl SplitMix {
-    fn next(&mut self) -> u64 {
+    pub fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -464,7 +465,7 @@ impl SplitMix {
         z ^ (z >> 31)
     }
 
-    fn uniform(&mut self) -> f64 {
+    pub fn uniform(&mut self) -> f64 {
         (self.next() >> 11) as f64 / (1u64 << 53) as f64
     }
 }

@@ -23,20 +23,16 @@ pub struct Case {
     pub model: ModelProto,
 }
 
-/// SplitMix64: cases depend on their seed only.
-pub struct Rng(u64);
+/// Cases depend on their seed only.
+pub struct Rng(onnx_fuse::verify::SplitMix);
 
 impl Rng {
     pub fn new(seed: u64) -> Self {
-        Rng(seed ^ 0x5eed_f0f0_1234_abcd)
+        Rng(onnx_fuse::verify::SplitMix(seed ^ 0x5eed_f0f0_1234_abcd))
     }
 
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.0.next()
     }
 
     pub fn below(&mut self, n: usize) -> usize {
@@ -44,7 +40,7 @@ impl Rng {
     }
 
     pub fn chance(&mut self, p: f64) -> bool {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64 <= p
+        self.0.uniform() <= p
     }
 
     pub fn pick<T: Clone>(&mut self, items: &[T]) -> T {
