@@ -14,4 +14,5 @@ pub mod pattern;
 pub mod report;
 pub mod rewrite;
 pub mod shapes;
+pub mod validate;
 pub mod verify;

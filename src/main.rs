@@ -1,5 +1,6 @@
 //! The `onnx-fuse` command: parse arguments, call the library, turn errors
-//! into one-line messages and exit codes (0 success, 1 error, 2 usage).
+//! into one-line messages and exit codes (0 success, 1 error, 2 usage,
+//! 3 verification failed).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -9,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use onnx_fuse::io::{self, ExternalData, LoadOptions};
+use onnx_fuse::io::{self, ExternalData, LoadOptions, Role};
 use onnx_fuse::report::{self, Report};
 use onnx_fuse::verify;
 use onnx_fuse::{passes, rewrite};
@@ -66,10 +67,10 @@ struct VerifyArgs {
     #[arg(long, value_name = "PATH")]
     ort_lib: Option<PathBuf>,
     /// Relative tolerance for every floating-point output (default per type: f32 1e-4, f16 1e-2, bf16 4e-2).
-    #[arg(long)]
+    #[arg(long, value_parser = parse_tolerance)]
     rtol: Option<f64>,
     /// Absolute tolerance (default per type: f32 1e-5, f16 1e-3, bf16 1e-2).
-    #[arg(long)]
+    #[arg(long, value_parser = parse_tolerance)]
     atol: Option<f64>,
     /// Seed of the random float inputs.
     #[arg(long, default_value_t = 0)]
@@ -93,6 +94,14 @@ impl VerifyArgs {
             inputs: self.inputs.clone(),
         }
     }
+}
+
+fn parse_tolerance(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+    if !v.is_finite() || v < 0.0 {
+        return Err(format!("a tolerance is a finite number ≥ 0, not {s}"));
+    }
+    Ok(v)
 }
 
 fn parse_dim(s: &str) -> Result<(String, i64), String> {
@@ -136,7 +145,8 @@ struct FuseArgs {
     /// Read a model with fields this ONNX schema does not define; they are dropped.
     #[arg(long)]
     allow_unknown_fields: bool,
-    /// Hard-link external data files into another output directory instead of copying them.
+    /// Hard-link external data files into another output directory instead of copying them
+    /// (instant, but the files are shared, and onnx.load refuses hard-linked data; see the README).
     #[arg(long)]
     link_external_data: bool,
     /// Before writing, run the original and the fused model through ONNX Runtime and compare them.
@@ -165,6 +175,8 @@ enum Done {
 }
 
 fn main() -> ExitCode {
+    // First, before any thread: an interrupted run removes its temporary files.
+    io::cleanup_on_signals();
     let cli = Cli::parse();
     // No input may make the tool panic; should a bug still do it, the user
     // gets one line and exit code 1, not a backtrace. Panics inside a pass's
@@ -206,14 +218,19 @@ fn run(cli: Cli) -> ExitCode {
         Ok(Done::Ok) => ExitCode::SUCCESS,
         Ok(Done::VerificationFailed) => ExitCode::from(3),
         Err(e) if e.is::<Usage>() => {
-            eprintln!("onnx-fuse: usage error: {e}");
+            eprintln!("onnx-fuse: usage error: {}", one_line(&e.to_string()));
             ExitCode::from(2)
         }
         Err(e) => {
-            eprintln!("onnx-fuse: error: {e:#}");
+            eprintln!("onnx-fuse: error: {}", one_line(&format!("{e:#}")));
             ExitCode::from(1)
         }
     }
+}
+
+/// Errors are one line: ONNX Runtime's messages, for one, span several.
+fn one_line(message: &str) -> String {
+    message.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 fn fuse(args: FuseArgs) -> Result<Done> {
@@ -230,7 +247,23 @@ fn fuse(args: FuseArgs) -> Result<Done> {
 
     progress.step(format!("loading {}", input.display()));
     let mut loaded = io::load(&input, LoadOptions { allow_unknown_fields: args.allow_unknown_fields })?;
+    // Every file the run will write, against every file it reads or writes.
+    let mut writes = io::writes(&loaded, &output);
+    writes.extend(args.report_json.iter().map(|j| Role::new(j, "--report-json")));
+    io::check_run(&io::reads(&loaded), &writes).map_err(Usage)?;
+    if let Some(foreign) = io::foreign_data_files(&loaded, &output).first() {
+        return Err(Usage(format!(
+            "{} exists and is not the external data of an earlier output at {}; writing would replace it \
+             (remove it, or choose another output directory)",
+            foreign.display(),
+            output.display()
+        ))
+        .into());
+    }
     progress.step("fusing".into());
+    if args.verify {
+        verify::check_options(&loaded.model, &args.verify_args.options()).map_err(Usage)?;
+    }
     let original = args.verify.then(|| loaded.model.clone());
     let outcome = rewrite::run(&mut loaded.model, &pipeline);
     let unchanged = outcome.fused.is_empty();
@@ -275,6 +308,10 @@ fn fuse(args: FuseArgs) -> Result<Done> {
 
 fn compare(a: &Path, b: &Path, args: &VerifyArgs, json: Option<&Path>, options: LoadOptions) -> Result<Done> {
     let (original, rewritten) = (io::load(a, options)?, io::load(b, options)?);
+    let reads: Vec<Role> = io::reads(&original).into_iter().chain(io::reads(&rewritten)).collect();
+    let writes: Vec<Role> = json.iter().map(|j| Role::new(j, "--report-json")).collect();
+    io::check_run(&reads, &writes).map_err(Usage)?;
+    verify::check_options(&original.model, &args.options()).map_err(Usage)?;
     let progress = Progress::new(false);
     progress.step("verifying through ONNX Runtime".into());
     let v = verify::verify((&original.model, &io::parent(a)), (&rewritten.model, &io::parent(b)), &args.options())
@@ -288,7 +325,7 @@ fn compare(a: &Path, b: &Path, args: &VerifyArgs, json: Option<&Path>, options: 
 fn write_json(path: Option<&Path>, value: &impl serde::Serialize) -> Result<()> {
     if let Some(path) = path {
         let json = serde_json::to_string_pretty(value)? + "\n";
-        std::fs::write(path, json).with_context(|| format!("{}: cannot write the report", path.display()))?;
+        io::write_atomically(path, &json).with_context(|| format!("{}: cannot write the report", path.display()))?;
     }
     Ok(())
 }

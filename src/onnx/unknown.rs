@@ -81,10 +81,24 @@ fn collect(schema: &mut Schema, scope: &str, message: &DescriptorProto) {
 /// The first field in `bytes` (a serialized `ModelProto`) that the schema
 /// does not define, if any. Err when the bytes are not valid protobuf.
 pub fn find_unknown_field(bytes: &[u8]) -> Result<Option<UnknownField>, String> {
-    walk(schema(), ".onnx.ModelProto", bytes, &mut String::new())
+    walk(schema(), ".onnx.ModelProto", bytes, &mut String::new(), 0)
 }
 
-fn walk(schema: &Schema, message: &str, mut buf: &[u8], path: &mut String) -> Result<Option<UnknownField>, String> {
+/// Messages nest at most this deep: prost's own decoding limit, so a model
+/// this walk accepts is one prost can decode (and no input overflows the
+/// stack here).
+pub const MAX_DEPTH: usize = 100;
+
+fn walk(
+    schema: &Schema,
+    message: &str,
+    mut buf: &[u8],
+    path: &mut String,
+    depth: usize,
+) -> Result<Option<UnknownField>, String> {
+    if depth >= MAX_DEPTH {
+        return Err(format!("messages nest more than {MAX_DEPTH} deep (subgraphs inside subgraphs), more than onnx-fuse reads"));
+    }
     let fields = &schema[message];
     let mut counts: HashMap<u32, usize> = HashMap::new();
     while !buf.is_empty() {
@@ -119,7 +133,7 @@ fn walk(schema: &Schema, message: &str, mut buf: &[u8], path: &mut String) -> Re
                         path.push_str(&format!("[{index}]"));
                     }
                     *index += 1;
-                    if let Some(found) = walk(schema, nested, payload, path)? {
+                    if let Some(found) = walk(schema, nested, payload, path, depth + 1)? {
                         return Ok(Some(found));
                     }
                     path.truncate(mark);

@@ -318,6 +318,58 @@ impl Input {
     }
 }
 
+/// Checks what a user asked of the inputs against the model, before any
+/// run: every `--dim` names a symbolic dimension of an input, every array
+/// of `--inputs` is named like an input and stored in C order. The error is
+/// the user's to fix (a usage error).
+pub fn check_options(model: &ModelProto, options: &Options) -> std::result::Result<(), String> {
+    let graph = model.graph.as_ref().ok_or("the model has no graph")?;
+    let initializers: std::collections::HashSet<&str> = graph.initializer.iter().map(|t| t.name()).collect();
+    let inputs: Vec<&ValueInfoProto> = graph.input.iter().filter(|i| !initializers.contains(i.name())).collect();
+    let mut symbols = std::collections::BTreeSet::new();
+    for vi in &inputs {
+        if let Some(TypeValue::TensorType(t)) = vi.r#type.as_ref().and_then(|t| t.value.as_ref()) {
+            for d in t.shape.iter().flat_map(|s| &s.dim) {
+                if let Some(Dim::DimParam(p)) = &d.value {
+                    symbols.insert(p.clone());
+                    symbols.extend(p.split('+').map(|t| t.trim().to_string()).filter(|t| t.parse::<i64>().is_err()));
+                }
+            }
+        }
+    }
+    for name in options.dims.keys() {
+        if !symbols.contains(name) {
+            let known: Vec<&str> = symbols.iter().map(String::as_str).collect();
+            return Err(format!(
+                "--dim {name}: no input of the model has a dimension of that name (it has: {})",
+                if known.is_empty() { "none".to_string() } else { known.join(", ") }
+            ));
+        }
+    }
+    if let Some(path) = &options.inputs {
+        let mut archive = npyz::npz::NpzArchive::open(path).map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
+        let names: Vec<String> = archive.array_names().map(str::to_string).collect();
+        for name in names {
+            if !inputs.iter().any(|i| i.name() == name) {
+                let known: Vec<&str> = inputs.iter().map(|i| i.name()).collect();
+                return Err(format!(
+                    "{}: array {name:?} is named like no input of the model (its inputs: {})",
+                    path.display(),
+                    known.join(", ")
+                ));
+            }
+            let array = archive.by_name(&name).map_err(|e| format!("{}: array {name:?}: {e}", path.display()))?;
+            if array.is_some_and(|a| a.order() == npyz::Order::Fortran) {
+                return Err(format!(
+                    "{}: array {name:?} is stored in Fortran order; save it in C order (numpy.ascontiguousarray)",
+                    path.display()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The value of a symbolic dimension: given by `--dim`, or the default for
 /// its name; a sum such as `past_sequence_length + 1` (Optimum writes these)
 /// adds up its terms.

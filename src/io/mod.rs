@@ -12,13 +12,20 @@
 use std::collections::BTreeSet;
 use std::fs::File;
 use std::io::Write;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
 use bytes::{buf::UninitSlice, Buf, BufMut, Bytes};
 use prost::Message;
 
 use crate::onnx::{unknown, GraphProto, ModelProto, TensorProto};
+
+mod paths;
+mod staged;
+
+pub use paths::{check_run, Role};
+use staged::Staged;
+pub use staged::cleanup_on_signals;
 
 /// A model as read from disk, with the bytes it was decoded from.
 pub struct Loaded {
@@ -36,6 +43,13 @@ pub struct LoadOptions {
 
 pub fn load(path: &Path, options: LoadOptions) -> Result<Loaded> {
     let shown = path.display();
+    let meta = std::fs::metadata(path).with_context(|| format!("{shown}: cannot open"))?;
+    if meta.is_dir() {
+        bail!("{shown}: is a directory, not an ONNX model file");
+    }
+    if !meta.is_file() {
+        bail!("{shown}: is not a regular file (a device, FIFO or socket), not an ONNX model file");
+    }
     let file = File::open(path).with_context(|| format!("{shown}: cannot open"))?;
     let len = file.metadata().with_context(|| format!("{shown}: cannot stat"))?.len();
     if len == 0 {
@@ -47,26 +61,69 @@ pub fn load(path: &Path, options: LoadOptions) -> Result<Loaded> {
     let map =
         unsafe { memmap2::MmapOptions::new().populate().map(&file) }.with_context(|| format!("{shown}: cannot map"))?;
     let bytes = Bytes::from_owner(map);
-    match unknown::find_unknown_field(&bytes) {
+    let unknown = match unknown::find_unknown_field(&bytes) {
         Err(why) => bail!("{shown}: not an ONNX model (invalid protobuf: {why})"),
-        Ok(Some(field)) if !options.allow_unknown_fields => bail!(
+        Ok(found) => found,
+    };
+    let model = ModelProto::decode(bytes.clone()).map_err(|e| anyhow!("{shown}: not an ONNX model ({e})"))?;
+    // Bytes that happen to parse as protobuf are no model: a model has an
+    // IR version and a graph.
+    if model.graph.is_none() || model.ir_version.is_none() {
+        let what = if model.graph.is_none() { "no graph" } else { "no IR version" };
+        bail!("{shown}: not an ONNX model (it has {what})");
+    }
+    if let (Some(field), false) = (unknown, options.allow_unknown_fields) {
+        bail!(
             "{shown}: {field} is not in the ONNX schema onnx-fuse knows, and writing the model \
              would drop it (pass --allow-unknown-fields to accept that loss)"
-        ),
-        Ok(_) => {}
+        );
     }
-    let model = ModelProto::decode(bytes.clone()).map_err(|e| anyhow!("{shown}: not an ONNX model ({e})"))?;
-    if model.graph.is_none() {
-        bail!("{shown}: not an ONNX model (it has no graph)");
-    }
+    crate::validate::model(&model).map_err(|why| anyhow!("{shown}: invalid model: {why}"))?;
     let dir = parent(path);
     for location in external_locations(&model) {
-        check_location(&location).map_err(|why| anyhow!("{shown}: external data location {location:?} {why}"))?;
-        if !dir.join(&location).is_file() {
-            bail!("{shown}: external data file {location:?} is missing (looked in {})", dir.display());
-        }
+        paths::resolve_location(&dir, &location)
+            .map_err(|why| anyhow!("{shown}: external data location {location:?} {why}"))?;
     }
     Ok(Loaded { path: path.to_path_buf(), bytes, model })
+}
+
+/// The files a run that loaded `loaded` reads: the model and its external data.
+pub fn reads(loaded: &Loaded) -> Vec<Role> {
+    let dir = parent(&loaded.path);
+    let data = external_locations(&loaded.model).into_iter().map(|l| Role::new(dir.join(&l), format!("external data of the input, {l:?}")));
+    std::iter::once(Role::new(&loaded.path, "the input")).chain(data).collect()
+}
+
+/// The files `save` writes for `loaded` at `out`: the model, and the
+/// external data files when `out` is in another directory.
+pub fn writes(loaded: &Loaded, out: &Path) -> Vec<Role> {
+    let (in_dir, out_dir) = (parent(&loaded.path), parent(out));
+    let mut roles = vec![Role::new(out, "-o")];
+    if !same_file(&in_dir, &out_dir) {
+        for location in external_locations(&loaded.model) {
+            roles.push(Role::new(out_dir.join(&location), format!("external data of the output, {location:?}")));
+        }
+    }
+    roles
+}
+
+/// The external data files `save` would place beside `out` that already
+/// exist and belong to no earlier output at `out`: replacing them could
+/// destroy another model's weights.
+pub fn foreign_data_files(loaded: &Loaded, out: &Path) -> Vec<PathBuf> {
+    let (in_dir, out_dir) = (parent(&loaded.path), parent(out));
+    if same_file(&in_dir, &out_dir) {
+        return vec![];
+    }
+    let previous: BTreeSet<String> = load(out, LoadOptions { allow_unknown_fields: true })
+        .map(|l| external_locations(&l.model))
+        .unwrap_or_default();
+    external_locations(&loaded.model)
+        .into_iter()
+        .filter(|l| !previous.contains(l))
+        .map(|l| out_dir.join(l))
+        .filter(|p| std::fs::symlink_metadata(p).is_ok())
+        .collect()
 }
 
 /// How external data files reach an output in another directory.
@@ -101,14 +158,13 @@ pub fn save(loaded: &Loaded, unchanged: bool, out: &Path, external: ExternalData
         for location in external_locations(&loaded.model) {
             let (src, dst) = (in_dir.join(&location), out_dir.join(&location));
             if !same_file(&src, &dst) {
-                staged.push(
-                    stage_external(&src, &dst, external)
-                        .with_context(|| format!("{shown}: cannot place external data {location:?}"))?,
-                );
+                let file = stage_external(&src, &dst, external)
+                    .with_context(|| format!("{shown}: cannot place external data {location:?}"))?;
+                staged.push((file, location));
             }
         }
     }
-    let model = stage(out, |file| {
+    let model = Staged::write(out, |file| {
         if unchanged {
             file.write_all(&loaded.bytes)
         } else {
@@ -118,11 +174,26 @@ pub fn save(loaded: &Loaded, unchanged: bool, out: &Path, external: ExternalData
         }
     })
     .with_context(|| format!("{shown}: cannot write"))?;
-    for file in staged {
-        let target = file.target.clone();
-        file.commit().with_context(|| format!("{}: cannot write", target.display()))?;
+    pause_for_tests();
+    for (file, location) in staged {
+        file.commit().with_context(|| format!("{shown}: cannot place external data {location:?}"))?;
     }
     model.commit().with_context(|| format!("{shown}: cannot write"))
+}
+
+/// Writes `text` to `path` atomically (reports).
+pub fn write_atomically(path: &Path, text: &str) -> Result<()> {
+    let staged = Staged::write(path, |file| file.write_all(text.as_bytes()));
+    staged.and_then(Staged::commit).with_context(|| format!("{}: cannot write", path.display()))
+}
+
+/// Tests interrupt a run while its output is staged, not yet committed:
+/// `ONNX_FUSE_TEST_PAUSE_MS` holds it there that long.
+fn pause_for_tests() {
+    if let Some(ms) = std::env::var("ONNX_FUSE_TEST_PAUSE_MS").ok().and_then(|v| v.parse().ok()) {
+        eprintln!("onnx-fuse: paused before committing");
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
 }
 
 /// The directory a model's relative paths (external data) resolve against.
@@ -139,21 +210,6 @@ fn same_file(a: &Path, b: &Path) -> bool {
         (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
         _ => false,
     }
-}
-
-/// A location must stay inside the model's directory.
-fn check_location(location: &str) -> Result<(), &'static str> {
-    let path = Path::new(location);
-    if location.is_empty() {
-        return Err("is empty");
-    }
-    if path.is_absolute() {
-        return Err("is absolute; onnx-fuse only follows locations inside the model's directory");
-    }
-    if path.components().any(|c| matches!(c, Component::ParentDir)) {
-        return Err("leaves the model's directory (`..`); refused");
-    }
-    Ok(())
 }
 
 /// Every distinct `location` of externally stored tensors, in all graphs.
@@ -188,14 +244,10 @@ pub fn external_locations(model: &ModelProto) -> BTreeSet<String> {
 }
 
 fn stage_external(src: &Path, dst: &Path, how: ExternalData) -> std::io::Result<Staged> {
-    let dir = parent(dst);
-    std::fs::create_dir_all(&dir)?;
+    std::fs::create_dir_all(parent(dst))?;
     match how {
-        ExternalData::HardLink => {
-            let tmp = tempfile::Builder::new().prefix(".onnx-fuse-").make_in(&dir, |p| std::fs::hard_link(src, p))?;
-            Ok(Staged { tmp: Temp::Link(tmp), target: dst.to_path_buf() })
-        }
-        ExternalData::Copy => stage(dst, |out| {
+        ExternalData::HardLink => Staged::link(src, dst),
+        ExternalData::Copy => Staged::write(dst, |out| {
             let mut input = File::open(src)?;
             if !clone_file(&input, out) {
                 // std::io::copy between files uses copy_file_range on Linux:
@@ -213,44 +265,6 @@ fn clone_file(src: &File, dst: &File) -> bool {
     const FICLONE: libc::c_ulong = 0x4004_9409;
     // SAFETY: both descriptors are open for the duration of the call.
     unsafe { libc::ioctl(dst.as_raw_fd(), FICLONE as _, src.as_raw_fd()) == 0 }
-}
-
-/// A file written under a temporary name beside its target.
-struct Staged {
-    tmp: Temp,
-    target: PathBuf,
-}
-
-enum Temp {
-    File(tempfile::NamedTempFile),
-    Link(tempfile::NamedTempFile<()>),
-}
-
-/// Writes a temporary file in the target's directory (removed again if
-/// anything fails before `commit`).
-fn stage(target: &Path, write: impl FnOnce(&mut File) -> std::io::Result<()>) -> std::io::Result<Staged> {
-    use std::os::unix::fs::PermissionsExt;
-    let mut tmp = tempfile::Builder::new().prefix(".onnx-fuse-").tempfile_in(parent(target))?;
-    write(tmp.as_file_mut())?;
-    let mode = std::fs::metadata(target).map(|m| m.permissions().mode()).unwrap_or(0o644);
-    tmp.as_file().set_permissions(std::fs::Permissions::from_mode(mode))?;
-    Ok(Staged { tmp: Temp::File(tmp), target: target.to_path_buf() })
-}
-
-impl Staged {
-    /// Syncs the data to disk and renames the file over its target.
-    /// Staging every file before committing any lets the kernel write them
-    /// back in parallel.
-    fn commit(self) -> std::io::Result<()> {
-        match self.tmp {
-            Temp::File(tmp) => {
-                tmp.as_file().sync_all()?;
-                tmp.persist(&self.target).map_err(|e| e.error)?;
-            }
-            Temp::Link(tmp) => tmp.persist(&self.target).map_err(|e| e.error)?,
-        }
-        Ok(())
-    }
 }
 
 /// A `BufMut` that streams prost's encoding into a file through a fixed

@@ -1,0 +1,88 @@
+//! Which files a run reads and writes, compared by identity before
+//! anything is written: no run may write a file it reads, write one file
+//! twice, or replace a file that is not a regular file or not its own.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+/// What a path names: an existing file by device and inode (after following
+/// links), a file still to be made by its canonical directory and name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Identity {
+    Inode(u64, u64),
+    New(PathBuf),
+}
+
+fn identity(path: &Path) -> Option<Identity> {
+    if let Ok(m) = std::fs::metadata(path) {
+        return Some(Identity::Inode(m.dev(), m.ino()));
+    }
+    let dir = std::fs::canonicalize(super::parent(path)).ok()?;
+    Some(Identity::New(dir.join(path.file_name()?)))
+}
+
+/// One file of a run, with what it is to the user ("the input", "-o", …).
+pub struct Role {
+    pub path: PathBuf,
+    pub what: String,
+}
+
+impl Role {
+    pub fn new(path: impl Into<PathBuf>, what: impl Into<String>) -> Self {
+        Role { path: path.into(), what: what.into() }
+    }
+}
+
+/// Refuses a run whose writes touch its reads or each other, or replace
+/// anything but a regular file. The error names both paths.
+pub fn check_run(reads: &[Role], writes: &[Role]) -> Result<(), String> {
+    for (i, w) in writes.iter().enumerate() {
+        if let Ok(m) = std::fs::metadata(&w.path) {
+            if !m.is_file() {
+                return Err(format!(
+                    "{} ({}) exists and is not a regular file; onnx-fuse only replaces regular files",
+                    w.path.display(),
+                    w.what
+                ));
+            }
+        }
+        let Some(id) = identity(&w.path) else { continue };
+        let clash = reads.iter().chain(&writes[..i]).find(|r| identity(&r.path).as_ref() == Some(&id));
+        if let Some(r) = clash {
+            return Err(format!(
+                "{} ({}) and {} ({}) are the same file; choose another path",
+                w.path.display(),
+                w.what,
+                r.path.display(),
+                r.what
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Where an external-data location of a model in `dir` resolves: inside the
+/// model's directory, symlinks followed, and a regular file.
+pub fn resolve_location(dir: &Path, location: &str) -> Result<PathBuf, String> {
+    let path = Path::new(location);
+    if location.is_empty() {
+        return Err("is empty".into());
+    }
+    if path.is_absolute() {
+        return Err("is absolute; onnx-fuse only follows locations inside the model's directory".into());
+    }
+    if path.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
+        return Err("leaves the model's directory (`..`); refused".into());
+    }
+    let joined = dir.join(path);
+    let real = std::fs::canonicalize(&joined).map_err(|_| format!("is missing (looked in {})", dir.display()))?;
+    let root = std::fs::canonicalize(dir).map_err(|e| format!("cannot be resolved: {e}"))?;
+    if !real.starts_with(&root) {
+        return Err(format!("leads outside the model's directory (to {}); refused", real.display()));
+    }
+    if !std::fs::metadata(&real).is_ok_and(|m| m.is_file()) {
+        return Err("is not a regular file".into());
+    }
+    Ok(joined)
+}
+

@@ -1,0 +1,107 @@
+//! The structural part of `onnx.checker`, run on every model loaded: a
+//! model that breaks one of these rules is refused with the first
+//! violation, rather than rewritten and written out.
+//!
+//! - every value a node or graph output reads is defined before it (a graph
+//!   input, an initializer, an earlier node's output, or a value of an
+//!   enclosing graph defined before the node that holds the body), so the
+//!   node list is in topological order and has no cycle;
+//! - no graph defines a value twice;
+//! - every node's domain is imported (`""` and `ai.onnx` are one domain).
+
+use std::collections::HashSet;
+
+use crate::onnx::{is_default_domain, GraphProto, ModelProto, NodeProto, OperatorSetIdProto};
+
+pub fn model(model: &ModelProto) -> Result<(), String> {
+    let imports = domains(&model.opset_import);
+    if let Some(g) = &model.graph {
+        graph(g, &HashSet::new(), &imports, "the main graph")?;
+    }
+    for f in &model.functions {
+        let mut defined: HashSet<&str> = f.input.iter().map(String::as_str).collect();
+        let imports = domains(&f.opset_import);
+        let place = format!("function {}.{}", f.domain(), f.name());
+        for node in &f.node {
+            check_node(node, &defined, &HashSet::new(), &imports, &place)?;
+            defined.extend(node.output.iter().filter(|o| !o.is_empty()).map(String::as_str));
+        }
+        for out in &f.output {
+            if !defined.contains(out.as_str()) {
+                return Err(format!("{place} returns {out:?}, which nothing in it defines"));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn domains(imports: &[OperatorSetIdProto]) -> HashSet<String> {
+    imports.iter().map(|o| if is_default_domain(o.domain()) { String::new() } else { o.domain().to_string() }).collect()
+}
+
+fn graph(g: &GraphProto, outer: &HashSet<&str>, imports: &HashSet<String>, place: &str) -> Result<(), String> {
+    let mut defined: HashSet<&str> = HashSet::new();
+    let inputs: HashSet<&str> = g.input.iter().map(|i| i.name()).collect();
+    let twice = |name: &str| format!("{place} defines {name:?} twice");
+    for name in g.input.iter().map(|i| i.name()) {
+        if !defined.insert(name) {
+            return Err(twice(name));
+        }
+    }
+    let initializers = g.initializer.iter().map(|t| t.name());
+    let sparse = g.sparse_initializer.iter().filter_map(|s| s.values.as_ref()).map(|t| t.name());
+    for name in initializers.chain(sparse) {
+        // An initializer may give a graph input its default value.
+        if !defined.insert(name) && !inputs.contains(name) {
+            return Err(twice(name));
+        }
+    }
+    for node in &g.node {
+        check_node(node, &defined, outer, imports, place)?;
+        let visible: HashSet<&str> = outer.union(&defined).copied().collect();
+        for a in &node.attribute {
+            for (i, body) in a.g.iter().chain(&a.graphs).enumerate() {
+                let inner = format!("the body {}[{i}] of node {}", a.name(), node_name(node));
+                graph(body, &visible, imports, &inner)?;
+            }
+        }
+        for out in node.output.iter().filter(|o| !o.is_empty()) {
+            if !defined.insert(out) {
+                return Err(format!("{} in {place} defines {out:?}, which is already defined", node_name(node)));
+            }
+        }
+    }
+    for out in g.output.iter().map(|o| o.name()) {
+        if !defined.contains(out) && !outer.contains(out) {
+            return Err(format!("{place} has output {out:?}, which nothing defines"));
+        }
+    }
+    Ok(())
+}
+
+fn check_node(
+    node: &NodeProto,
+    defined: &HashSet<&str>,
+    outer: &HashSet<&str>,
+    imports: &HashSet<String>,
+    place: &str,
+) -> Result<(), String> {
+    let domain = if is_default_domain(node.domain()) { "" } else { node.domain() };
+    if !imports.contains(domain) {
+        let shown = if domain.is_empty() { "the default domain" } else { domain };
+        return Err(format!("{} in {place} is of {shown}, which is not imported (opset_import)", node_name(node)));
+    }
+    for input in node.input.iter().filter(|i| !i.is_empty()) {
+        if !defined.contains(input.as_str()) && !outer.contains(input.as_str()) {
+            return Err(format!(
+                "{} in {place} reads {input:?}, which nothing defines before it (undefined, or a cycle)",
+                node_name(node)
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn node_name(node: &NodeProto) -> String {
+    format!("node {} ({})", crate::rewrite::display_name(node), node.op_type())
+}
