@@ -56,7 +56,8 @@ fn differential(model: &ModelProto, pass: &str) -> Verdict {
         for &seed in if i == 0 { SEEDS } else { &SEEDS[..1] } {
             let options = verify::Options { dims: to_map(dims), seed, ..Default::default() };
             match verify::verify((model, dir), (&fused, dir), &options) {
-                Ok(v) if v.passed => ran = true,
+                // Tiny models accumulate no rounding: the outputs must agree too.
+                Ok(v) if v.passed && v.outputs.iter().all(|c| c.passed) => ran = true,
                 Ok(v) => return Verdict::False(format!("dims {dims:?} seed {seed}: {}", v.text())),
                 Err(e) => {
                     let e = format!("{e:#}");
