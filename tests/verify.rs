@@ -81,3 +81,57 @@ fn verify_models_in_testdata(original: &ModelProto, fused: &ModelProto) -> verif
     let dir = onnx_fuse::io::parent(&testdata("llama_ts_op14.onnx"));
     verify::verify((original, &dir), (fused, &dir), &Default::default()).unwrap()
 }
+
+/// A tiny ViT-like model: image sides symbolic, the patch grid fixed by a
+/// position table of 9 rows and a Reshape to 3 × 3 patches.
+fn patch_grid_model() -> ModelProto {
+    use common::build::sym;
+    let mut b = Builder::default();
+    let x = b.input("pixel_values", FLOAT, Some(&[sym("batch"), D::N(3), sym("height"), sym("width")]));
+    let w = b.init("patch_w", tensor(FLOAT, &[8, 3, 4, 4], &vec![0.01; 8 * 3 * 16]));
+    let patches = b.node("Conv", &[&x, &w], vec![attr_ints("strides", &[4, 4]), attr_ints("kernel_shape", &[4, 4])]);
+    let flat_shape = b.init("flat", tensor(onnx_fuse::onnx::INT64, &[3], &[0.0, 8.0, -1.0]));
+    let flat = b.node("Reshape", &[&patches, &flat_shape], vec![]);
+    let tokens = b.node("Transpose", &[&flat], vec![attr_ints("perm", &[0, 2, 1])]);
+    let grid = b.init("grid", tensor(onnx_fuse::onnx::INT64, &[4], &[0.0, 3.0, 3.0, 8.0]));
+    let x = b.node("Reshape", &[&tokens, &grid], vec![]);
+    let pos = b.init("pos", tensor(FLOAT, &[9, 8], &(0..72).map(|i| i as f64 / 72.0).collect::<Vec<_>>()));
+    let pos_grid = b.init("pos_grid", tensor(onnx_fuse::onnx::INT64, &[4], &[1.0, 3.0, 3.0, 8.0]));
+    let pos = b.node("Reshape", &[&pos, &pos_grid], vec![]);
+    let x = b.node("Add", &[&x, &pos], vec![]);
+    let two = b.init("two", tensor(FLOAT, &[], &[2.0]));
+    let sq = b.node("Pow", &[&x, &two], vec![]);
+    let m = b.node("ReduceMean", &[&sq], vec![attr_ints("axes", &[-1])]);
+    let eps = b.init("eps", tensor(FLOAT, &[], &[1e-6]));
+    let a = b.node("Add", &[&m, &eps], vec![]);
+    let r = b.node("Sqrt", &[&a], vec![]);
+    let n = b.node("Div", &[&x, &r], vec![]);
+    let g = b.init("g", tensor(FLOAT, &[8], &[1.0; 8]));
+    let y = b.node("Mul", &[&n, &g], vec![]);
+    b.output(&y, FLOAT, None);
+    b.model(17)
+}
+
+#[test]
+fn image_sides_come_from_the_patch_grid_the_graph_fixes() {
+    let original = patch_grid_model();
+    let (fused, outcome) = fuse_model(&original, &["default"]);
+    assert_eq!(outcome.fused.len(), 1);
+    let v = verify_models(&original, &fused);
+    assert!(v.passed, "{}", v.text());
+    assert_eq!((v.dims["height"], v.dims["width"]), (12, 12), "3 × 3 patches of 4");
+}
+
+#[test]
+fn sizes_nothing_suggests_are_asked_for_by_name() {
+    let mut b = Builder::default();
+    let x = b.input("x", FLOAT, Some(&[common::build::sym("seq")]));
+    let shape = b.init("shape", tensor(onnx_fuse::onnx::INT64, &[2], &[5.0, 7.0]));
+    let y = b.node("Reshape", &[&x, &shape], vec![]);
+    b.output(&y, FLOAT, None);
+    let model = b.model(17);
+    let dir = std::path::Path::new(".");
+    let e = verify::verify((&model, dir), (&model, dir), &Default::default()).unwrap_err();
+    let e = format!("{e:#}");
+    assert!(e.contains("--dim NAME=VALUE for seq") && e.contains("seq=7"), "{e}");
+}

@@ -152,6 +152,8 @@ pub struct Verification {
     /// How the verdict was reached, in words.
     pub method: String,
     pub inputs: BTreeMap<String, Vec<i64>>,
+    /// The value each symbolic dimension of the inputs had.
+    pub dims: BTreeMap<String, i64>,
     pub outputs: Vec<Compared>,
     /// Whether graph outputs decide the verdict (some fused node could not
     /// run alone); otherwise they are reported only.
@@ -230,8 +232,8 @@ pub fn verify(
     let started = std::time::Instant::now();
     let env = environment(&find_library(options.library.as_deref())?)?;
     let (fused, not_isolated) = fused_nodes(rewritten.0);
-    let inputs = synthesize_inputs(original.0, options)?;
-    let given: HashMap<&str, &Input> = inputs.iter().map(|i| (i.name.as_str(), i)).collect();
+    let model_inputs: std::collections::HashSet<&str> =
+        original.0.graph.iter().flat_map(|g| g.input.iter().map(|i| i.name())).collect();
     let constants = main_constants(rewritten.0);
     // The original computes every value a fused node reads or writes.
     let computed: std::collections::HashSet<&str> =
@@ -240,7 +242,7 @@ pub fn verify(
     for node in &fused {
         for v in node.input.iter().chain(&node.output[..1]) {
             let wanted = computed.contains(v.as_str()) && !constants.contains_key(v.as_str());
-            if wanted && !given.contains_key(v.as_str()) && !probe.contains(v) {
+            if wanted && !model_inputs.contains(v.as_str()) && !probe.contains(v) {
                 probe.push(v.clone());
             }
         }
@@ -249,7 +251,7 @@ pub fn verify(
     let feeds = |inputs: &[Input]| -> Result<Vec<(String, DynValue)>> {
         inputs.iter().map(|i| Ok((i.name.clone(), i.to_value()?))).collect()
     };
-    let mut a = run(env, original.0, original.1, "original", &probe, feeds(&inputs)?, &mut reference_ops)?;
+    let (inputs, dims, mut a) = run_original(env, original, options, &probe, &mut reference_ops)?;
     let b = run(env, rewritten.0, rewritten.1, "rewritten", &[], feeds(&inputs)?, &mut reference_ops)?;
     for i in &inputs {
         a.entry(i.name.clone()).or_insert_with(|| i.values());
@@ -302,6 +304,7 @@ pub fn verify(
             "every fused node alone, on the original's values of its inputs; graph outputs reported".into()
         },
         inputs: inputs.iter().map(|i| (i.name.clone(), i.shape.clone())).collect(),
+        dims,
         outputs,
         outputs_decide,
         nodes,
@@ -310,6 +313,98 @@ pub fn verify(
         reference_ops: reference_ops.into_iter().collect(),
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// Runs the original (with `probe` exposed) on inputs synthesized with the
+/// symbols' default values, or, when it cannot run on those, with the sizes
+/// the graph itself suggests (`candidate_sizes`) for the symbols the user
+/// did not set. Returns the inputs, the symbol values used, and the values.
+#[allow(clippy::type_complexity)]
+fn run_original(
+    env: &ort::environment::Environment,
+    original: (&ModelProto, &Path),
+    options: &Options,
+    probe: &[String],
+    reference_ops: &mut std::collections::BTreeSet<String>,
+) -> Result<(Vec<Input>, BTreeMap<String, i64>, HashMap<String, Values>)> {
+    let symbols = input_symbols(original.0);
+    let unset: Vec<&String> = symbols.iter().filter(|s| !options.dims.contains_key(*s) && !s.contains('+')).collect();
+    let mut runs = |o: &Options| -> Result<(Vec<Input>, BTreeMap<String, i64>, HashMap<String, Values>)> {
+        let inputs = synthesize_inputs(original.0, o)?;
+        let feeds: Vec<(String, DynValue)> =
+            inputs.iter().map(|i| Ok((i.name.clone(), i.to_value()?))).collect::<Result<_>>()?;
+        let values = run(env, original.0, original.1, "original", probe, feeds, reference_ops)?;
+        let used = symbols.iter().filter(|s| !s.contains('+')).map(|s| (s.clone(), symbol_value(s, &o.dims))).collect();
+        Ok((inputs, used, values))
+    };
+    let first = match runs(options) {
+        Ok(found) => return Ok(found),
+        Err(e) if unset.is_empty() || format!("{e}").contains("cannot load") => return Err(e),
+        Err(e) => e,
+    };
+    for size in candidate_sizes(original.0).into_iter().take(12) {
+        // Batch sizes keep their default: the graph constrains the others.
+        let mut o = options.clone();
+        o.dims.extend(unset.iter().filter(|s| !s.to_ascii_lowercase().contains("batch")).map(|s| (s.to_string(), size)));
+        if let Ok(found) = runs(&o) {
+            return Ok(found);
+        }
+    }
+    let tried: Vec<String> = unset.iter().map(|s| format!("{s}={}", symbol_value(s, &options.dims))).collect();
+    let names: Vec<&str> = unset.iter().map(|s| s.as_str()).collect();
+    bail!(
+        "{first:#}; the sizes onnx-fuse chose ({}) do not fit the model, nor do the sizes its graph suggests: \
+         give the ones it needs with --dim NAME=VALUE for {}",
+        tried.join(", "),
+        names.join(", ")
+    )
+}
+
+/// The symbolic dimensions of the model's inputs.
+fn input_symbols(model: &ModelProto) -> Vec<String> {
+    let mut found = Vec::new();
+    for vi in model.graph.iter().flat_map(|g| &g.input) {
+        if let Some(TypeValue::TensorType(t)) = vi.r#type.as_ref().and_then(|t| t.value.as_ref()) {
+            for d in t.shape.iter().flat_map(|s| &s.dim) {
+                if let Some(Dim::DimParam(p)) = &d.value {
+                    if !found.contains(p) {
+                        found.push(p.clone());
+                    }
+                }
+            }
+        }
+    }
+    found
+}
+
+/// Sizes a symbolic dimension may need, from what the graph proves: image
+/// sides whose patch grid a position table fixes (a Conv of stride s
+/// applied to the image, and a table of n = k² or k² + 1 rows: side k·s),
+/// then the sizes of the weights' axes.
+fn candidate_sizes(model: &ModelProto) -> Vec<i64> {
+    let Some(g) = &model.graph else { return vec![] };
+    let dims: std::collections::BTreeSet<i64> =
+        g.initializer.iter().flat_map(|t| t.dims.iter().copied()).filter(|&d| d > 1 && d <= 4096).collect();
+    let strides: std::collections::BTreeSet<i64> = g
+        .node
+        .iter()
+        .filter(|n| n.is("Conv"))
+        .filter_map(|n| n.attr_ints("strides").and_then(|s| s.first().copied()))
+        .filter(|&s| s > 1)
+        .collect();
+    let mut sizes = Vec::new();
+    for &n in &dims {
+        for rows in [n, n - 1] {
+            let k = (rows as f64).sqrt().round() as i64;
+            if k > 1 && k * k == rows {
+                sizes.extend(strides.iter().map(|s| k * s));
+            }
+        }
+    }
+    sizes.extend(dims.iter().rev());
+    let mut seen = std::collections::HashSet::new();
+    sizes.retain(|s| seen.insert(*s));
+    sizes
 }
 
 /// Runs `model` (its copy, with `probe` exposed as outputs and CPU-less ops
