@@ -43,19 +43,24 @@ struct Cli {
 enum Command {
     /// List the fused nodes a model contains (read from `transmuter.fused`).
     Show {
+        /// The model to read (never modified).
         model: PathBuf,
+        /// Read a model with fields this ONNX schema does not define.
         #[arg(long)]
         allow_unknown_fields: bool,
     },
     /// Run two models through ONNX Runtime on the same inputs and compare them.
     Verify {
+        /// The reference model (its outputs are taken as right).
         original: PathBuf,
+        /// The model to check against it, e.g. onnx-fuse's output; its fused nodes are also run alone.
         rewritten: PathBuf,
         #[command(flatten)]
         verify: VerifyArgs,
-        /// Write the comparison as JSON to FILE.
+        /// Write the comparison as JSON to FILE (written atomically; it may not be either model).
         #[arg(long, value_name = "FILE")]
         report_json: Option<PathBuf>,
+        /// Read models with fields this ONNX schema does not define.
         #[arg(long)]
         allow_unknown_fields: bool,
     },
@@ -66,7 +71,7 @@ struct VerifyArgs {
     /// The ONNX Runtime library (else ORT_DYLIB_PATH, .ort/lib from scripts/fetch-ort.sh, or Python's onnxruntime).
     #[arg(long, value_name = "PATH")]
     ort_lib: Option<PathBuf>,
-    /// Relative tolerance for every floating-point output (default per type: f32 1e-4, f16 1e-2, bf16 4e-2).
+    /// Relative tolerance for every floating-point value compared (default per type: f32 1e-4, f16 1e-2, bf16 4e-2).
     #[arg(long, value_parser = parse_tolerance)]
     rtol: Option<f64>,
     /// Absolute tolerance (default per type: f32 1e-5, f16 1e-3, bf16 1e-2).
