@@ -20,6 +20,7 @@ use prost::Message;
 
 use crate::onnx::{unknown, GraphProto, ModelProto, TensorProto};
 
+mod maps;
 mod paths;
 mod staged;
 
@@ -58,9 +59,11 @@ pub fn load(path: &Path, options: LoadOptions) -> Result<Loaded> {
     // SAFETY: the map is read-only; onnx-fuse never writes the input, and a
     // file truncated by another process under us is outside what any reader
     // of a memory-mapped file can defend against.
-    let map =
-        unsafe { memmap2::MmapOptions::new().populate().map(&file) }.with_context(|| format!("{shown}: cannot map"))?;
-    let bytes = Bytes::from_owner(map);
+    let map = unsafe { memmap2::Mmap::map(&file) }.with_context(|| format!("{shown}: cannot map"))?;
+    // Decoding and the unknown-field walk never read tensor payloads, only
+    // their positions; writing reads each once and lets it go again
+    // (`FileSink`), so the map is not faulted in up front.
+    let bytes = Bytes::from_owner(maps::Registered::new(map));
     let unknown = match unknown::find_unknown_field(&bytes) {
         Err(why) => bail!("{shown}: not an ONNX model (invalid protobuf: {why})"),
         Ok(found) => found,
@@ -166,7 +169,10 @@ pub fn save(loaded: &Loaded, unchanged: bool, out: &Path, external: ExternalData
     }
     let model = Staged::write(out, |file| {
         if unchanged {
-            file.write_all(&loaded.bytes)
+            // In pieces, so that each piece's pages can go once written.
+            let mut sink = FileSink::new(file);
+            loaded.bytes.chunks(8 << 20).for_each(|chunk| sink.write(chunk));
+            sink.finish()
         } else {
             let mut sink = FileSink::new(file);
             loaded.model.encode(&mut sink).map_err(std::io::Error::other)?;
@@ -180,6 +186,19 @@ pub fn save(loaded: &Loaded, unchanged: bool, out: &Path, external: ExternalData
     }
     model.commit().with_context(|| format!("{shown}: cannot write"))
 }
+
+/// Encodes `model` into `file` (streamed: tensor payloads go from the input's
+/// map to the file without another copy in memory).
+pub fn encode_to(model: &ModelProto, file: &mut File) -> std::io::Result<()> {
+    let mut sink = FileSink::new(file);
+    model.encode(&mut sink).map_err(std::io::Error::other)?;
+    sink.finish()
+}
+
+/// A scratch file in `dir` for a model to be read back by path (verification
+/// gives ONNX Runtime files, not memory): removed when dropped, and on
+/// SIGINT/SIGTERM/SIGHUP.
+pub use staged::Scratch;
 
 /// Writes `text` to `path` atomically (reports).
 pub fn write_atomically(path: &Path, text: &str) -> Result<()> {
@@ -288,6 +307,8 @@ impl<'a> FileSink<'a> {
             if let Err(e) = self.file.write_all(data) {
                 self.error = Some(e);
             }
+            // A payload of the input, written: its pages need not stay.
+            maps::release(data);
         }
     }
 

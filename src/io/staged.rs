@@ -207,3 +207,24 @@ fn named_in(dir: &Path) -> std::io::Result<(File, PathBuf)> {
     }
     Err(std::io::Error::other("no free temporary name"))
 }
+
+/// A named scratch file (for a reader that needs a path), removed on drop
+/// and on the signals `cleanup_on_signals` handles.
+pub struct Scratch {
+    pub file: File,
+    pub path: PathBuf,
+}
+
+impl Scratch {
+    pub fn new_in(dir: &Path) -> std::io::Result<Scratch> {
+        let (file, path) = named_in(dir)?;
+        Ok(Scratch { file, path })
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+        unregister(&self.path);
+    }
+}

@@ -421,20 +421,27 @@ fn run(
     let mut copy = model.clone();
     expose(&mut copy, probe);
     reference_ops.extend(reference::substitute(&mut copy));
-    let bytes = copy.encode_to_vec();
-    drop(copy);
     let folder = dir.to_string_lossy();
-    let mut session = Session::builder(env)
+    let mut builder = Session::builder(env)
         .map_err(|e| anyhow!("{e}"))?
         .with_optimization_level(GraphOptimizationLevel::Disable)
         // Errors come back in the Result; ONNX Runtime's own log would repeat them.
         .and_then(|b| b.with_log_level(ort::logging::LogLevel::Fatal))
         .and_then(|b| b.with_config_entry("session.model_external_initializers_file_folder_path", folder))
-        .map_err(|e| anyhow!("{e}"))?
-        .commit_from_memory(&bytes)
-        .map_err(|e| anyhow!("ONNX Runtime cannot load the {which} model: {e}"))?;
-    // ONNX Runtime holds its own copy of the weights now.
-    drop(bytes);
+        .map_err(|e| anyhow!("{e}"))?;
+    // ONNX Runtime reads the model from a scratch file beside it (where its
+    // external data resolves), so the process never holds an encoded copy;
+    // from memory only where the folder cannot take the file.
+    let scratch = crate::io::Scratch::new_in(dir)
+        .and_then(|mut s| crate::io::encode_to(&copy, &mut s.file).map(|()| s))
+        .ok();
+    let loaded = match &scratch {
+        Some(s) => builder.commit_from_file(&s.path),
+        None => builder.commit_from_memory(&copy.encode_to_vec()),
+    };
+    drop(scratch);
+    drop(copy);
+    let mut session = loaded.map_err(|e| anyhow!("ONNX Runtime cannot load the {which} model: {e}"))?;
     let outputs = session.run(feeds).map_err(|e| anyhow!("ONNX Runtime cannot run the {which} model: {e}"))?;
     let mut values = HashMap::new();
     for (name, value) in outputs.iter() {
