@@ -13,11 +13,17 @@
 #   1. GPT-2 medium: onnx-fuse vs cp of the file
 #   2. TinyLlama, output beside the input (its weights are referenced)
 #   3. TinyLlama, output in another directory vs cp -r of its folder
+#   4. a synthetic 1.6 GB one-file model (scripts/bench_synthetic.py, onnx and
+#      numpy only): onnx-fuse and onnx-fuse --verify
+# With --synthetic only case 4 runs (no exporter environment needed: python3
+# with onnx and numpy).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
+synthetic_only=false
+if [ "${1:-}" = "--synthetic" ]; then synthetic_only=true; shift; fi
 bench="${1:-/tmp/onnx-fuse-bench}"
 mkdir -p "$bench"
-if [ ! -f "$bench/gpt2-medium/model.onnx" ] || [ ! -f "$bench/tinyllama/model.onnx" ]; then
+if ! $synthetic_only && { [ ! -f "$bench/gpt2-medium/model.onnx" ] || [ ! -f "$bench/tinyllama/model.onnx" ]; }; then
   venv="$root/.venv"
   [ -x "$venv/bin/python" ] || "$root/scripts/gen_testdata.sh" --help >/dev/null 2>&1 || true
   HF_HUB_OFFLINE=1 "$venv/bin/python" "$root/scripts/bench_models.py" "$bench"
@@ -48,6 +54,17 @@ PY
 T=(/usr/bin/time -v)
 size() { du -sb "$1" | awk '{printf "%.2f GB", $1/1e9}'; }
 
+synthetic() {
+  [ -f "$bench/synthetic.onnx" ] || python3 "$root/scripts/bench_synthetic.py" "$bench/synthetic.onnx"
+  echo "Synthetic, one file: 24 RMSNorms ($(size "$bench/synthetic.onnx"))"
+  cat "$bench/synthetic.onnx" >/dev/null
+  measure "  cp; sync" "${T[@]}" sh -c "cp '$bench/synthetic.onnx' '$bench/cp.onnx' && sync"
+  measure "  onnx-fuse" "${T[@]}" "$fuse" -q "$bench/synthetic.onnx" -o "$bench/fused.onnx"
+  measure "  onnx-fuse --verify (batch 2, seq 16)" "${T[@]}" "$fuse" -q --verify --dim seq=16 "$bench/synthetic.onnx" -o "$bench/fused.onnx"
+  rm -f "$bench/cp.onnx" "$bench/fused.onnx"
+}
+if $synthetic_only; then synthetic; exit 0; fi
+
 echo "GPT-2 medium, one file ($(size "$bench/gpt2-medium/model.onnx"))"
 cat "$bench/gpt2-medium/model.onnx" >/dev/null
 measure "  cp" "${T[@]}" cp "$bench/gpt2-medium/model.onnx" "$bench/cp.onnx"
@@ -66,3 +83,4 @@ measure "  cp -r of the folder; sync" "${T[@]}" sh -c "rm -rf '$bench/cp' && cp 
 measure "  onnx-fuse, output in another directory" "${T[@]}" sh -c "rm -rf '$bench/out' && mkdir '$bench/out' && '$fuse' -q '$bench/tinyllama/model.onnx' -o '$bench/out/fused.onnx'"
 "$fuse" "$bench/tinyllama/model.onnx" -o "$bench/out/fused.onnx" 2>&1 | sed 's/^/  /'
 rm -rf "$bench/cp" "$bench/out"
+synthetic
