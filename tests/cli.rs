@@ -55,7 +55,11 @@ fn report_json_has_the_documented_fields() {
     assert_eq!(v["passed"], true);
     assert_eq!(v["outputs"][0]["name"], "out");
     assert_eq!(v["nodes"].as_array().unwrap().len(), 7, "5 norms and 2 attention cores");
-    assert!(v["nodes"][0]["max_abs"].as_f64().unwrap() >= 0.0);
+    // The worst fused node differs by rounding: more than nothing, within tolerance.
+    let worst = v["nodes"][0]["max_abs"].as_f64().unwrap();
+    assert!(worst > 0.0 && worst <= 1e-5, "{worst}");
+    assert_eq!(v["outputs_decide"], false, "every fused node ran alone");
+    assert_eq!(v["dims"]["batch"], 2);
     assert_eq!(v["outputs"][0]["tolerance"]["rtol"], 1e-4);
 }
 
@@ -135,22 +139,25 @@ fn verify_compares_any_two_models() {
     assert!(run(&["-q", testdata("bert_optimum.onnx").to_str().unwrap(), "-o", out.to_str().unwrap()])
         .status
         .success());
+    let json = dir.path().join("verify.json");
     let r = run(&[
         "verify",
         testdata("bert_optimum.onnx").to_str().unwrap(),
         out.to_str().unwrap(),
         "--dim",
         "batch_size=3",
+        "--report-json",
+        json.to_str().unwrap(),
     ]);
     assert!(r.status.success(), "{}", stderr(&r));
     let text = String::from_utf8(r.stdout.clone()).unwrap();
     assert!(text.starts_with("verification passed"), "{text}");
     assert!(text.contains("input_ids [3, 7]"), "{text}");
-    assert!(
-        text.contains("node LayerNormalization /encoder/layer.0/attention/output/LayerNorm/LayerNormalization")
-            || text.contains("node LayerNormalization"),
-        "{text}"
-    );
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let nodes: Vec<&str> = report["nodes"].as_array().unwrap().iter().map(|n| n["node"].as_str().unwrap()).collect();
+    let first = "LayerNormalization /encoder/layer.0/attention/output/LayerNorm/LayerNormalization";
+    assert!(nodes.contains(&first), "{nodes:?}");
+    assert_eq!(nodes.len(), 7, "5 LayerNorms and 2 attention cores, each run alone");
 }
 
 #[test]

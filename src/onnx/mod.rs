@@ -102,9 +102,6 @@ pub const DOUBLE: i32 = DataType::Double as i32;
 pub const INT64: i32 = DataType::Int64 as i32;
 pub const BOOL: i32 = DataType::Bool as i32;
 
-pub fn is_float_type(elem_type: i32) -> bool {
-    matches!(elem_type, FLOAT | FLOAT16 | BFLOAT16 | DOUBLE)
-}
 
 impl TensorProto {
     /// Number of elements the dims describe (1 for a scalar).

@@ -188,7 +188,8 @@ fn scores_chain<'a>(g: &Graph<'a>, m: &mut Match, value: &'a str, depth: usize) 
         _ if !crate::onnx::is_default_domain(node.domain()) => {}
         "MatMul" if binary => return Ok((p, vec![])),
         "Mul" if binary => {
-            let (s, c) = if g.scalar(&node.input[1]).is_some() { (0, 1) } else { (1, 0) };
+            // The scale is the constant operand (either order).
+            let (s, c) = if g.constant(&node.input[1]).is_some() { (0, 1) } else { (1, 0) };
             pattern::scalar(g, &node.input[c], &node.input[s], "the Mul scale")?;
             let scale = g.constant(&node.input[c]).expect("a constant, proved above");
             let found =

@@ -29,9 +29,6 @@ use crate::onnx::proto::tensor_shape_proto::dimension::Value as Dim;
 use crate::onnx::proto::type_proto::Value as TypeValue;
 use crate::onnx::{DataType, ModelProto, NodeProto, ValueInfoProto, FUSED_KEY};
 
-/// The ONNX Runtime release the project's fetch script installs.
-pub const ORT_VERSION: &str = "1.31.1";
-
 const HOW_TO_GET_IT: &str =
     "run scripts/fetch-ort.sh (it takes libonnxruntime.so from the onnxruntime wheel on PyPI), \
      pass --ort-lib PATH, set ORT_DYLIB_PATH, or pip install onnxruntime";
