@@ -42,7 +42,8 @@ fn differential(model: &ModelProto, pass: &str) -> Verdict {
     let pipeline = passes::pipeline(&[pass.to_string()], &[]).expect("a known pass");
     let mut fused = model.clone();
     let outcome = rewrite::run(&mut fused, &pipeline);
-    let dir = Path::new(".");
+    let dir = std::env::temp_dir();
+    let dir = dir.as_path();
     if outcome.fused.is_empty() {
         // Still a case only if the original runs.
         let ran = SHAPES.iter().any(|dims| {

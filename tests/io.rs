@@ -278,3 +278,44 @@ fn malformed_nodes_never_crash_the_tool() {
     // The other layer still fuses.
     assert!(stderr(&r).contains("(layer-norm 0, rms-norm 4, attention 1)"), "{}", stderr(&r));
 }
+
+/// Payloads of the input go to the output inside the kernel
+/// (copy_file_range); where it declines, they are written from the map.
+/// Either way the output has the same bytes as encoding it in memory.
+#[test]
+fn kernel_copies_and_plain_writes_give_the_same_bytes() {
+    use common::build::{attr_ints, tensor, Builder, D};
+    use onnx_fuse::onnx::FLOAT;
+    const N: i64 = 1 << 18; // a 1 MiB weight: written past the sink's buffer
+    let mut b = Builder::default();
+    let x = b.input("x", FLOAT, Some(&[D::N(2), D::N(N)]));
+    let two = b.init("two", tensor(FLOAT, &[], &[2.0]));
+    let sq = b.node("Pow", &[&x, &two], vec![]);
+    let m = b.node("ReduceMean", &[&sq], vec![attr_ints("axes", &[-1])]);
+    let eps = b.init("eps", tensor(FLOAT, &[], &[1e-6]));
+    let a = b.node("Add", &[&m, &eps], vec![]);
+    let r = b.node("Sqrt", &[&a], vec![]);
+    let n = b.node("Div", &[&x, &r], vec![]);
+    let w = b.init("w", tensor(FLOAT, &[N], &(0..N).map(|i| (i % 251) as f64 / 7.0).collect::<Vec<_>>()));
+    let y = b.node("Mul", &[&n, &w], vec![]);
+    b.output(&y, FLOAT, None);
+    let dir = tempdir();
+    let input = dir.path().join("big.onnx");
+    fs::write(&input, b.model(17).encode_to_vec()).unwrap();
+    let expected = {
+        let (fused, outcome) = fuse_model(&onnx_fuse::io::load(&input, Default::default()).unwrap().model, &["default"]);
+        assert_eq!(outcome.fused.len(), 1);
+        fused.encode_to_vec()
+    };
+    for (label, fallback) in [("copy_file_range", false), ("write", true)] {
+        let out = dir.path().join(format!("{label}.onnx"));
+        let mut cmd = bin();
+        cmd.args(["-q", input.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+        if fallback {
+            cmd.env("ONNX_FUSE_NO_COPY_FILE_RANGE", "1");
+        }
+        let r = cmd.output().unwrap();
+        assert!(r.status.success(), "{label}: {}", stderr(&r));
+        assert!(fs::read(&out).unwrap() == expected, "{label}: the bytes differ from the in-memory encoding");
+    }
+}

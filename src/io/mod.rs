@@ -63,7 +63,7 @@ pub fn load(path: &Path, options: LoadOptions) -> Result<Loaded> {
     // Decoding and the unknown-field walk never read tensor payloads, only
     // their positions; writing reads each once and lets it go again
     // (`FileSink`), so the map is not faulted in up front.
-    let bytes = Bytes::from_owner(maps::Registered::new(map));
+    let bytes = Bytes::from_owner(maps::Registered::new(map, file));
     let unknown = match unknown::find_unknown_field(&bytes) {
         Err(why) => bail!("{shown}: not an ONNX model (invalid protobuf: {why})"),
         Ok(found) => found,
@@ -169,9 +169,9 @@ pub fn save(loaded: &Loaded, unchanged: bool, out: &Path, external: ExternalData
     }
     let model = Staged::write(out, |file| {
         if unchanged {
-            // In pieces, so that each piece's pages can go once written.
+            // In pieces, each copied in the kernel (or written and let go).
             let mut sink = FileSink::new(file);
-            loaded.bytes.chunks(8 << 20).for_each(|chunk| sink.write(chunk));
+            loaded.bytes.chunks(64 << 20).for_each(|chunk| sink.write(chunk));
             sink.finish()
         } else {
             let mut sink = FileSink::new(file);
@@ -303,13 +303,23 @@ impl<'a> FileSink<'a> {
     }
 
     fn write(&mut self, data: &[u8]) {
-        if self.error.is_none() {
-            if let Err(e) = self.file.write_all(data) {
-                self.error = Some(e);
-            }
-            // A payload of the input, written: its pages need not stay.
-            maps::release(data);
+        if self.error.is_some() {
+            return;
         }
+        // A payload of the input goes from file to file in the kernel.
+        match maps::copy_range(data, self.file) {
+            Ok(true) => return,
+            Ok(false) => {}
+            Err(e) => {
+                self.error = Some(e);
+                return;
+            }
+        }
+        if let Err(e) = self.file.write_all(data) {
+            self.error = Some(e);
+        }
+        // A payload of the input, written: its pages need not stay.
+        maps::release(data);
     }
 
     fn flush_buf(&mut self) {
