@@ -31,25 +31,46 @@ fi
 (cd "$root" && cargo build --release --quiet)
 fuse="$root/target/release/onnx-fuse"
 
-# median wall seconds and median peak RSS (MB) of 3 runs of a command
+# one run of a command under GNU time: "wall system rss_kb"
+once() {
+  sync  # start every run with no dirty pages from the one before
+  "$@" >/dev/null 2>"$bench/time.err" || { cat "$bench/time.err"; exit 1; }
+  python3 - "$bench/time.err" <<'PY'
+import sys
+t = open(sys.argv[1]).read().splitlines()
+get = lambda key: next(l.rsplit(" ", 1)[1] for l in t if key in l)
+wall = sum(float(p) * 60 ** i for i, p in enumerate(reversed(get("Elapsed (wall clock)").split(":"))))
+print(wall, get("System time (seconds)"), get("Maximum resident"))
+PY
+}
+
+# median wall seconds, system seconds and peak RSS (MB) of 3 runs of a command
+report() {
+  python3 - "$@" <<'PY'
+import sys, statistics
+label, runs = sys.argv[1], [r.split() for r in sys.argv[2:]]
+med = lambda i: statistics.median(float(r[i]) for r in runs)
+print(f"{label:<44} {med(0):8.2f} s  (system {med(1):5.2f} s)  {med(2) / 1024:8.1f} MB")
+PY
+}
+
 measure() {
   local label="$1"; shift
-  local times=() rss=()
-  for _ in 1 2 3; do
-    sync  # start every run with no dirty pages from the one before
-    "$@" >/dev/null 2>"$bench/time.err" || { cat "$bench/time.err"; exit 1; }
-    times+=("$(grep 'Elapsed (wall clock)' "$bench/time.err" | awk '{print $NF}')")
-    rss+=("$(grep 'Maximum resident' "$bench/time.err" | awk '{print $NF}')")
+  local runs=()
+  for _ in 1 2 3; do runs+=("$(once "$@")"); done
+  report "$label" "${runs[@]}"
+}
+
+# two commands measured in alternation (the second writer of gigabytes pays
+# for the first one's writeback, so neither always goes second)
+measure_pair() {
+  local l1="$1" c1="$2" l2="$3" c2="$4" a=() b=()
+  for i in 1 2 3; do
+    if [ $((i % 2)) = 1 ]; then a+=("$(once "${T[@]}" sh -c "$c1")"); b+=("$(once "${T[@]}" sh -c "$c2")")
+    else b+=("$(once "${T[@]}" sh -c "$c2")"); a+=("$(once "${T[@]}" sh -c "$c1")"); fi
   done
-  python3 - "$label" "${times[@]}" "${rss[@]}" <<'PY'
-import sys, statistics
-label, vals = sys.argv[1], sys.argv[2:]
-def secs(t):
-    parts = [float(p) for p in t.split(":")]
-    return sum(p * 60 ** i for i, p in enumerate(reversed(parts)))
-t = statistics.median(secs(v) for v in vals[:3]); r = statistics.median(int(v) for v in vals[3:]) / 1024
-print(f"{label:<44} {t:8.2f} s  {r:8.1f} MB")
-PY
+  report "$l1" "${a[@]}"
+  report "$l2" "${b[@]}"
 }
 T=(/usr/bin/time -v)
 size() { du -sb "$1" | awk '{printf "%.2f GB", $1/1e9}'; }
@@ -58,8 +79,8 @@ synthetic() {
   [ -f "$bench/synthetic.onnx" ] || python3 "$root/scripts/bench_synthetic.py" "$bench/synthetic.onnx"
   echo "Synthetic, one file: 24 RMSNorms ($(size "$bench/synthetic.onnx"))"
   cat "$bench/synthetic.onnx" >/dev/null
-  measure "  cp; sync" "${T[@]}" sh -c "cp '$bench/synthetic.onnx' '$bench/cp.onnx' && sync"
-  measure "  onnx-fuse" "${T[@]}" "$fuse" -q "$bench/synthetic.onnx" -o "$bench/fused.onnx"
+  measure_pair "  cp + fsync" "cp '$bench/synthetic.onnx' '$bench/cp.onnx' && sync '$bench/cp.onnx'" \
+    "  onnx-fuse" "'$fuse' -q '$bench/synthetic.onnx' -o '$bench/fused.onnx'"
   measure "  onnx-fuse --verify (batch 2, seq 16)" "${T[@]}" "$fuse" -q --verify --dim seq=16 "$bench/synthetic.onnx" -o "$bench/fused.onnx"
   rm -f "$bench/cp.onnx" "$bench/fused.onnx"
 }

@@ -90,7 +90,7 @@ fn other_element_types_do_not_fuse() {
         let mut b = Builder::default();
         let dims = [sym("b"), D::N(2)];
         let (a, c) = (b.input("a", elem, Some(&dims)), b.input("c", elem, Some(&dims)));
-        let mut part = |b: &mut Builder, x: &str, i: f64| {
+        let part = |b: &mut Builder, x: &str, i: f64| {
             let index = b.constant(tensor(onnx_fuse::onnx::INT64, &[], &[i]));
             b.node("Gather", &[x, &index], vec![attr_int("axis", -1)])
         };
