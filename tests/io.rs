@@ -284,20 +284,12 @@ fn malformed_nodes_never_crash_the_tool() {
 /// Either way the output has the same bytes as encoding it in memory.
 #[test]
 fn kernel_copies_and_plain_writes_give_the_same_bytes() {
-    use common::build::{attr_ints, tensor, Builder, D};
+    use common::build::{rms_norm, Builder, D};
     use onnx_fuse::onnx::FLOAT;
     const N: i64 = 1 << 18; // a 1 MiB weight: written past the sink's buffer
     let mut b = Builder::default();
     let x = b.input("x", FLOAT, Some(&[D::N(2), D::N(N)]));
-    let two = b.init("two", tensor(FLOAT, &[], &[2.0]));
-    let sq = b.node("Pow", &[&x, &two], vec![]);
-    let m = b.node("ReduceMean", &[&sq], vec![attr_ints("axes", &[-1])]);
-    let eps = b.init("eps", tensor(FLOAT, &[], &[1e-6]));
-    let a = b.node("Add", &[&m, &eps], vec![]);
-    let r = b.node("Sqrt", &[&a], vec![]);
-    let n = b.node("Div", &[&x, &r], vec![]);
-    let w = b.init("w", tensor(FLOAT, &[N], &(0..N).map(|i| (i % 251) as f64 / 7.0).collect::<Vec<_>>()));
-    let y = b.node("Mul", &[&n, &w], vec![]);
+    let y = rms_norm(&mut b, &x, FLOAT, &(0..N).map(|i| (i % 251) as f64 / 7.0).collect::<Vec<_>>());
     b.output(&y, FLOAT, None);
     let dir = tempdir();
     let input = dir.path().join("big.onnx");

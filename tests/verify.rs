@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::build::{attr_int, attr_ints, tensor, Builder, D};
+use common::build::{attr_int, attr_ints, rms_norm, tensor, Builder, D};
 use common::*;
 use onnx_fuse::onnx::{ModelProto, FLOAT, FLOAT16};
 use onnx_fuse::verify;
@@ -20,16 +20,7 @@ fn fp16_with_f32_io() -> ModelProto {
     let mut b = Builder::default();
     let x = b.input("x", FLOAT, Some(&[D::N(4), D::N(64)]));
     let h = b.node("Cast", &[&x], vec![attr_int("to", FLOAT16 as i64)]);
-    let two = b.init("two", tensor(FLOAT16, &[], &[2.0]));
-    let sq = b.node("Pow", &[&h, &two], vec![]);
-    let m = b.node("ReduceMean", &[&sq], vec![attr_ints("axes", &[-1])]);
-    let eps = b.init("eps", tensor(FLOAT16, &[], &[1e-5]));
-    let a = b.node("Add", &[&m, &eps], vec![]);
-    let r = b.node("Sqrt", &[&a], vec![]);
-    let n = b.node("Div", &[&h, &r], vec![]);
-    let w: Vec<f64> = (0..64).map(|i| 0.5 + i as f64 / 37.0).collect();
-    let w = b.init("w", tensor(FLOAT16, &[64], &w));
-    let y = b.node("Mul", &[&n, &w], vec![]);
+    let y = rms_norm(&mut b, &h, FLOAT16, &(0..64).map(|i| 0.5 + i as f64 / 37.0).collect::<Vec<_>>());
     let out = b.node("Cast", &[&y], vec![attr_int("to", FLOAT as i64)]);
     b.output(&out, FLOAT, None);
     b.model(17)
@@ -100,15 +91,7 @@ fn patch_grid_model() -> ModelProto {
     let pos_grid = b.init("pos_grid", tensor(onnx_fuse::onnx::INT64, &[4], &[1.0, 3.0, 3.0, 8.0]));
     let pos = b.node("Reshape", &[&pos, &pos_grid], vec![]);
     let x = b.node("Add", &[&x, &pos], vec![]);
-    let two = b.init("two", tensor(FLOAT, &[], &[2.0]));
-    let sq = b.node("Pow", &[&x, &two], vec![]);
-    let m = b.node("ReduceMean", &[&sq], vec![attr_ints("axes", &[-1])]);
-    let eps = b.init("eps", tensor(FLOAT, &[], &[1e-6]));
-    let a = b.node("Add", &[&m, &eps], vec![]);
-    let r = b.node("Sqrt", &[&a], vec![]);
-    let n = b.node("Div", &[&x, &r], vec![]);
-    let g = b.init("g", tensor(FLOAT, &[8], &[1.0; 8]));
-    let y = b.node("Mul", &[&n, &g], vec![]);
+    let y = rms_norm(&mut b, &x, FLOAT, &[1.0; 8]);
     b.output(&y, FLOAT, None);
     b.model(17)
 }

@@ -152,3 +152,17 @@ impl Builder {
         }
     }
 }
+
+/// The plain RMSNorm an export writes, `x / sqrt(mean(x², -1) + eps) * weight`,
+/// in `elem` (opset < 18: axes as an attribute); returns its output.
+pub fn rms_norm(b: &mut Builder, x: &str, elem: i32, weight: &[f64]) -> String {
+    let two = b.init(&format!("{x}_two"), tensor(elem, &[], &[2.0]));
+    let sq = b.node("Pow", &[x, &two], vec![]);
+    let m = b.node("ReduceMean", &[&sq], vec![attr_ints("axes", &[-1])]);
+    let eps = b.init(&format!("{x}_eps"), tensor(elem, &[], &[1e-6]));
+    let a = b.node("Add", &[&m, &eps], vec![]);
+    let r = b.node("Sqrt", &[&a], vec![]);
+    let n = b.node("Div", &[x, &r], vec![]);
+    let w = b.init(&format!("{x}_weight"), tensor(elem, &[weight.len() as i64], weight));
+    b.node("Mul", &[&n, &w], vec![])
+}
