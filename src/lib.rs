@@ -13,6 +13,7 @@ pub mod passes;
 pub mod pattern;
 pub mod report;
 pub mod rewrite;
+pub mod run;
 pub mod shapes;
 pub mod validate;
 pub mod verify;

@@ -1,6 +1,6 @@
 //! The `onnx-fuse` command: parse arguments, call the library, turn errors
 //! into one-line messages and exit codes (0 success, 1 error, 2 usage,
-//! 3 verification failed).
+//! 3 verification failed, 4 an expectation unmet).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -11,9 +11,9 @@ use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use onnx_fuse::io::{self, ExternalData, LoadOptions, Role};
-use onnx_fuse::report::{self, Report};
-use onnx_fuse::verify;
-use onnx_fuse::{passes, rewrite};
+use onnx_fuse::report::{self, Expectation};
+use onnx_fuse::run::{self, Settings, Usage, Verdict};
+use onnx_fuse::{passes, verify};
 
 const EXAMPLES: &str = "\
 Examples:
@@ -24,10 +24,13 @@ Examples:
   onnx-fuse model.onnx -o out.onnx --passes rms-norm --report-json report.json
   onnx-fuse model.onnx -o out.onnx --explain        also say why candidates did not fuse
   onnx-fuse show out.onnx                           list the fused nodes a model contains
+  onnx-fuse export_dir/ -o fused_dir/               a whole Optimum export folder
+  onnx-fuse model.onnx -o out.onnx --expect rms-norm=5,attention=2   a CI guard
   onnx-fuse --list-passes
 
 Exit codes: 0 success, 1 error (bad input, cannot write), 2 usage,
-            3 verification failed (the output is then not written).";
+            3 verification failed (the output is then not written),
+            4 an --expect/--expect-min not met (the output is written).";
 
 #[derive(Parser)]
 #[command(name = "onnx-fuse", version, about = "Exact fusion passes for ONNX transformer exports",
@@ -120,10 +123,10 @@ fn parse_dim(s: &str) -> Result<(String, i64), String> {
 
 #[derive(Args)]
 struct FuseArgs {
-    /// The ONNX model to read (never modified).
+    /// The ONNX model to read (never modified), or an export folder: every .onnx file directly in it.
     #[arg(required_unless_present = "list_passes")]
     input: Option<PathBuf>,
-    /// Where to write the fused model (written atomically).
+    /// Where to write the fused model (written atomically); for a folder, the output folder.
     #[arg(short, long, required_unless_present = "list_passes")]
     output: Option<PathBuf>,
     /// Passes to run, in order: names, or `default` for every default pass.
@@ -144,6 +147,13 @@ struct FuseArgs {
     /// Also report, for every candidate that did not fuse, the precondition that failed.
     #[arg(long)]
     explain: bool,
+    /// Exact counts the run must fuse: PASS=N (a pass of --list-passes, or total); in a folder,
+    /// the folder's totals, or FILE:PASS=N for one file. Unmet: exit code 4, the output still written.
+    #[arg(long, value_delimiter = ',', value_name = "PASS=N")]
+    expect: Vec<String>,
+    /// Lower bounds the run must fuse, as --expect.
+    #[arg(long, value_delimiter = ',', value_name = "PASS=N")]
+    expect_min: Vec<String>,
     /// Print nothing but errors.
     #[arg(short, long)]
     quiet: bool,
@@ -161,22 +171,22 @@ struct FuseArgs {
     verify_args: VerifyArgs,
 }
 
-/// An error in the arguments that clap cannot see (exit code 2).
-#[derive(Debug)]
-struct Usage(String);
-
-impl std::fmt::Display for Usage {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for Usage {}
-
 /// What a run ends with besides errors.
 enum Done {
     Ok,
     VerificationFailed,
+    ExpectationUnmet,
+}
+
+impl From<Verdict> for Done {
+    fn from(v: Verdict) -> Self {
+        match v {
+            Verdict::Ok => Done::Ok,
+            Verdict::ExpectationUnmet => Done::ExpectationUnmet,
+            // (A folder whose files failed to load ends as an error before this.)
+            Verdict::VerificationFailed | Verdict::Error => Done::VerificationFailed,
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -222,6 +232,7 @@ fn run(cli: Cli) -> ExitCode {
     match result {
         Ok(Done::Ok) => ExitCode::SUCCESS,
         Ok(Done::VerificationFailed) => ExitCode::from(3),
+        Ok(Done::ExpectationUnmet) => ExitCode::from(4),
         Err(e) if e.is::<Usage>() => {
             eprintln!("onnx-fuse: usage error: {}", one_line(&e.to_string()));
             ExitCode::from(2)
@@ -248,67 +259,81 @@ fn fuse(args: FuseArgs) -> Result<Done> {
         return Ok(Done::Ok);
     }
     let (input, output) = (args.input.expect("required by clap"), args.output.expect("required by clap"));
-    let progress = Progress::new(args.quiet);
-
-    progress.step(format!("loading {}", input.display()));
-    let mut loaded = io::load(&input, LoadOptions { allow_unknown_fields: args.allow_unknown_fields })?;
-    // Every file the run will write, against every file it reads or writes.
-    let mut writes = io::writes(&loaded, &output);
-    writes.extend(args.report_json.iter().map(|j| Role::new(j, "--report-json")));
-    io::check_run(&io::reads(&loaded), &writes).map_err(Usage)?;
-    if let Some(foreign) = io::foreign_data_files(&loaded, &output).first() {
-        return Err(Usage(format!(
-            "{} exists and is not the external data of an earlier output at {}; writing would replace it \
-             (remove it, or choose another output directory)",
-            foreign.display(),
-            output.display()
-        ))
-        .into());
-    }
-    progress.step("fusing".into());
-    if args.verify {
-        verify::check_options(&loaded.model, &args.verify_args.options()).map_err(Usage)?;
-    }
-    let original = args.verify.then(|| loaded.model.clone());
-    let outcome = rewrite::run(&mut loaded.model, &pipeline);
-    let unchanged = outcome.fused.is_empty();
-    let verification = match &original {
-        Some(original) => {
-            progress.step("verifying through ONNX Runtime".into());
-            let dir = io::parent(&input);
-            let verified = verify::verify((original, &dir), (&loaded.model, &dir), &args.verify_args.options());
-            Some(verified.with_context(|| format!("{}: cannot verify", input.display()))?)
+    let known: Vec<&str> = passes::ALL.iter().map(|p| p.name).collect();
+    let mut expectations = Vec::new();
+    for (list, kind) in [(&args.expect, "exact"), (&args.expect_min, "min")] {
+        for text in list {
+            expectations.push(Expectation::parse(text, kind, &known).map_err(|e| Usage(format!("--expect{}: {e}", if kind == "min" { "-min" } else { "" })))?);
         }
-        None => None,
-    };
-    let failed = verification.as_ref().is_some_and(|v| !v.passed);
-    if !failed {
-        progress.step(format!("writing {}", output.display()));
-        let external = if args.link_external_data { ExternalData::HardLink } else { ExternalData::Copy };
-        io::save(&loaded, unchanged, &output, external)?;
     }
+    let folder = input.is_dir();
+    if !folder {
+        if let Some(e) = expectations.iter().find(|e| e.file.is_some()) {
+            return Err(Usage(format!("--expect {}:{}: FILE:PASS=N is for folders", e.file.as_deref().unwrap_or(""), e.pass)).into());
+        }
+    }
+    let settings = Settings {
+        reports: args.report_json.iter().map(|j| Role::new(j, "--report-json")).collect(),
+        pipeline,
+        explain: args.explain,
+        load: LoadOptions { allow_unknown_fields: args.allow_unknown_fields },
+        external: if args.link_external_data { ExternalData::HardLink } else { ExternalData::Copy },
+        verify: args.verify.then(|| args.verify_args.options()),
+        expectations,
+    };
+    let progress = Progress::new(args.quiet);
+    let step = |message: String| progress.step(message);
+    if folder {
+        let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let result = run::fuse_folder(&input, &output, &settings, workers, &step);
+        progress.finish();
+        let report = result?;
+        write_json(args.report_json.as_deref(), &report)?;
+        for file in &report.files {
+            print_file(file, args.report, args.explain, args.quiet);
+        }
+        for (file, error) in &report.errors {
+            eprintln!("onnx-fuse: error: {file}: {}", one_line(error));
+        }
+        for c in report.expectations.iter().filter(|c| !c.met) {
+            eprintln!("onnx-fuse: expectation not met: {}", c.text());
+        }
+        if !args.quiet {
+            eprintln!("{}", report.summary());
+        }
+        return match report.verdict() {
+            Verdict::Error => Err(anyhow::anyhow!("{}: {} of its models could not be fused", input.display(), report.errors.len())),
+            v => Ok(v.into()),
+        };
+    }
+    let result = run::fuse_file(&input, &output, &settings, &step);
     progress.finish();
-
-    let mut report =
-        Report::new(input.display().to_string(), output.display().to_string(), &pipeline, outcome, args.explain);
-    report.verification = verification;
+    let report = result?;
     write_json(args.report_json.as_deref(), &report)?;
-    if args.report || args.explain {
+    print_file(&report, args.report, args.explain, args.quiet);
+    Ok(report.verdict().into())
+}
+
+/// Prints one file's report, verification, unmet expectations and summary.
+fn print_file(report: &report::Report, full: bool, explain: bool, quiet: bool) {
+    if full || explain {
         print!("{}", report.text());
     }
     if let Some(v) = &report.verification {
-        if !args.quiet || !v.passed {
+        if !quiet || !v.passed {
             eprint!("{}", v.text());
         }
     }
-    if failed {
-        eprintln!("onnx-fuse: verification failed: {} not written", output.display());
-        return Ok(Done::VerificationFailed);
+    if report.verdict() == Verdict::VerificationFailed {
+        eprintln!("onnx-fuse: verification failed: {} not written", report.output);
+        return;
     }
-    if !args.quiet {
+    for c in report.expectations.iter().filter(|c| !c.met) {
+        eprintln!("onnx-fuse: expectation not met: {}", c.text());
+    }
+    if !quiet {
         eprintln!("{}", report.summary());
     }
-    Ok(Done::Ok)
 }
 
 fn compare(a: &Path, b: &Path, args: &VerifyArgs, json: Option<&Path>, options: LoadOptions) -> Result<Done> {

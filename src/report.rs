@@ -26,6 +26,109 @@ pub struct Report {
     /// Filled only with `--verify`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub verification: Option<Verification>,
+    /// Node counts of every op type the run changed, before and after.
+    pub ops: Vec<OpCount>,
+    /// `--expect` / `--expect-min` and whether each was met.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub expectations: Vec<Checked>,
+    /// Whether the output was written (not after a failed verification).
+    pub written: bool,
+}
+
+/// How many nodes of one op type (`domain.OpType` outside the default
+/// domain) the model had before and after the run, in every graph.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct OpCount {
+    pub op_type: String,
+    pub before: usize,
+    pub after: usize,
+}
+
+/// The op types whose node counts differ between two models.
+pub fn op_changes(before: &ModelProto, after: &ModelProto) -> Vec<OpCount> {
+    fn count(model: &ModelProto) -> std::collections::BTreeMap<String, usize> {
+        fn walk(g: &GraphProto, counts: &mut std::collections::BTreeMap<String, usize>) {
+            for n in &g.node {
+                let name = if crate::onnx::is_default_domain(n.domain()) {
+                    n.op_type().to_string()
+                } else {
+                    format!("{}.{}", n.domain(), n.op_type())
+                };
+                *counts.entry(name).or_default() += 1;
+                n.subgraphs().for_each(|b| walk(b, counts));
+            }
+        }
+        let mut counts = Default::default();
+        model.graph.iter().for_each(|g| walk(g, &mut counts));
+        counts
+    }
+    let (a, b) = (count(before), count(after));
+    let names: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+    names
+        .into_iter()
+        .map(|op| OpCount { op_type: op.clone(), before: a.get(op).copied().unwrap_or(0), after: b.get(op).copied().unwrap_or(0) })
+        .filter(|c| c.before != c.after)
+        .collect()
+}
+
+/// What the user expects a run to fuse: `PASS=N` exactly or at least.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Expectation {
+    /// A pass name, or `total`.
+    pub pass: String,
+    /// `exact` (--expect) or `min` (--expect-min).
+    pub kind: &'static str,
+    pub expected: usize,
+    /// In a folder run, the one file it is about (`FILE:PASS=N`); else the
+    /// folder's totals.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+}
+
+/// An expectation with what was found.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Checked {
+    #[serde(flatten)]
+    pub expectation: Expectation,
+    pub found: usize,
+    pub met: bool,
+}
+
+impl Expectation {
+    /// Parses `[FILE:]PASS=N`; the pass must be one of `known` or `total`.
+    pub fn parse(text: &str, kind: &'static str, known: &[&str]) -> Result<Expectation, String> {
+        let (target, n) = text.split_once('=').ok_or_else(|| format!("{text:?}: expected PASS=N"))?;
+        let expected = n.trim().parse().map_err(|_| format!("{text:?}: {n:?} is not a count"))?;
+        let (file, pass) = match target.rsplit_once(':') {
+            Some((file, pass)) => (Some(file.to_string()), pass),
+            None => (None, target),
+        };
+        if pass != "total" && !known.contains(&pass) {
+            return Err(format!("{text:?}: no pass is called {pass:?} (known: total, {})", known.join(", ")));
+        }
+        Ok(Expectation { pass: pass.to_string(), kind, expected, file })
+    }
+
+    /// Checks it against per-pass counts.
+    pub fn check(&self, counts: &[PassCount]) -> Checked {
+        let found = if self.pass == "total" {
+            counts.iter().map(|c| c.fused).sum()
+        } else {
+            counts.iter().find(|c| c.name == self.pass).map_or(0, |c| c.fused)
+        };
+        let met = if self.kind == "exact" { found == self.expected } else { found >= self.expected };
+        Checked { expectation: self.clone(), found, met }
+    }
+}
+
+impl Checked {
+    /// `rms-norm: expected 5, found 3` (`at least 5` for a minimum).
+    pub fn text(&self) -> String {
+        let e = &self.expectation;
+        let least = if e.kind == "min" { "at least " } else { "" };
+        let file = e.file.as_deref().map(|f| format!("{f}: ")).unwrap_or_default();
+        format!("{file}{}: expected {least}{}, found {}", e.pass, e.expected, self.found)
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -46,7 +149,19 @@ impl Report {
             .filter(|p| outcome.fused.iter().any(|f| f.pass == p.name))
             .filter_map(|p| p.caution.map(|c| format!("{}: {c}", p.name)))
             .collect();
-        Report { schema: 1, input, output, passes, fused: outcome.fused, cautions, declined, verification: None }
+        Report {
+            schema: 1,
+            input,
+            output,
+            passes,
+            fused: outcome.fused,
+            cautions,
+            declined,
+            verification: None,
+            ops: Vec::new(),
+            expectations: Vec::new(),
+            written: false,
+        }
     }
 
     /// The summary printed unless `--quiet`: one line, and a warning line
@@ -75,8 +190,23 @@ impl Report {
         for d in &self.declined {
             let _ = writeln!(s, "\nnot fused by {} at {} ({}): {}", d.pass, d.node, d.graph, d.reason);
         }
+        s.push_str(&ops_table(&self.ops));
         s
     }
+}
+
+/// The before/after table of the op types a run changed.
+pub fn ops_table(ops: &[OpCount]) -> String {
+    let mut s = String::new();
+    if ops.is_empty() {
+        return s;
+    }
+    let width = ops.iter().map(|o| o.op_type.len()).max().unwrap_or(0).max(7);
+    let _ = writeln!(s, "\n{:<width$}  {:>6}  {:>6}", "op type", "before", "after");
+    for o in ops {
+        let _ = writeln!(s, "{:<width$}  {:>6}  {:>6}", o.op_type, o.before, o.after);
+    }
+    s
 }
 
 /// The fused nodes a model already contains, read back from their

@@ -96,10 +96,10 @@ fn special_files_are_never_replaced() {
     usage_error(&run(&[s(&model), "-o", "/dev/null"]), &["/dev/null (-o) exists and is not a regular file"]);
     assert!(fs::metadata("/dev/null").unwrap().file_type().is_char_device());
     usage_error(&run(&[s(&model), "-o", s(&dir.path().join("o.onnx")), "--report-json", "/dev/null"]), &["/dev/null"]);
-    // A directory or a FIFO as the input: one line, exit 1.
-    let r = run(&[s(dir.path()), "-o", s(&dir.path().join("o.onnx"))]);
-    assert_eq!(r.status.code(), Some(1));
-    assert!(stderr(&r).contains("is a directory, not an ONNX model file"), "{}", stderr(&r));
+    // A folder without models, or a FIFO, as the input: one line.
+    let empty = dir.path().join("empty");
+    fs::create_dir(&empty).unwrap();
+    usage_error(&run(&[s(&empty), "-o", s(&dir.path().join("o"))]), &["the folder holds no .onnx file"]);
     let r = run(&[s(&fifo), "-o", s(&dir.path().join("o.onnx"))]);
     assert!(r.status.code() == Some(1) && stderr(&r).contains("is not a regular file"), "{}", stderr(&r));
 }

@@ -139,6 +139,9 @@ pub enum ExternalData {
     Copy,
     /// A hard link: instant, but the output then shares the input's file.
     HardLink,
+    /// Already beside the output (a folder run carries data files over
+    /// first): only the model is written.
+    InPlace,
 }
 
 /// Writes the (rewritten) model to `out`. When `unchanged`, the loaded bytes
@@ -157,7 +160,7 @@ pub fn save(loaded: &Loaded, unchanged: bool, out: &Path, external: ExternalData
     // leaves the target directory as it was.
     let in_dir = parent(&loaded.path);
     let mut staged = Vec::new();
-    if !same_file(&in_dir, &out_dir) {
+    if !same_file(&in_dir, &out_dir) && external != ExternalData::InPlace {
         for location in external_locations(&loaded.model) {
             let (src, dst) = (in_dir.join(&location), out_dir.join(&location));
             if !same_file(&src, &dst) {
@@ -262,11 +265,18 @@ pub fn external_locations(model: &ModelProto) -> BTreeSet<String> {
     found
 }
 
+/// Places a copy of `src` at `dst` atomically, as external data is placed
+/// (a folder run's other files).
+pub fn carry_over(src: &Path, dst: &Path, how: ExternalData) -> Result<()> {
+    let staged = stage_external(src, dst, how).with_context(|| format!("{}: cannot copy to {}", src.display(), dst.display()))?;
+    staged.commit().with_context(|| format!("{}: cannot write", dst.display()))
+}
+
 fn stage_external(src: &Path, dst: &Path, how: ExternalData) -> std::io::Result<Staged> {
     std::fs::create_dir_all(parent(dst))?;
     match how {
         ExternalData::HardLink => Staged::link(src, dst),
-        ExternalData::Copy => Staged::write(dst, |out| {
+        ExternalData::Copy | ExternalData::InPlace => Staged::write(dst, |out| {
             let mut input = File::open(src)?;
             if !clone_file(&input, out) {
                 // std::io::copy between files uses copy_file_range on Linux:

@@ -1,0 +1,282 @@
+//! One run of the tool: a model file, or an export folder of them. Loads,
+//! checks every path before writing, fuses, verifies, writes, and says what
+//! happened; `main` only parses arguments and prints.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+use crate::io::{self, ExternalData, LoadOptions, Role};
+use crate::report::{self, Checked, Expectation, Report};
+use crate::rewrite::{self, Pass};
+use crate::verify;
+
+/// An error in how the tool was asked to run (exit code 2): arguments, or
+/// paths that clash.
+#[derive(Debug)]
+pub struct Usage(pub String);
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Usage {}
+
+fn usage(why: String) -> anyhow::Error {
+    Usage(why).into()
+}
+
+/// How to run: the same for every file of a folder.
+pub struct Settings {
+    /// Files the run writes besides models (`--report-json`), checked with them.
+    pub reports: Vec<Role>,
+    pub pipeline: Vec<&'static Pass>,
+    pub explain: bool,
+    pub load: LoadOptions,
+    pub external: ExternalData,
+    /// `--verify`, with its options.
+    pub verify: Option<verify::Options>,
+    pub expectations: Vec<Expectation>,
+}
+
+/// How a run ended, worst first when several files are run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Verdict {
+    Ok,
+    /// An `--expect` was not met (exit code 4); the output is written.
+    ExpectationUnmet,
+    /// `--verify` failed (exit code 3); the output is not written.
+    VerificationFailed,
+    /// A file could not be read or written (exit code 1).
+    Error,
+}
+
+impl Report {
+    pub fn verdict(&self) -> Verdict {
+        if self.verification.as_ref().is_some_and(|v| !v.passed) {
+            Verdict::VerificationFailed
+        } else if self.expectations.iter().any(|c| !c.met) {
+            Verdict::ExpectationUnmet
+        } else {
+            Verdict::Ok
+        }
+    }
+}
+
+/// Fuses one model file. `progress` hears each step.
+pub fn fuse_file(input: &Path, output: &Path, settings: &Settings, progress: &dyn Fn(String)) -> Result<Report> {
+    progress(format!("loading {}", input.display()));
+    let loaded = io::load(input, settings.load)?;
+    // Every file the run will write, against every file it reads or writes.
+    let mut writes = io::writes(&loaded, output);
+    writes.extend(settings.reports.iter().map(|r| Role::new(&r.path, r.what.clone())));
+    io::check_run(&io::reads(&loaded), &writes).map_err(usage)?;
+    if let Some(foreign) = io::foreign_data_files(&loaded, output).first() {
+        return Err(usage(format!(
+            "{} exists and is not the external data of an earlier output at {}; writing would replace it \
+             (remove it, or choose another output directory)",
+            foreign.display(),
+            output.display()
+        )));
+    }
+    let expectations: Vec<Expectation> = settings.expectations.iter().filter(|e| e.file.is_none()).cloned().collect();
+    fuse_loaded(loaded, output, settings, settings.external, &expectations, progress)
+}
+
+/// Fuses a loaded model whose paths were checked, and writes it unless
+/// verification fails.
+fn fuse_loaded(
+    mut loaded: io::Loaded,
+    output: &Path,
+    settings: &Settings,
+    external: ExternalData,
+    expectations: &[Expectation],
+    progress: &dyn Fn(String),
+) -> Result<Report> {
+    let input = loaded.path.clone();
+    if let Some(options) = &settings.verify {
+        verify::check_options(&loaded.model, options).map_err(usage)?;
+    }
+    progress(format!("fusing {}", input.display()));
+    let original = loaded.model.clone();
+    let outcome = rewrite::run(&mut loaded.model, &settings.pipeline);
+    let unchanged = outcome.fused.is_empty();
+    let mut report =
+        Report::new(input.display().to_string(), output.display().to_string(), &settings.pipeline, outcome, settings.explain);
+    report.ops = report::op_changes(&original, &loaded.model);
+    report.expectations = expectations.iter().map(|e| e.check(&report.passes)).collect();
+    if let Some(options) = &settings.verify {
+        progress(format!("verifying {} through ONNX Runtime", input.display()));
+        let dir = io::parent(&input);
+        let verified = verify::verify((&original, &dir), (&loaded.model, &dir), options);
+        report.verification = Some(verified.with_context(|| format!("{}: cannot verify", input.display()))?);
+    }
+    drop(original);
+    if report.verdict() != Verdict::VerificationFailed {
+        progress(format!("writing {}", output.display()));
+        io::save(&loaded, unchanged, output, external)?;
+        report.written = true;
+    }
+    Ok(report)
+}
+
+/// A folder run: every `.onnx` file directly in the folder fused, every
+/// other file carried over, one report.
+#[derive(Debug, serde::Serialize)]
+pub struct FolderReport {
+    pub schema: u32,
+    pub input: String,
+    pub output: String,
+    /// One report per model, in file-name order.
+    pub files: Vec<Report>,
+    /// Models that could not be fused: file name and error.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<(String, String)>,
+    /// Other files carried over unchanged (cloned or copied).
+    pub carried: Vec<String>,
+    /// Fused nodes per pass over all files.
+    pub totals: Vec<report::PassCount>,
+    /// The folder's expectations (totals, or `FILE:PASS=N`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub expectations: Vec<Checked>,
+}
+
+impl FolderReport {
+    pub fn verdict(&self) -> Verdict {
+        let files = self.files.iter().map(Report::verdict);
+        let own = if self.expectations.iter().any(|c| !c.met) { Verdict::ExpectationUnmet } else { Verdict::Ok };
+        let errors = if self.errors.is_empty() { Verdict::Ok } else { Verdict::Error };
+        files.chain([own, errors]).max().unwrap_or(Verdict::Ok)
+    }
+
+    pub fn summary(&self) -> String {
+        let counts: Vec<String> = self.totals.iter().map(|p| format!("{} {}", p.name, p.fused)).collect();
+        let fused: usize = self.totals.iter().map(|p| p.fused).sum();
+        format!(
+            "{}: {} models, fused {fused} ({}), {} other files carried over -> {}",
+            self.input,
+            self.files.len() + self.errors.len(),
+            counts.join(", "),
+            self.carried.len(),
+            self.output
+        )
+    }
+}
+
+/// Fuses an export folder into `output` (created if missing): the models in
+/// parallel, up to `workers` at once, each file committed atomically.
+pub fn fuse_folder(
+    input: &Path,
+    output: &Path,
+    settings: &Settings,
+    workers: usize,
+    progress: &(dyn Fn(String) + Sync),
+) -> Result<FolderReport> {
+    let entries = std::fs::read_dir(input).with_context(|| format!("{}: cannot read the folder", input.display()))?;
+    let mut models = Vec::new();
+    let mut others = Vec::new();
+    for entry in entries {
+        let entry = entry.with_context(|| format!("{}: cannot read the folder", input.display()))?;
+        let path = entry.path();
+        let meta = std::fs::metadata(&path).with_context(|| format!("{}: cannot stat", path.display()))?;
+        if !meta.is_file() {
+            continue;
+        }
+        if path.extension().is_some_and(|e| e == "onnx") {
+            models.push(path);
+        } else {
+            others.push(path);
+        }
+    }
+    models.sort();
+    others.sort();
+    if models.is_empty() {
+        return Err(usage(format!("{}: the folder holds no .onnx file", input.display())));
+    }
+    for e in &settings.expectations {
+        if let Some(file) = &e.file {
+            if !models.iter().any(|m| m.file_name().is_some_and(|n| n == file.as_str())) {
+                return Err(usage(format!("--expect {file}:{}: the folder has no model {file}", e.pass)));
+            }
+        }
+    }
+    if std::fs::canonicalize(input).ok() == std::fs::canonicalize(output).ok() {
+        return Err(usage(format!("{} (-o) is the input folder; choose another", output.display())));
+    }
+    if !output.exists() {
+        std::fs::create_dir(output).with_context(|| format!("{}: cannot create the folder", output.display()))?;
+    }
+    let out_meta = std::fs::metadata(output).with_context(|| format!("{}: cannot stat", output.display()))?;
+    if !out_meta.is_dir() {
+        return Err(usage(format!("{} (-o) is not a folder; a folder's output is a folder", output.display())));
+    }
+    // Every file written, against every file read and written.
+    let target = |p: &Path| output.join(p.file_name().expect("a file in the folder"));
+    let reads: Vec<Role> = models.iter().chain(&others).map(|p| Role::new(p, "a file of the input folder")).collect();
+    let mut writes: Vec<Role> = models.iter().chain(&others).map(|p| Role::new(target(p), "a file of -o")).collect();
+    writes.extend(settings.reports.iter().map(|r| Role::new(&r.path, r.what.clone())));
+    io::check_run(&reads, &writes).map_err(usage)?;
+    // Other files first (external data among them): models refer to them.
+    let mut carried = Vec::new();
+    for path in &others {
+        progress(format!("carrying over {}", path.display()));
+        io::carry_over(path, &target(path), settings.external)?;
+        carried.push(path.file_name().expect("a file").to_string_lossy().into_owned());
+    }
+    // The data files are in place now: the models only write themselves.
+    let queue = std::sync::Mutex::new(models.iter());
+    let results: Vec<(PathBuf, Result<Report>)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..workers.clamp(1, models.len()))
+            .map(|_| {
+                scope.spawn(|| -> Vec<(PathBuf, Result<Report>)> {
+                    let mut done = Vec::new();
+                    loop {
+                        let next = queue.lock().unwrap_or_else(|e| e.into_inner()).next();
+                        let Some(path) = next else { break };
+                        let name = path.file_name().expect("a file").to_string_lossy().into_owned();
+                        let expectations: Vec<Expectation> =
+                            settings.expectations.iter().filter(|e| e.file.as_deref() == Some(name.as_str())).cloned().collect();
+                        let result = io::load(path, settings.load).and_then(|loaded| {
+                            fuse_loaded(loaded, &target(path), settings, ExternalData::InPlace, &expectations, progress)
+                        });
+                        done.push((path.clone(), result));
+                    }
+                    done
+                })
+            })
+            .collect();
+        handles.into_iter().flat_map(|h| h.join().unwrap_or_default()).collect()
+    });
+    let mut files = Vec::new();
+    let mut errors = Vec::new();
+    for (path, result) in results {
+        match result {
+            Ok(report) => files.push(report),
+            Err(e) if e.is::<Usage>() => return Err(e),
+            Err(e) => errors.push((path.display().to_string(), format!("{e:#}"))),
+        }
+    }
+    files.sort_by(|a, b| a.input.cmp(&b.input));
+    errors.sort();
+    let totals: Vec<report::PassCount> = settings
+        .pipeline
+        .iter()
+        .map(|p| report::PassCount {
+            name: p.name,
+            fused: files.iter().flat_map(|f| &f.passes).filter(|c| c.name == p.name).map(|c| c.fused).sum(),
+        })
+        .collect();
+    let expectations = settings.expectations.iter().filter(|e| e.file.is_none()).map(|e| e.check(&totals)).collect();
+    Ok(FolderReport {
+        schema: 1,
+        input: input.display().to_string(),
+        output: output.display().to_string(),
+        files,
+        errors,
+        carried,
+        totals,
+        expectations,
+    })
+}
