@@ -14,6 +14,7 @@ from). Run it through scripts/gen_testdata.sh, which makes the environment.
 
 import json
 import os
+import shutil
 import sys
 import tempfile
 import warnings
@@ -193,6 +194,47 @@ def export_optimum(name, kind, task, *, opset=None, fp16=False, file="model.onnx
         onnx.save(model, os.path.join(OUT, name))
     record(name, model=kind, exporter="optimum main_export", task=task, file=file, opset=opset or "default",
            dtype="float16" if fp16 else "float32", config=cfg.to_diff_dict())
+
+
+def export_optimum_folder(name, kind, task, *, merged):
+    """A whole Optimum export folder (models, configs), as `onnx-fuse FOLDER
+    -o OUT` takes it: testdata/NAME/. With `merged`, a decoder-only model
+    exported without and with past, and the two merged by Optimum's
+    merge_decoders into decoder_model_merged.onnx (If branches on
+    use_cache_branch), as Optimum's decoder folders hold them."""
+    from optimum.exporters.onnx import main_export
+    torch.manual_seed(0)
+    cfg = configs()[kind]
+    dst = os.path.join(OUT, name)
+    shutil.rmtree(dst, ignore_errors=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "src")
+        if kind == "t5":
+            transformers.T5ForConditionalGeneration(cfg).save_pretrained(src)
+        else:
+            transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(src)
+        if not merged:
+            main_export(src, dst, task=task, no_post_process=True, do_validation=False, dtype="fp32", device="cpu")
+        else:
+            from optimum.exporters.onnx.model_configs import LlamaOnnxConfig
+            from optimum.onnx import merge_decoders
+            # The first decoder takes no past but returns the present, as
+            # Optimum's decoder_model.onnx does.
+            for past_in, file in [(False, "decoder_model.onnx"), (True, "decoder_with_past_model.onnx")]:
+                out = os.path.join(tmp, file)
+                onnx_config = LlamaOnnxConfig(cfg, task="text-generation", use_past=True, use_past_in_inputs=past_in)
+                main_export(src, out, task=task, no_post_process=True, do_validation=False, dtype="fp32", device="cpu",
+                            custom_onnx_configs={"model": onnx_config})
+                os.makedirs(dst, exist_ok=True)
+                shutil.copy(os.path.join(out, "model.onnx"), os.path.join(dst, file))
+                for extra in os.listdir(out):
+                    if not extra.endswith(".onnx"):
+                        shutil.copy(os.path.join(out, extra), os.path.join(dst, extra))
+            merge_decoders(os.path.join(dst, "decoder_model.onnx"), os.path.join(dst, "decoder_with_past_model.onnx"),
+                           save_path=os.path.join(dst, "decoder_model_merged.onnx"), strict=False)
+    files = sorted(os.listdir(dst))
+    record(name, model=kind, exporter="optimum main_export (folder)", task=task, files=files,
+           merged_decoder=merged, config=cfg.to_diff_dict())
 
 
 # --- near-misses: one precondition broken in a real export -------------------
@@ -674,6 +716,9 @@ def main():
                                                                    file="decoder_with_past_model.onnx")),
         ("gpt2_optimum_past.onnx", lambda n: export_optimum(n, "gpt2", "text-generation-with-past")),
         ("bert_optimum.onnx", lambda n: export_optimum(n, "bert", "feature-extraction", opset=14)),
+        ("t5_optimum_folder", lambda n: export_optimum_folder(n, "t5", "text2text-generation-with-past", merged=False)),
+        ("llama_optimum_merged_folder",
+         lambda n: export_optimum_folder(n, "llama", "text-generation-with-past", merged=True)),
     ]
     for name, job in jobs:
         if want(name):

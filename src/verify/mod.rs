@@ -339,11 +339,24 @@ fn run_original(
         Err(e) if unset.is_empty() || format!("{e}").contains("cannot load") => return Err(e),
         Err(e) => e,
     };
+    // One symbol at 0 or 1 (an empty past: Optimum's merged decoders declare
+    // the mask as long as the new tokens only), then the sizes the graph
+    // suggests for every symbol but the batch size at once.
+    let mut tries: Vec<Options> = Vec::new();
+    for s in &unset {
+        for size in [0, 1] {
+            let mut o = options.clone();
+            o.dims.insert(s.to_string(), size);
+            tries.push(o);
+        }
+    }
     for size in candidate_sizes(original.0).into_iter().take(12) {
-        // Batch sizes keep their default: the graph constrains the others.
         let mut o = options.clone();
         o.dims.extend(unset.iter().filter(|s| !s.to_ascii_lowercase().contains("batch")).map(|s| (s.to_string(), size)));
-        if let Ok(found) = runs(&o) {
+        tries.push(o);
+    }
+    for o in &tries {
+        if let Ok(found) = runs(o) {
             return Ok(found);
         }
     }

@@ -1,0 +1,165 @@
+//! Export folders in one run, and expectations as a CI guard.
+
+mod common;
+
+use std::fs;
+use std::path::Path;
+
+use common::*;
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn json(path: &Path) -> serde_json::Value {
+    serde_json::from_slice(&fs::read(path).unwrap()).unwrap()
+}
+
+/// (file, rms-norm, attention) of a folder report.
+fn counts(report: &serde_json::Value) -> Vec<(String, u64, u64)> {
+    report["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            let name = Path::new(f["input"].as_str().unwrap()).file_name().unwrap().to_string_lossy().into_owned();
+            let pass = |p: &str| f["passes"].as_array().unwrap().iter().find(|c| c["name"] == p).unwrap()["fused"].as_u64().unwrap();
+            (name, pass("rms-norm"), pass("attention"))
+        })
+        .collect()
+}
+
+#[test]
+fn an_optimum_seq2seq_folder_is_fused_whole() {
+    let dir = tempdir();
+    let (out, report) = (dir.path().join("fused"), dir.path().join("r.json"));
+    let r = run(&["-q", "--verify", s(&testdata("t5_optimum_folder")), "-o", s(&out), "--report-json", s(&report)]);
+    assert!(r.status.success(), "{}", stderr(&r));
+    let report = json(&report);
+    assert_eq!(
+        counts(&report),
+        [
+            ("decoder_model.onnx".to_string(), 7, 4),
+            ("decoder_with_past_model.onnx".to_string(), 7, 4),
+            ("encoder_model.onnx".to_string(), 5, 2)
+        ]
+    );
+    assert!(report["files"].as_array().unwrap().iter().all(|f| f["written"] == true && f["verification"]["passed"] == true));
+    assert_eq!(report["carried"], serde_json::json!(["config.json", "generation_config.json"]));
+    for f in ["config.json", "generation_config.json"] {
+        assert!(fs::read(out.join(f)).unwrap() == fs::read(testdata("t5_optimum_folder").join(f)).unwrap(), "{f}");
+    }
+    let mut names: Vec<String> = fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    assert_eq!(names.len(), 5, "{names:?}: the models and the carried files, nothing else");
+}
+
+#[test]
+fn a_merged_decoder_folder_fuses_inside_its_branches() {
+    let dir = tempdir();
+    let (out, report) = (dir.path().join("fused"), dir.path().join("r.json"));
+    let r = run(&["-q", "--verify", s(&testdata("llama_optimum_merged_folder")), "-o", s(&out), "--report-json", s(&report)]);
+    assert!(r.status.success(), "{}", stderr(&r));
+    let report = json(&report);
+    assert_eq!(
+        counts(&report),
+        [
+            ("decoder_model.onnx".to_string(), 5, 2),
+            ("decoder_model_merged.onnx".to_string(), 10, 4),
+            ("decoder_with_past_model.onnx".to_string(), 5, 2)
+        ]
+    );
+    let merged = &report["files"][1];
+    assert!(merged["fused"].as_array().unwrap().iter().all(|f| f["graph"].as_str().unwrap().contains("optimum::if")));
+    assert_eq!(merged["verification"]["outputs_decide"], true, "fused nodes inside If branches");
+}
+
+#[test]
+fn the_input_folder_is_not_the_output() {
+    let dir = tempdir();
+    let copy = dir.path().join("export");
+    fs::create_dir(&copy).unwrap();
+    for f in fs::read_dir(testdata("t5_optimum_folder")).unwrap() {
+        let f = f.unwrap().path();
+        fs::copy(&f, copy.join(f.file_name().unwrap())).unwrap();
+    }
+    let r = run(&[s(&copy), "-o", s(&dir.path().join(".").join("export"))]);
+    assert_eq!(r.status.code(), Some(2), "{}", stderr(&r));
+    assert!(stderr(&r).contains("is the input folder"), "{}", stderr(&r));
+}
+
+#[test]
+fn shared_external_data_stays_shared() {
+    let dir = tempdir();
+    let export = dir.path().join("export");
+    fs::create_dir(&export).unwrap();
+    for (from, to) in [("model.onnx", "a.onnx"), ("model.onnx", "b.onnx"), ("model.weights", "model.weights")] {
+        fs::copy(testdata("external").join(from), export.join(to)).unwrap();
+    }
+    let out = dir.path().join("out");
+    let r = run(&["-q", s(&export), "-o", s(&out)]);
+    assert!(r.status.success(), "{}", stderr(&r));
+    let mut names: Vec<String> = fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    assert_eq!(names, ["a.onnx", "b.onnx", "model.weights"], "one data file for both models");
+    for m in ["a.onnx", "b.onnx"] {
+        let model = onnx_fuse::io::load(&out.join(m), Default::default()).unwrap().model;
+        assert_eq!(onnx_fuse::io::external_locations(&model).into_iter().collect::<Vec<_>>(), ["model.weights"]);
+    }
+    assert!(fs::read(out.join("model.weights")).unwrap() == fs::read(export.join("model.weights")).unwrap());
+}
+
+#[test]
+fn expectations_guard_the_counts() {
+    let dir = tempdir();
+    let model = testdata("llama_ts_op14.onnx");
+    let out = dir.path().join("out.onnx");
+    let json_path = dir.path().join("r.json");
+    let go = |extra: &[&str]| run(&[&[s(&model), "-o", s(&out), "-q", "--report-json", s(&json_path)], extra].concat());
+    let met = go(&["--expect", "rms-norm=5,attention=2", "--expect-min", "total=7"]);
+    assert_eq!(met.status.code(), Some(0), "{}", stderr(&met));
+    let report = json(&json_path);
+    assert_eq!(report["expectations"][0]["met"], true);
+    assert_eq!(report["expectations"][2]["kind"], "min");
+    fs::remove_file(&out).unwrap();
+    let unmet = go(&["--expect", "rms-norm=4"]);
+    assert_eq!(unmet.status.code(), Some(4), "{}", stderr(&unmet));
+    assert_eq!(stderr(&unmet), "onnx-fuse: expectation not met: rms-norm: expected 4, found 5\n");
+    assert!(out.exists(), "the output is still written");
+    assert_eq!(json(&json_path)["expectations"][0]["found"], 5);
+    let unmet = go(&["--expect-min", "total=8"]);
+    assert_eq!(unmet.status.code(), Some(4));
+    assert!(stderr(&unmet).contains("total: expected at least 8, found 7"), "{}", stderr(&unmet));
+    // A failed verification outranks an unmet expectation.
+    let fp16 = testdata("llama_ts_op17_fp16.onnx");
+    let r = run(&[s(&fp16), "-o", s(&dir.path().join("f.onnx")), "-q", "--verify", "--rtol", "0", "--atol", "0", "--expect", "rms-norm=1"]);
+    assert_eq!(r.status.code(), Some(3), "{}", stderr(&r));
+    // Unknown names are usage errors.
+    let r = go(&["--expect", "rmsnorm=5"]);
+    assert_eq!(r.status.code(), Some(2));
+    assert!(stderr(&r).contains("no pass is called \"rmsnorm\""), "{}", stderr(&r));
+}
+
+#[test]
+fn folder_expectations_check_totals_and_single_files() {
+    let dir = tempdir();
+    let folder = testdata("t5_optimum_folder");
+    let go = |extra: &[&str]| run(&[&[s(&folder), "-o", s(&dir.path().join("out")), "-q"], extra].concat());
+    assert_eq!(go(&["--expect", "total=29,encoder_model.onnx:attention=2"]).status.code(), Some(0));
+    let r = go(&["--expect", "decoder_model.onnx:rms-norm=6"]);
+    assert_eq!(r.status.code(), Some(4), "{}", stderr(&r));
+    assert!(stderr(&r).contains("decoder_model.onnx: rms-norm: expected 6, found 7"), "{}", stderr(&r));
+    let r = go(&["--expect", "nosuch.onnx:rms-norm=6"]);
+    assert_eq!(r.status.code(), Some(2), "{}", stderr(&r));
+}
+
+#[test]
+fn the_report_ends_with_a_before_after_table() {
+    let dir = tempdir();
+    let r = run(&[s(&testdata("llama_ts_op14.onnx")), "-o", s(&dir.path().join("o.onnx")), "--report"]);
+    let text = String::from_utf8(r.stdout).unwrap();
+    let table: Vec<&str> = text.lines().skip_while(|l| !l.starts_with("op type")).collect();
+    assert!(table.contains(&"SimplifiedLayerNormalization       0       5"), "{table:?}");
+    assert!(table.contains(&"transmuter.AttentionCore           0       2"), "{table:?}");
+    assert!(table.contains(&"Softmax                            2       0"), "{table:?}");
+}
