@@ -83,6 +83,15 @@ synthetic() {
     "  onnx-fuse" "'$fuse' -q '$bench/synthetic.onnx' -o '$bench/fused.onnx'"
   measure "  onnx-fuse --verify (batch 2, seq 16)" "${T[@]}" "$fuse" -q --verify --dim seq=16 "$bench/synthetic.onnx" -o "$bench/fused.onnx"
   rm -f "$bench/cp.onnx" "$bench/fused.onnx"
+  # An export folder of two such models and a config, against cp -r.
+  mkdir -p "$bench/folder"
+  for m in encoder_model decoder_model; do [ -f "$bench/folder/$m.onnx" ] || cp "$bench/synthetic.onnx" "$bench/folder/$m.onnx"; done
+  echo '{"model_type": "synthetic"}' > "$bench/folder/config.json"
+  echo "Synthetic export folder: two models and a config ($(size "$bench/folder"))"
+  cat "$bench"/folder/* >/dev/null
+  measure_pair "  cp -r + sync" "rm -rf '$bench/cp' && cp -r '$bench/folder' '$bench/cp' && sync" \
+    "  onnx-fuse FOLDER -o OUT" "rm -rf '$bench/out' && '$fuse' -q '$bench/folder' -o '$bench/out'"
+  rm -rf "$bench/cp" "$bench/out"
 }
 if $synthetic_only; then synthetic; exit 0; fi
 

@@ -58,11 +58,15 @@ fn graph(g: &GraphProto, outer: &HashSet<&str>, imports: &HashSet<String>, place
     }
     for node in &g.node {
         check_node(node, &defined, outer, imports, place)?;
-        let visible: HashSet<&str> = outer.union(&defined).copied().collect();
-        for a in &node.attribute {
-            for (i, body) in a.g.iter().chain(&a.graphs).enumerate() {
-                let inner = format!("the body {}[{i}] of node {}", a.name(), node_name(node));
-                graph(body, &visible, imports, &inner)?;
+        // Bodies see what is defined before their node (built only for
+        // nodes that hold one: a graph of thousands of nodes stays linear).
+        if node.subgraphs().next().is_some() {
+            let visible: HashSet<&str> = outer.union(&defined).copied().collect();
+            for a in &node.attribute {
+                for (i, body) in a.g.iter().chain(&a.graphs).enumerate() {
+                    let inner = format!("the body {}[{i}] of node {}", a.name(), node_name(node));
+                    graph(body, &visible, imports, &inner)?;
+                }
             }
         }
         for out in node.output.iter().filter(|o| !o.is_empty()) {

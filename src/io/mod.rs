@@ -184,10 +184,19 @@ pub fn save(loaded: &Loaded, unchanged: bool, out: &Path, external: ExternalData
     })
     .with_context(|| format!("{shown}: cannot write"))?;
     pause_for_tests();
+    let mut dirs = BTreeSet::from([out_dir.clone()]);
     for (file, location) in staged {
+        dirs.insert(parent(&out_dir.join(&location)));
         file.commit().with_context(|| format!("{shown}: cannot place external data {location:?}"))?;
     }
-    model.commit().with_context(|| format!("{shown}: cannot write"))
+    model.commit().with_context(|| format!("{shown}: cannot write"))?;
+    // The renames themselves reach the disk once per directory.
+    for dir in dirs {
+        if let Ok(d) = File::open(&dir) {
+            let _ = d.sync_all();
+        }
+    }
+    Ok(())
 }
 
 /// Encodes `model` into `file` (streamed: tensor payloads go from the input's
@@ -206,7 +215,11 @@ pub use staged::Scratch;
 /// Writes `text` to `path` atomically (reports).
 pub fn write_atomically(path: &Path, text: &str) -> Result<()> {
     let staged = Staged::write(path, |file| file.write_all(text.as_bytes()));
-    staged.and_then(Staged::commit).with_context(|| format!("{}: cannot write", path.display()))
+    staged.and_then(Staged::commit).with_context(|| format!("{}: cannot write", path.display()))?;
+    if let Ok(d) = File::open(parent(path)) {
+        let _ = d.sync_all();
+    }
+    Ok(())
 }
 
 /// Tests interrupt a run while its output is staged, not yet committed:
@@ -269,7 +282,11 @@ pub fn external_locations(model: &ModelProto) -> BTreeSet<String> {
 /// (a folder run's other files).
 pub fn carry_over(src: &Path, dst: &Path, how: ExternalData) -> Result<()> {
     let staged = stage_external(src, dst, how).with_context(|| format!("{}: cannot copy to {}", src.display(), dst.display()))?;
-    staged.commit().with_context(|| format!("{}: cannot write", dst.display()))
+    staged.commit().with_context(|| format!("{}: cannot write", dst.display()))?;
+    if let Ok(d) = File::open(parent(dst)) {
+        let _ = d.sync_all();
+    }
+    Ok(())
 }
 
 fn stage_external(src: &Path, dst: &Path, how: ExternalData) -> std::io::Result<Staged> {

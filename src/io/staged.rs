@@ -134,11 +134,7 @@ impl Staged {
             let _ = std::fs::remove_file(&name);
         }
         unregister(&name);
-        renamed?;
-        if let Ok(dir) = File::open(parent(&self.target)) {
-            let _ = dir.sync_all();
-        }
-        Ok(())
+        renamed
     }
 
     /// Gives the unnamed file a temporary name beside its target.

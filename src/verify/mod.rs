@@ -326,17 +326,19 @@ fn run_original(
 ) -> Result<(Vec<Input>, BTreeMap<String, i64>, HashMap<String, Values>)> {
     let symbols = input_symbols(original.0);
     let unset: Vec<&String> = symbols.iter().filter(|s| !options.dims.contains_key(*s) && !s.contains('+')).collect();
+    // One session: every try runs it on other input sizes.
+    let mut session = load(env, original.0, original.1, "original", probe, reference_ops)?;
     let mut runs = |o: &Options| -> Result<(Vec<Input>, BTreeMap<String, i64>, HashMap<String, Values>)> {
         let inputs = synthesize_inputs(original.0, o)?;
         let feeds: Vec<(String, DynValue)> =
             inputs.iter().map(|i| Ok((i.name.clone(), i.to_value()?))).collect::<Result<_>>()?;
-        let values = run(env, original.0, original.1, "original", probe, feeds, reference_ops)?;
+        let values = run_session(&mut session, "original", feeds)?;
         let used = symbols.iter().filter(|s| !s.contains('+')).map(|s| (s.clone(), symbol_value(s, &o.dims))).collect();
         Ok((inputs, used, values))
     };
     let first = match runs(options) {
         Ok(found) => return Ok(found),
-        Err(e) if unset.is_empty() || format!("{e}").contains("cannot load") => return Err(e),
+        Err(e) if unset.is_empty() => return Err(e),
         Err(e) => e,
     };
     // One symbol at 0 or 1 (an empty past: Optimum's merged decoders declare
@@ -350,12 +352,12 @@ fn run_original(
             tries.push(o);
         }
     }
-    for size in candidate_sizes(original.0).into_iter().take(12) {
+    for size in candidate_sizes(original.0) {
         let mut o = options.clone();
         o.dims.extend(unset.iter().filter(|s| !s.to_ascii_lowercase().contains("batch")).map(|s| (s.to_string(), size)));
         tries.push(o);
     }
-    for o in &tries {
+    for o in tries.iter().take(24) {
         if let Ok(found) = runs(o) {
             return Ok(found);
         }
@@ -390,7 +392,8 @@ fn input_symbols(model: &ModelProto) -> Vec<String> {
 /// Sizes a symbolic dimension may need, from what the graph proves: image
 /// sides whose patch grid a position table fixes (a Conv of stride s
 /// applied to the image, and a table of n = k² or k² + 1 rows: side k·s),
-/// then the sizes of the weights' axes.
+/// the sizes written into constant Reshape/Expand/ConstantOfShape/Tile
+/// shapes, then the sizes of the weights' axes.
 fn candidate_sizes(model: &ModelProto) -> Vec<i64> {
     let Some(g) = &model.graph else { return vec![] };
     let dims: std::collections::BTreeSet<i64> =
@@ -402,6 +405,16 @@ fn candidate_sizes(model: &ModelProto) -> Vec<i64> {
         .filter_map(|n| n.attr_ints("strides").and_then(|s| s.first().copied()))
         .filter(|&s| s > 1)
         .collect();
+    // Sizes written into shapes: an export traced at one length may have
+    // kept it in a Reshape or Expand target.
+    let constants = main_constants(model);
+    let mut shaped = std::collections::BTreeSet::new();
+    for n in g.node.iter().filter(|n| n.is("Reshape") || n.is("Expand") || n.is("ConstantOfShape") || n.is("Tile")) {
+        let shape = if n.is("ConstantOfShape") { n.input.first() } else { n.input.get(1) };
+        if let Some(ints) = shape.and_then(|v| constants.get(v.as_str())).and_then(|t| t.ints()) {
+            shaped.extend(ints.into_iter().filter(|&d| d > 1 && d <= 4096));
+        }
+    }
     let mut sizes = Vec::new();
     for &n in &dims {
         for rows in [n, n - 1] {
@@ -411,6 +424,7 @@ fn candidate_sizes(model: &ModelProto) -> Vec<i64> {
             }
         }
     }
+    sizes.extend(shaped.iter());
     sizes.extend(dims.iter().rev());
     let mut seen = std::collections::HashSet::new();
     sizes.retain(|s| seen.insert(*s));
@@ -428,6 +442,20 @@ fn run(
     feeds: Vec<(String, DynValue)>,
     reference_ops: &mut std::collections::BTreeSet<String>,
 ) -> Result<HashMap<String, Values>> {
+    let mut session = load(env, model, dir, which, probe, reference_ops)?;
+    run_session(&mut session, which, feeds)
+}
+
+/// A session of `model` (its copy, with `probe` exposed as outputs and
+/// CPU-less ops replaced by reference functions).
+fn load(
+    env: &ort::environment::Environment,
+    model: &ModelProto,
+    dir: &Path,
+    which: &str,
+    probe: &[String],
+    reference_ops: &mut std::collections::BTreeSet<String>,
+) -> Result<Session> {
     let mut copy = model.clone();
     expose(&mut copy, probe);
     reference_ops.extend(reference::substitute(&mut copy));
@@ -449,9 +477,11 @@ fn run(
         Some(s) => builder.commit_from_file(&s.path),
         None => builder.commit_from_memory(&copy.encode_to_vec()),
     };
-    drop(scratch);
-    drop(copy);
-    let mut session = loaded.map_err(|e| anyhow!("ONNX Runtime cannot load the {which} model: {e}"))?;
+    loaded.map_err(|e| anyhow!("ONNX Runtime cannot load the {which} model: {e}"))
+}
+
+/// Runs a session on `feeds`; returns every output.
+fn run_session(session: &mut Session, which: &str, feeds: Vec<(String, DynValue)>) -> Result<HashMap<String, Values>> {
     let outputs = session.run(feeds).map_err(|e| anyhow!("ONNX Runtime cannot run the {which} model: {e}"))?;
     let mut values = HashMap::new();
     for (name, value) in outputs.iter() {
