@@ -44,29 +44,38 @@ pub struct OpCount {
     pub after: usize,
 }
 
-/// The op types whose node counts differ between two models.
-pub fn op_changes(before: &ModelProto, after: &ModelProto) -> Vec<OpCount> {
-    fn count(model: &ModelProto) -> std::collections::BTreeMap<String, usize> {
-        fn walk(g: &GraphProto, counts: &mut std::collections::BTreeMap<String, usize>) {
-            for n in &g.node {
-                let name = if crate::onnx::is_default_domain(n.domain()) {
-                    n.op_type().to_string()
-                } else {
-                    format!("{}.{}", n.domain(), n.op_type())
-                };
-                *counts.entry(name).or_default() += 1;
-                n.subgraphs().for_each(|b| walk(b, counts));
-            }
+/// Node counts per op type (`domain.OpType` outside the default domain),
+/// over every graph of a model.
+pub fn op_counts(model: &ModelProto) -> std::collections::BTreeMap<String, usize> {
+    fn walk(g: &GraphProto, counts: &mut std::collections::BTreeMap<String, usize>) {
+        for n in &g.node {
+            let name = if crate::onnx::is_default_domain(n.domain()) {
+                n.op_type().to_string()
+            } else {
+                format!("{}.{}", n.domain(), n.op_type())
+            };
+            *counts.entry(name).or_default() += 1;
+            n.subgraphs().for_each(|b| walk(b, counts));
         }
-        let mut counts = Default::default();
-        model.graph.iter().for_each(|g| walk(g, &mut counts));
-        counts
     }
-    let (a, b) = (count(before), count(after));
-    let names: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+    let mut counts = Default::default();
+    model.graph.iter().for_each(|g| walk(g, &mut counts));
+    counts
+}
+
+/// The op types whose counts differ between `before` and `after`.
+pub fn op_changes(
+    before: &std::collections::BTreeMap<String, usize>,
+    after: &std::collections::BTreeMap<String, usize>,
+) -> Vec<OpCount> {
+    let names: std::collections::BTreeSet<&String> = before.keys().chain(after.keys()).collect();
     names
         .into_iter()
-        .map(|op| OpCount { op_type: op.clone(), before: a.get(op).copied().unwrap_or(0), after: b.get(op).copied().unwrap_or(0) })
+        .map(|op| OpCount {
+            op_type: op.clone(),
+            before: before.get(op).copied().unwrap_or(0),
+            after: after.get(op).copied().unwrap_or(0),
+        })
         .filter(|c| c.before != c.after)
         .collect()
 }

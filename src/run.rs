@@ -100,17 +100,19 @@ fn fuse_loaded(
         verify::check_options(&loaded.model, options).map_err(usage)?;
     }
     progress(format!("fusing {}", input.display()));
-    let original = loaded.model.clone();
+    // The original is kept only to verify against.
+    let original = settings.verify.is_some().then(|| loaded.model.clone());
+    let before = report::op_counts(&loaded.model);
     let outcome = rewrite::run(&mut loaded.model, &settings.pipeline);
     let unchanged = outcome.fused.is_empty();
     let mut report =
         Report::new(input.display().to_string(), output.display().to_string(), &settings.pipeline, outcome, settings.explain);
-    report.ops = report::op_changes(&original, &loaded.model);
+    report.ops = report::op_changes(&before, &report::op_counts(&loaded.model));
     report.expectations = expectations.iter().map(|e| e.check(&report.passes)).collect();
-    if let Some(options) = &settings.verify {
+    if let (Some(options), Some(original)) = (&settings.verify, &original) {
         progress(format!("verifying {} through ONNX Runtime", input.display()));
         let dir = io::parent(&input);
-        let verified = verify::verify((&original, &dir), (&loaded.model, &dir), options);
+        let verified = verify::verify((original, &dir), (&loaded.model, &dir), options);
         report.verification = Some(verified.with_context(|| format!("{}: cannot verify", input.display()))?);
     }
     drop(original);

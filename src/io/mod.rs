@@ -82,6 +82,10 @@ pub fn load(path: &Path, options: LoadOptions) -> Result<Loaded> {
         );
     }
     crate::validate::model(&model).map_err(|why| anyhow!("{shown}: invalid model: {why}"))?;
+    // Reading the fields among the payloads mapped large parts of the file
+    // (the kernel maps whole folios); what is read again later comes back
+    // from the page cache.
+    maps::release(&bytes);
     let dir = parent(path);
     for location in external_locations(&model) {
         paths::resolve_location(&dir, &location)
