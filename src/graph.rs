@@ -39,6 +39,18 @@ macro_rules! require {
     };
 }
 
+/// What a rewritten model may contain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Target {
+    /// ONNX Runtime's registrations and `transmuter.AttentionCore` with its
+    /// model-local function (the seed's design).
+    #[default]
+    Ort,
+    /// Only operators the model's own opset defines.
+    Portable,
+}
+
 /// What [`Graph::ints_argument`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum IntsArgument {
@@ -66,6 +78,8 @@ pub struct Graph<'a> {
     pub proto: &'a GraphProto,
     /// The default-domain opset of the model.
     pub opset: i64,
+    /// What the output may contain (`--target`).
+    pub target: Target,
     producer: HashMap<&'a str, usize>,
     consumers: HashMap<&'a str, Vec<usize>>,
     outputs: HashSet<&'a str>,
@@ -89,6 +103,7 @@ impl<'a> Graph<'a> {
         let mut g = Graph {
             proto,
             opset,
+            target: Target::Ort,
             producer: HashMap::new(),
             consumers: HashMap::new(),
             outputs: proto.output.iter().map(|o| o.name()).collect(),

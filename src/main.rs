@@ -135,6 +135,10 @@ struct FuseArgs {
     /// Passes to leave out of the pipeline.
     #[arg(long, value_delimiter = ',')]
     disable: Vec<String>,
+    /// What the output may contain: `ort` (ONNX Runtime's ops and transmuter.AttentionCore with its
+    /// function) or `portable` (only operators the model's own opset defines; see docs/targets.md).
+    #[arg(long, value_enum, default_value = "ort")]
+    target: TargetArg,
     /// List the passes with a one-line description, and exit.
     #[arg(long)]
     list_passes: bool,
@@ -169,6 +173,12 @@ struct FuseArgs {
     verify: bool,
     #[command(flatten)]
     verify_args: VerifyArgs,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum TargetArg {
+    Ort,
+    Portable,
 }
 
 /// What a run ends with besides errors.
@@ -275,6 +285,10 @@ fn fuse(args: FuseArgs) -> Result<Done> {
     let settings = Settings {
         reports: args.report_json.iter().map(|j| Role::new(j, "--report-json")).collect(),
         pipeline,
+        target: match args.target {
+            TargetArg::Ort => onnx_fuse::graph::Target::Ort,
+            TargetArg::Portable => onnx_fuse::graph::Target::Portable,
+        },
         explain: args.explain,
         load: LoadOptions { allow_unknown_fields: args.allow_unknown_fields },
         external: if args.link_external_data { ExternalData::HardLink } else { ExternalData::Copy },

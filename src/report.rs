@@ -15,6 +15,12 @@ pub struct Report {
     pub schema: u32,
     pub input: String,
     pub output: String,
+    /// What the output may contain (`--target`).
+    pub target: crate::graph::Target,
+    /// For the `ort` target: known runtimes and checkers that cannot load
+    /// what this run wrote, and why.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub not_loaded_by: Vec<String>,
     pub passes: Vec<PassCount>,
     pub fused: Vec<Fused>,
     /// What the user must know about the output (e.g. runtimes it needs).
@@ -162,6 +168,8 @@ impl Report {
             schema: 1,
             input,
             output,
+            target: crate::graph::Target::Ort,
+            not_loaded_by: Vec::new(),
             passes,
             fused: outcome.fused,
             cautions,
@@ -199,8 +207,36 @@ impl Report {
         for d in &self.declined {
             let _ = writeln!(s, "\nnot fused by {} at {} ({}): {}", d.pass, d.node, d.graph, d.reason);
         }
+        if !self.not_loaded_by.is_empty() {
+            let _ = writeln!(s, "\ntarget ort: not loaded by {}", self.not_loaded_by.join("; "));
+        }
         s.push_str(&ops_table(&self.ops));
         s
+    }
+
+    /// Sets the target and, for `ort`, the known runtimes and checkers that
+    /// cannot load the ops this run wrote (`opset`: the model's).
+    pub fn set_target(&mut self, target: crate::graph::Target, opset: i64) {
+        self.target = target;
+        self.not_loaded_by.clear();
+        if target != crate::graph::Target::Ort {
+            return;
+        }
+        let wrote = |op: &str| self.fused.iter().any(|f| f.op_type == op);
+        if wrote("AttentionCore") {
+            self.not_loaded_by.push(
+                "OpenVINO and tract (transmuter.AttentionCore: a local function in a custom domain; --target portable \
+                 leaves attention as it is)"
+                    .into(),
+            );
+        }
+        if wrote("SimplifiedLayerNormalization") || (wrote("LayerNormalization") && opset < 17) {
+            self.not_loaded_by.push(
+                "onnx.checker (SimplifiedLayerNormalization, or LayerNormalization below opset 17: ONNX Runtime's \
+                 registrations)"
+                    .into(),
+            );
+        }
     }
 }
 

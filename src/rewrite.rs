@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeSet, HashSet};
 
-use crate::graph::{free_values, Check, Graph, Miss, Scope};
+use crate::graph::{free_values, Check, Graph, Miss, Scope, Target};
 use crate::onnx::{
     AttributeProto, FunctionProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, StringStringEntryProto,
     FUSED_KEY,
@@ -136,12 +136,18 @@ pub struct Outcome {
 }
 
 /// Runs `passes` over the model's graph and every subgraph body, each graph
-/// to a fixed point.
+/// to a fixed point, for the `ort` target.
 pub fn run(model: &mut ModelProto, passes: &[&Pass]) -> Outcome {
+    run_for(model, passes, Target::Ort)
+}
+
+/// `run` for a target: what the passes may write.
+pub fn run_for(model: &mut ModelProto, passes: &[&Pass], target: Target) -> Outcome {
     let opset = model.default_opset();
     let mut outcome = Outcome { functions: model.functions.clone(), ..Default::default() };
+    let context = Context { opset, target };
     if let Some(graph) = model.graph.as_mut() {
-        run_graph(graph, opset, &Scope::default(), passes, "main", &mut outcome);
+        run_graph(graph, context, &Scope::default(), passes, "main", &mut outcome);
     }
     for (domain, version) in std::mem::take(&mut outcome.imports) {
         if !model.opset_import.iter().any(|o| o.domain() == domain) {
@@ -195,18 +201,33 @@ fn same_body(a: &FunctionProto, b: &FunctionProto) -> bool {
         == (&b.input, &b.output, &b.attribute, &b.attribute_proto, &b.node)
 }
 
-fn run_graph(graph: &mut GraphProto, opset: i64, outer: &Scope, passes: &[&Pass], path: &str, outcome: &mut Outcome) {
+/// What every graph of one run shares.
+#[derive(Clone, Copy)]
+struct Context {
+    opset: i64,
+    target: Target,
+}
+
+impl Context {
+    fn view<'a>(&self, graph: &'a GraphProto, outer: &'a Scope) -> Graph<'a> {
+        let mut g = Graph::new(graph, self.opset, outer);
+        g.target = self.target;
+        g
+    }
+}
+
+fn run_graph(graph: &mut GraphProto, context: Context, outer: &Scope, passes: &[&Pass], path: &str, outcome: &mut Outcome) {
     // Bodies first: what they stop reading may free an outer match.
     // (The scope needs a view of the whole graph: only built when a body needs it.)
     if graph.node.iter().any(|n| n.subgraphs().next().is_some()) {
-        let scope = Graph::new(graph, opset, outer).scope_for_subgraphs();
+        let scope = context.view(graph, outer).scope_for_subgraphs();
         for node in graph.node.iter_mut() {
             let holder = display_name(node);
             for attribute in node.attribute.iter_mut() {
                 let name = attribute.name().to_string();
                 let bodies = attribute.g.iter_mut().chain(attribute.graphs.iter_mut());
                 for (i, body) in bodies.enumerate() {
-                    run_graph(body, opset, &scope, passes, &body_path(path, &holder, &name, i), outcome);
+                    run_graph(body, context, &scope, passes, &body_path(path, &holder, &name, i), outcome);
                 }
             }
         }
@@ -215,7 +236,7 @@ fn run_graph(graph: &mut GraphProto, opset: i64, outer: &Scope, passes: &[&Pass]
         let mut changed = false;
         for pass in passes {
             let rewrites =
-                find(&Graph::new(graph, opset, outer), pass, path, &outcome.functions, &mut outcome.declined);
+                find(&context.view(graph, outer), pass, path, &outcome.functions, &mut outcome.declined);
             if !rewrites.is_empty() {
                 for function in rewrites.iter().filter_map(|r| r.function.as_ref()) {
                     if !outcome.functions.iter().any(|f| same_signature(f, function)) {

@@ -33,6 +33,8 @@ pub struct Settings {
     /// Files the run writes besides models (`--report-json`), checked with them.
     pub reports: Vec<Role>,
     pub pipeline: Vec<&'static Pass>,
+    /// What the outputs may contain.
+    pub target: crate::graph::Target,
     pub explain: bool,
     pub load: LoadOptions,
     pub external: ExternalData,
@@ -103,10 +105,11 @@ fn fuse_loaded(
     // The original is kept only to verify against.
     let original = settings.verify.is_some().then(|| loaded.model.clone());
     let before = report::op_counts(&loaded.model);
-    let outcome = rewrite::run(&mut loaded.model, &settings.pipeline);
+    let outcome = rewrite::run_for(&mut loaded.model, &settings.pipeline, settings.target);
     let unchanged = outcome.fused.is_empty();
     let mut report =
         Report::new(input.display().to_string(), output.display().to_string(), &settings.pipeline, outcome, settings.explain);
+    report.set_target(settings.target, loaded.model.default_opset());
     report.ops = report::op_changes(&before, &report::op_counts(&loaded.model));
     report.expectations = expectations.iter().map(|e| e.check(&report.passes)).collect();
     if let (Some(options), Some(original)) = (&settings.verify, &original) {

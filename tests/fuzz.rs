@@ -16,6 +16,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use forms::{Case, Expect, Rng};
+use onnx_fuse::graph::Target;
 use onnx_fuse::onnx::ModelProto;
 use onnx_fuse::{passes, rewrite, verify};
 use prost::Message;
@@ -37,11 +38,11 @@ enum Verdict {
     False(String),
 }
 
-/// Fuses `model` with `pass` and compares through ONNX Runtime.
-fn differential(model: &ModelProto, pass: &str) -> Verdict {
+/// Fuses `model` with `pass` for `target` and compares through ONNX Runtime.
+fn differential(model: &ModelProto, pass: &str, target: Target) -> Verdict {
     let pipeline = passes::pipeline(&[pass.to_string()], &[]).expect("a known pass");
     let mut fused = model.clone();
-    let outcome = rewrite::run(&mut fused, &pipeline);
+    let outcome = rewrite::run_for(&mut fused, &pipeline, target);
     let dir = std::env::temp_dir();
     let dir = dir.as_path();
     if outcome.fused.is_empty() {
@@ -111,10 +112,24 @@ fn campaign(seed: u64, budget: usize, deadline: Option<Instant>) -> (BTreeMap<&'
         }
         for &(pass, generate) in GENERATORS {
             let case_seed = seed.wrapping_mul(1_000_003).wrapping_add(i as u64);
-            let case = generate(&mut Rng::new(case_seed ^ hash(pass)));
+            let mut case = generate(&mut Rng::new(case_seed ^ hash(pass)));
+            // One case in four for the portable target: only what the opset defines.
+            let target = if case_seed % 4 == 0 { Target::Portable } else { Target::Ort };
+            if target == Target::Portable {
+                let opset = case.model.default_opset();
+                case.what.push("target portable".into());
+                let allowed = match pass {
+                    "rms-norm" => opset >= 23,
+                    "layer-norm" => opset >= 17,
+                    _ => false,
+                };
+                if !allowed {
+                    case.expect = Expect::NoFuse;
+                }
+            }
             let tally = tallies.entry(pass).or_default();
             tally.generated += 1;
-            let verdict = differential(&case.model, pass);
+            let verdict = differential(&case.model, pass, target);
             let what = case.what.join("; ");
             match (&verdict, case.expect) {
                 (Verdict::Invalid, _) => tally.invalid += 1,
@@ -208,7 +223,7 @@ fn regressions() {
         let path = entry.unwrap().path();
         let model = ModelProto::decode(std::fs::read(&path).unwrap().as_slice()).unwrap();
         let pass = model.doc_string().strip_prefix("pass ").and_then(|s| s.split(';').next()).unwrap().to_string();
-        let verdict = differential(&model, &pass);
+        let verdict = differential(&model, &pass, Target::Ort);
         assert!(!matches!(verdict, Verdict::False(_) | Verdict::Invalid), "{}: {verdict:?}", path.display());
         let expect_fused = model.doc_string().contains("expect: fused");
         assert_eq!(verdict == Verdict::Fused, expect_fused, "{}: {verdict:?}", path.display());

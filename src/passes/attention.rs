@@ -25,7 +25,7 @@
 //! side values computed at run time become inputs after q, k, v in step
 //! order. docs/attention-core.md is the interface for kernel writers.
 
-use crate::graph::{Check, Graph, Miss};
+use crate::graph::{Check, Graph, Miss, Target};
 use crate::onnx::{
     AttributeProto, AttributeType, FunctionProto, NodeProto, TensorProto, BFLOAT16, DOUBLE, FLOAT, FLOAT16,
     TRANSMUTER_DOMAIN,
@@ -103,6 +103,10 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     reshape_pair_gives_back_shape(g, &shapes, &before, "scores")?;
     reshape_pair_gives_back_shape(g, &shapes, &after, "probabilities")?;
 
+    require!(
+        g.target == Target::Ort,
+        "the portable target writes no attention core yet (ONNX Attention is not written): it stays as its operators"
+    );
     let steps: Vec<Step> =
         before.into_iter().map(|(_, s)| s).chain([Step::Softmax]).chain(after.into_iter().map(|(_, s)| s)).collect();
     let (node, function) = build(q, k, v, &steps);

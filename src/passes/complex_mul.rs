@@ -14,7 +14,7 @@
 //! b may be the same tensor. ONNX Runtime has these two ops on CUDA only,
 //! so this pass is not in the default pipeline.
 
-use crate::graph::{Check, Graph, IntsArgument, Miss};
+use crate::graph::{Check, Graph, IntsArgument, Miss, Target};
 use crate::onnx::{NodeProto, FLOAT, FLOAT16};
 use crate::pattern;
 use crate::require;
@@ -118,6 +118,7 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
         let t = g.elem_type(x);
         require!(matches!(t, Some(FLOAT | FLOAT16)), "{x} is not f32 or f16 (the kernel's types), found {t:?}");
     }
+    require!(g.target == Target::Ort, "com.microsoft.{op} is ONNX Runtime's, not in the portable target");
     Ok(m.replace_with(NodeProto { domain: Some("com.microsoft".into()), ..node(op, &[a, b], vec![]) })
         .importing("com.microsoft", 1))
 }

@@ -9,7 +9,7 @@
 //! `SimplifiedLayerNormalization(d, gamma)`, that node is accepted in its
 //! place and its provenance list folds into this one.
 
-use crate::graph::{Check, Graph, Miss};
+use crate::graph::{Check, Graph, Miss, Target};
 use crate::pattern::{self, either_order, is_vector};
 use crate::require;
 use crate::rewrite::{node, Match, Pass, Rewrite};
@@ -45,6 +45,13 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
                 types[0] == types[1] && g.elem_type(x).is_none_or(|t| Some(t) == types[0]),
                 "x, gamma and beta do not share one element type"
             );
+            // ONNX defines LayerNormalization from opset 17; below, only
+            // ONNX Runtime's registration runs it.
+            require!(
+                g.target == Target::Ort || g.opset >= 17,
+                "needs opset 17 for LayerNormalization (the model imports opset {})",
+                g.opset
+            );
             Ok(m.replace_with(node("LayerNormalization", &[x, gamma, beta], norm_attributes(eps))))
         },
     )
@@ -68,15 +75,10 @@ fn beta_not_a_vector(g: &Graph, index: usize) -> Check<Rewrite> {
 fn scaled_norm<'a>(g: &Graph<'a>, m: &mut Match, scaled: &'a str) -> Check<(&'a str, &'a str, f32)> {
     let p = g.producer(scaled).ok_or_else(|| Miss::Because(format!("{scaled} is not computed by the graph")))?;
     let node = g.node(p);
-    if node.is("SimplifiedLayerNormalization") && node.input.len() == 2 {
-        require!(
-            node.attr_int("axis").unwrap_or(-1) == -1,
-            "the SimplifiedLayerNormalization is not over the last axis"
-        );
-        require!(
-            node.attr_int("stash_type").unwrap_or(1) == 1,
-            "the SimplifiedLayerNormalization does not compute in f32"
-        );
+    if (node.is("SimplifiedLayerNormalization") || node.is("RMSNormalization")) && node.input.len() == 2 {
+        // As rms-norm writes it (either target): the last axis, in f32.
+        require!(node.attr_int("axis").unwrap_or(-1) == -1, "the {} is not over the last axis", node.op_type());
+        require!(node.attr_int("stash_type").unwrap_or(1) == 1, "the {} does not compute in f32", node.op_type());
         m.take(p);
         return Ok((&node.input[0], &node.input[1], node.attr_float("epsilon").unwrap_or(1e-5)));
     }

@@ -1,5 +1,6 @@
 //! rms-norm: `x / sqrt(mean(x², axis=-1) + eps) * weight`
-//!        → `SimplifiedLayerNormalization(x, weight)`, axis -1, epsilon eps, stash_type 1.
+//!        → `SimplifiedLayerNormalization(x, weight)`, axis -1, epsilon eps, stash_type 1
+//!          (`--target portable`: ONNX's `RMSNormalization`, from opset 23).
 //!
 //! Forms accepted (docs/fusions.md shows each):
 //! - the square as `Pow(x, 2)` or `Mul(x, x)`;
@@ -14,7 +15,7 @@
 //! - the weight a constant or any value of proved shape `[D]`, with D the
 //!   proved last axis of x.
 
-use crate::graph::{Check, Graph, Miss};
+use crate::graph::{Check, Graph, Miss, Target};
 use crate::onnx::{AttributeProto, BFLOAT16, FLOAT, FLOAT16};
 use crate::pattern::{self, cast_to, either_order, is_vector, scalar};
 use crate::require;
@@ -49,10 +50,23 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
                 }
             };
             pattern::weight(g, weight, x, "weight")?;
-            Ok(m.replace_with(node("SimplifiedLayerNormalization", &[x, weight], norm_attributes(core.eps))))
+            Ok(m.replace_with(node(op_for(g)?, &[x, weight], norm_attributes(core.eps))))
         },
     )
     .or_else(|miss| if miss == Miss::NotAnchor { weight_not_a_vector(g, index) } else { Err(miss) })
+}
+
+/// The op the target allows: ONNX Runtime's `SimplifiedLayerNormalization`
+/// (any opset), or ONNX's own `RMSNormalization` (from opset 23), which
+/// computes the same with the same attributes.
+fn op_for(g: &Graph) -> Check<&'static str> {
+    match g.target {
+        Target::Ort => Ok("SimplifiedLayerNormalization"),
+        Target::Portable => {
+            require!(g.opset >= 23, "needs opset 23 for RMSNormalization (the model imports opset {})", g.opset);
+            Ok("RMSNormalization")
+        }
+    }
 }
 
 /// A Mul with no operand of rank ≤ 1 is no candidate, unless one operand is

@@ -331,7 +331,7 @@ fn leak(rng: &mut Rng, c: &mut Ctx, b: &mut Builder, inner: &[String], elem: i32
 pub fn rms(rng: &mut Rng) -> Case {
     let mut c = Ctx::new();
     let mut b = Builder::default();
-    let opset = rng.pick(&[13i64, 17, 18]);
+    let opset = rng.pick(&[13i64, 17, 18, 23]);
     let rank = 1 + rng.below(4);
     let (dims, last) = x_shape(rng, &mut c, rank);
     let declared = dims.is_some();
@@ -393,7 +393,7 @@ pub fn rms(rng: &mut Rng) -> Case {
 pub fn layer_norm(rng: &mut Rng) -> Case {
     let mut c = Ctx::new();
     let mut b = Builder::default();
-    let opset = rng.pick(&[13i64, 16, 18]);
+    let opset = rng.pick(&[13i64, 16, 18, 23]);
     let rank = 1 + rng.below(4);
     let (dims, last) = x_shape(rng, &mut c, rank);
     let declared = dims.is_some();
