@@ -130,7 +130,7 @@ def record(name, **how):
     print(f"wrote {name}", file=sys.stderr)
 
 
-def export_torch(name, kind, *, opset, dynamo=False, fp16=False, attn="eager"):
+def export_torch(name, kind, *, opset, dynamo=False, fp16=False, attn="eager", optimize=True):
     model = build(kind, attn)
     if fp16:
         model = model.half()
@@ -141,14 +141,14 @@ def export_torch(name, kind, *, opset, dynamo=False, fp16=False, attn="eager"):
     wrapped = Wrap(model, kind)
     if dynamo:
         torch.onnx.export(wrapped, args, path, input_names=names, output_names=["out"],
-                          opset_version=opset, dynamo=True, optimize=True,
+                          opset_version=opset, dynamo=True, optimize=optimize,
                           dynamic_shapes=None, external_data=False)
     else:
         torch.onnx.export(wrapped, args, path, input_names=names, output_names=["out"],
                           dynamic_axes=axes, opset_version=opset, dynamo=False,
                           do_constant_folding=True)
     record(name, model=kind, exporter="torch.onnx dynamo" if dynamo else "torch.onnx TorchScript",
-           opset=opset, dtype="float16" if fp16 else "float32", attention=attn,
+           opset=opset, dtype="float16" if fp16 else "float32", attention=attn, exporter_optimizer=optimize,
            config=configs()[kind].to_diff_dict())
 
 
@@ -716,6 +716,10 @@ def main():
                                                                    file="decoder_with_past_model.onnx")),
         ("gpt2_optimum_past.onnx", lambda n: export_optimum(n, "gpt2", "text-generation-with-past")),
         ("bert_optimum.onnx", lambda n: export_optimum(n, "bert", "feature-extraction", opset=14)),
+        # Opset 23 (the portable target's RMSNormalization), eager attention, the
+        # exporter's optimizer off so that the norms stay decomposed.
+        ("llama_dynamo_op23.onnx", lambda n: export_torch(n, "llama", opset=23, dynamo=True, optimize=False)),
+        ("gpt2_dynamo_op23.onnx", lambda n: export_torch(n, "gpt2", opset=23, dynamo=True, optimize=False)),
         ("t5_optimum_folder", lambda n: export_optimum_folder(n, "t5", "text2text-generation-with-past", merged=False)),
         ("llama_optimum_merged_folder",
          lambda n: export_optimum_folder(n, "llama", "text-generation-with-past", merged=True)),

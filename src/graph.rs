@@ -145,11 +145,10 @@ impl<'a> Graph<'a> {
                     g.consts.insert(out, t);
                 }
             }
-            // torch.onnx shares equal initializers through Identity nodes.
-            if node.is("Identity") && node.output.len() == 1 {
-                if let Some(t) = node.input.first().and_then(|i| g.constant(i)).cloned() {
-                    g.consts.insert(&node.output[0], Cow::Owned(t));
-                }
+            // torch.onnx shares equal initializers through Identity nodes, and
+            // its unoptimized exports reshape small constants (axes, exponents).
+            if let Some(t) = g.reshaped_constant(node) {
+                g.consts.insert(&node.output[0], Cow::Owned(t));
             }
         }
         for list in g.consumers.values_mut() {
@@ -157,6 +156,67 @@ impl<'a> Graph<'a> {
         }
         g.infer_types();
         g
+    }
+
+    /// The value of `Identity`, `Reshape`, `Squeeze` or `Unsqueeze` of a small
+    /// constant (the same values under new dims), when every argument is a
+    /// constant.
+    fn reshaped_constant(&self, node: &NodeProto) -> Option<TensorProto> {
+        const SMALL: u64 = 64;
+        if node.output.len() != 1 || !crate::onnx::is_default_domain(node.domain()) {
+            return None;
+        }
+        let t = self.constant(node.input.first()?)?;
+        if t.is_external() || t.numel()? > SMALL {
+            return None;
+        }
+        let n = t.numel()? as i64;
+        let dims: Vec<i64> = match node.op_type() {
+            "Identity" => t.dims.clone(),
+            "Reshape" => {
+                let target = self.constant(node.input.get(1)?)?.ints()?;
+                let allowzero = node.attr_int("allowzero").unwrap_or(0) == 1;
+                let mut dims: Vec<i64> = target
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &d)| if d == 0 && !allowzero { t.dims.get(i).copied().unwrap_or(-2) } else { d })
+                    .collect();
+                let known: i64 = dims.iter().filter(|&&d| d != -1).product();
+                if dims.iter().any(|&d| d < -1) || dims.iter().filter(|&&d| d == -1).count() > 1 {
+                    return None;
+                }
+                if let Some(hole) = dims.iter().position(|&d| d == -1) {
+                    if known == 0 || n % known != 0 {
+                        return None;
+                    }
+                    dims[hole] = n / known;
+                }
+                dims
+            }
+            "Squeeze" | "Unsqueeze" => {
+                let IntsArgument::Known(axes) = self.ints_argument(node, "axes", 1, 13) else { return None };
+                let squeeze = node.op_type() == "Squeeze";
+                let rank = if squeeze { t.dims.len() } else { t.dims.len() + axes.len() } as i64;
+                let mut axes: Vec<i64> = axes.iter().map(|&a| if a < 0 { a + rank } else { a }).collect();
+                axes.sort_unstable();
+                if axes.iter().any(|&a| a < 0 || a >= rank) {
+                    return None;
+                }
+                if squeeze {
+                    let dims = t.dims.iter().enumerate().filter(|(i, _)| !axes.contains(&(*i as i64))).map(|(_, &d)| d);
+                    dims.collect()
+                } else {
+                    let mut dims = t.dims.clone();
+                    for a in axes {
+                        dims.insert(a as usize, 1);
+                    }
+                    dims
+                }
+            }
+            _ => return None,
+        };
+        let t = TensorProto { dims, name: None, ..t.clone() };
+        (t.numel()? == n as u64).then_some(t)
     }
 
     /// The name as this graph stores it, so the maps can borrow it. Values

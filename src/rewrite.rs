@@ -66,6 +66,15 @@ impl Match {
         Match { anchor, nodes: BTreeSet::from([anchor]) }
     }
 
+    /// How many nodes the match holds.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
     /// Adds a node to the match; returns it for chaining.
     pub fn take(&mut self, node: usize) -> usize {
         self.nodes.insert(node);

@@ -111,3 +111,13 @@ fn the_report_names_the_target_and_who_cannot_load_the_ort_output() {
     assert_eq!(portable["target"], "portable");
     assert!(portable.get("not_loaded_by").is_none());
 }
+
+#[test]
+fn an_opset_23_export_gets_onnx_rms_normalization() {
+    let original = load("llama_dynamo_op23.onnx");
+    let (fused, outcome) = fuse_for(&original, Target::Portable);
+    assert_eq!(count_op(&fused, "RMSNormalization"), 5);
+    assert_eq!(count_op(&fused, "SimplifiedLayerNormalization") + count_op(&fused, "AttentionCore"), 0);
+    assert_eq!(outcome.fused.len(), 5);
+    assert_equivalent(&original, &fused, "llama_dynamo_op23.onnx");
+}

@@ -4,7 +4,7 @@
 //! Between the two MatMuls an export writes a short chain of steps:
 //!
 //! ```text
-//! s = MatMul(q, k)
+//! s = MatMul(q, k)                 (an Identity anywhere on the way is no step)
 //!     Mul(s, c) | Div(s, c)        c a constant with one value   → attribute `scale`
 //!     Div(s, d)                    d computed at run time        → input `divisor`
 //!     Cast(s, to = float type)                                   → attribute `scores_to`
@@ -81,7 +81,13 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
         if node.is("Softmax") {
             break m.take(p);
         }
-        require_not_anchor(after.len() < 6)?;
+        require_not_anchor(after.len() < 6 && m.len() < 16)?;
+        // Identity (unoptimized dynamo exports) computes nothing: no step.
+        if node.is("Identity") && node.input.len() == 1 {
+            m.take(p);
+            value = &node.input[0];
+            continue;
+        }
         let (step, input) = probs_step(g, &mut m, p)?;
         after.push((m.take(p), step));
         value = input;
@@ -242,6 +248,11 @@ fn scores_chain<'a>(g: &Graph<'a>, m: &mut Match, value: &'a str, depth: usize) 
         }
         "Reshape" if binary => {
             return step(scores_chain(g, m, &node.input[0], depth + 1), reshape(g, node)).inspect(|_| {
+                m.take(p);
+            });
+        }
+        "Identity" if node.input.len() == 1 => {
+            return scores_chain(g, m, &node.input[0], depth + 1).inspect(|_| {
                 m.take(p);
             });
         }
