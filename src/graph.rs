@@ -158,21 +158,24 @@ impl<'a> Graph<'a> {
         g
     }
 
-    /// The value of `Identity`, `Reshape`, `Squeeze` or `Unsqueeze` of a small
-    /// constant (the same values under new dims), when every argument is a
-    /// constant.
+    /// The value of `Identity` of a constant, or of `Reshape`, `Squeeze` or
+    /// `Unsqueeze` of a small one (the same values under new dims), when
+    /// every argument is a constant.
     fn reshaped_constant(&self, node: &NodeProto) -> Option<TensorProto> {
         const SMALL: u64 = 64;
         if node.output.len() != 1 || !crate::onnx::is_default_domain(node.domain()) {
             return None;
         }
         let t = self.constant(node.input.first()?)?;
+        if node.op_type() == "Identity" {
+            // Shares the tensor (its bytes are not copied), whatever its size.
+            return Some(t.clone());
+        }
         if t.is_external() || t.numel()? > SMALL {
             return None;
         }
         let n = t.numel()? as i64;
         let dims: Vec<i64> = match node.op_type() {
-            "Identity" => t.dims.clone(),
             "Reshape" => {
                 let target = self.constant(node.input.get(1)?)?.ints()?;
                 let allowzero = node.attr_int("allowzero").unwrap_or(0) == 1;
