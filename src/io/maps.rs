@@ -20,6 +20,9 @@ pub struct Registered {
 
 impl Registered {
     pub fn new(map: memmap2::Mmap, file: File) -> Self {
+        // The fields read among the payloads would otherwise map whole huge
+        // pages of payload with them (file THP): keep mappings page-sized.
+        let _ = map.advise(memmap2::Advice::NoHugePage);
         let start = map.as_ptr() as usize;
         LIVE.lock().unwrap_or_else(|e| e.into_inner()).push((start, start + map.len(), file.as_raw_fd()));
         Registered { map, _file: file }
