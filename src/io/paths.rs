@@ -36,6 +36,8 @@ impl Role {
 /// Refuses a run whose writes touch its reads or each other, or replace
 /// anything but a regular file. The error names both paths.
 pub fn check_run(reads: &[Role], writes: &[Role]) -> Result<(), String> {
+    // Each path's identity once (a model can have hundreds of data files).
+    let known: Vec<(Option<Identity>, &Role)> = reads.iter().chain(writes).map(|r| (identity(&r.path), r)).collect();
     for (i, w) in writes.iter().enumerate() {
         if let Ok(m) = std::fs::metadata(&w.path) {
             if !m.is_file() {
@@ -46,8 +48,9 @@ pub fn check_run(reads: &[Role], writes: &[Role]) -> Result<(), String> {
                 ));
             }
         }
-        let Some(id) = identity(&w.path) else { continue };
-        let clash = reads.iter().chain(&writes[..i]).find(|r| identity(&r.path).as_ref() == Some(&id));
+        let Some(id) = &known[reads.len() + i].0 else { continue };
+        let earlier = &known[..reads.len() + i];
+        let clash = earlier.iter().find(|(other, _)| other.as_ref() == Some(id)).map(|(_, r)| *r);
         if let Some(r) = clash {
             return Err(format!(
                 "{} ({}) and {} ({}) are the same file; choose another path",
