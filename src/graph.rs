@@ -308,6 +308,29 @@ impl<'a> Graph<'a> {
         }
     }
 
+    /// Starts, ends, axes and steps of a Slice: attributes before opset 10,
+    /// constant inputs from it on (absent axes: 0, 1, …; absent steps: 1).
+    /// None where any is computed at run time.
+    pub fn slice_arguments(&self, node: &NodeProto) -> Option<(Vec<i64>, Vec<i64>, Vec<i64>, Vec<i64>)> {
+        if self.opset < 10 {
+            let attr = |name: &str| node.attr_ints(name).map(<[i64]>::to_vec);
+            let (starts, ends) = (attr("starts")?, attr("ends")?);
+            let axes = attr("axes").unwrap_or_else(|| (0..starts.len() as i64).collect());
+            let steps = vec![1; starts.len()];
+            return (node.input.len() == 1).then_some((starts, ends, axes, steps));
+        }
+        let int = |i: usize| -> Option<Option<Vec<i64>>> {
+            match node.input.get(i).filter(|s| !s.is_empty()) {
+                None => Some(None),
+                Some(value) => Some(Some(self.constant(value)?.ints()?)),
+            }
+        };
+        let (starts, ends) = (int(1)??, int(2)??);
+        let axes = int(3)?.unwrap_or_else(|| (0..starts.len() as i64).collect());
+        let steps = int(4)?.unwrap_or_else(|| vec![1; starts.len()]);
+        Some((starts, ends, axes, steps))
+    }
+
     /// The `axes` of a Reduce op: an input from opset 13 for ReduceSum and
     /// from 18 for the others, an attribute before.
     pub fn reduce_axes(&self, node: &NodeProto) -> IntsArgument {

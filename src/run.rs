@@ -73,7 +73,7 @@ pub fn fuse_file(input: &Path, output: &Path, settings: &Settings, progress: &dy
     let loaded = io::load(input, settings.load)?;
     // Every file the run will write, against every file it reads or writes.
     let mut writes = io::writes(&loaded, output);
-    writes.extend(settings.reports.iter().map(|r| Role::new(&r.path, r.what.clone())));
+    writes.extend(settings.reports.iter().cloned());
     io::check_run(&io::reads(&loaded), &writes).map_err(usage)?;
     if let Some(foreign) = io::foreign_data_files(&loaded, output).first() {
         return Err(usage(format!(
@@ -221,7 +221,7 @@ pub fn fuse_folder(
     let target = |p: &Path| output.join(p.file_name().expect("a file in the folder"));
     let reads: Vec<Role> = models.iter().chain(&others).map(|p| Role::new(p, "a file of the input folder")).collect();
     let mut writes: Vec<Role> = models.iter().chain(&others).map(|p| Role::new(target(p), "a file of -o")).collect();
-    writes.extend(settings.reports.iter().map(|r| Role::new(&r.path, r.what.clone())));
+    writes.extend(settings.reports.iter().cloned());
     io::check_run(&reads, &writes).map_err(usage)?;
     // Other files first (external data among them): models refer to them.
     let mut carried = Vec::new();

@@ -407,12 +407,9 @@ impl<'g, 'a> Shapes<'g, 'a> {
                 Some(vec![self.scalar(&node.input[0])])
             }
             "Cast" | "Identity" => self.shape_tensor(&node.input[0]),
-            "Slice" if g.opset >= 10 => {
+            "Slice" => {
                 let data = self.shape_tensor(&node.input[0])?;
-                let int = |i: usize| node.input.get(i).filter(|s| !s.is_empty()).and_then(|s| g.constant(s)?.ints());
-                let (starts, ends) = (int(1)?, int(2)?);
-                let axes = node.input.get(3).filter(|s| !s.is_empty()).map_or(Some(vec![0]), |_| int(3))?;
-                let steps = node.input.get(4).filter(|s| !s.is_empty()).map_or(Some(vec![1]), |_| int(4))?;
+                let (starts, ends, axes, steps) = g.slice_arguments(node)?;
                 match (starts.as_slice(), ends.as_slice(), axes.as_slice(), steps.as_slice()) {
                     ([start], [end], [0 | -1], [step]) => Some(
                         slice_indices(*start, *end, *step, data.len() as i64)

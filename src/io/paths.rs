@@ -22,6 +22,7 @@ fn identity(path: &Path) -> Option<Identity> {
 }
 
 /// One file of a run, with what it is to the user ("the input", "-o", …).
+#[derive(Clone)]
 pub struct Role {
     pub path: PathBuf,
     pub what: String,

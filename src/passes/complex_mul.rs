@@ -159,7 +159,7 @@ fn part<'a>(g: &Graph<'a>, shapes: &Shapes, m: &mut Match, value: &'a str, kind:
             kept
         }
         (Kind::Kept, "Slice") if node.input.len() >= 3 || g.opset < 10 => {
-            let (starts, ends, axes, steps) = slice_arguments(g, node)
+            let (starts, ends, axes, steps) = g.slice_arguments(node)
                 .ok_or_else(|| Miss::Because(format!("the Slice of {value} has arguments computed at run time")))?;
             require!(
                 starts.len() == 1 && ends.len() == 1 && axes.len() == 1 && steps.len() == 1,
@@ -188,28 +188,6 @@ fn part<'a>(g: &Graph<'a>, shapes: &Shapes, m: &mut Match, value: &'a str, kind:
     require!(found.index == 0 || found.index == 1, "{value} takes index {} of the last axis", found.index);
     m.take(p);
     Ok(found)
-}
-
-/// Starts, ends, axes and steps of a Slice: attributes before opset 10,
-/// constant inputs from it on (absent axes: 0, 1, …; absent steps: 1).
-fn slice_arguments(g: &Graph, node: &NodeProto) -> Option<(Vec<i64>, Vec<i64>, Vec<i64>, Vec<i64>)> {
-    if g.opset < 10 {
-        let attr = |name: &str| node.attr_ints(name).map(<[i64]>::to_vec);
-        let (starts, ends) = (attr("starts")?, attr("ends")?);
-        let axes = attr("axes").unwrap_or_else(|| (0..starts.len() as i64).collect());
-        let steps = vec![1; starts.len()];
-        return (node.input.len() == 1).then_some((starts, ends, axes, steps));
-    }
-    let int = |i: usize| -> Option<Option<Vec<i64>>> {
-        match node.input.get(i).filter(|s| !s.is_empty()) {
-            None => Some(None),
-            Some(value) => Some(Some(g.constant(value)?.ints()?)),
-        }
-    };
-    let (starts, ends) = (int(1)??, int(2)??);
-    let axes = int(3)?.unwrap_or_else(|| (0..starts.len() as i64).collect());
-    let steps = int(4)?.unwrap_or_else(|| vec![1; starts.len()]);
-    Some((starts, ends, axes, steps))
 }
 
 #[cfg(test)]

@@ -372,10 +372,13 @@ fn run_original(
     )
 }
 
-/// The symbolic dimensions of the model's inputs.
+/// The symbolic dimensions of the inputs the model is fed (not those an
+/// initializer gives a default).
 fn input_symbols(model: &ModelProto) -> Vec<String> {
     let mut found = Vec::new();
-    for vi in model.graph.iter().flat_map(|g| &g.input) {
+    let Some(graph) = &model.graph else { return found };
+    let initializers: std::collections::HashSet<&str> = graph.initializer.iter().map(|t| t.name()).collect();
+    for vi in graph.input.iter().filter(|i| !initializers.contains(i.name())) {
         if let Some(TypeValue::TensorType(t)) = vi.r#type.as_ref().and_then(|t| t.value.as_ref()) {
             for d in t.shape.iter().flat_map(|s| &s.dim) {
                 if let Some(Dim::DimParam(p)) = &d.value {
@@ -675,15 +678,9 @@ pub fn check_options(model: &ModelProto, options: &Options) -> std::result::Resu
     let initializers: std::collections::HashSet<&str> = graph.initializer.iter().map(|t| t.name()).collect();
     let inputs: Vec<&ValueInfoProto> = graph.input.iter().filter(|i| !initializers.contains(i.name())).collect();
     let mut symbols = std::collections::BTreeSet::new();
-    for vi in &inputs {
-        if let Some(TypeValue::TensorType(t)) = vi.r#type.as_ref().and_then(|t| t.value.as_ref()) {
-            for d in t.shape.iter().flat_map(|s| &s.dim) {
-                if let Some(Dim::DimParam(p)) = &d.value {
-                    symbols.insert(p.clone());
-                    symbols.extend(p.split('+').map(|t| t.trim().to_string()).filter(|t| t.parse::<i64>().is_err()));
-                }
-            }
-        }
+    for p in input_symbols(model) {
+        symbols.extend(p.split('+').map(|t| t.trim().to_string()).filter(|t| t.parse::<i64>().is_err()));
+        symbols.insert(p);
     }
     for name in options.dims.keys() {
         if !symbols.contains(name) {
