@@ -158,16 +158,18 @@ impl<'a> Graph<'a> {
         g
     }
 
-    /// The value of `Identity` of a constant, or of `Reshape`, `Squeeze` or
-    /// `Unsqueeze` of a small one (the same values under new dims), when
-    /// every argument is a constant.
+    /// The value of `Identity` (or a `Cast` to its own type) of a constant,
+    /// or of `Reshape`, `Squeeze`, `Unsqueeze` or `Expand` to ones of a
+    /// small one (the same values under new dims), when every argument is a
+    /// constant.
     fn reshaped_constant(&self, node: &NodeProto) -> Option<TensorProto> {
         const SMALL: u64 = 64;
         if node.output.len() != 1 || !crate::onnx::is_default_domain(node.domain()) {
             return None;
         }
         let t = self.constant(node.input.first()?)?;
-        if node.op_type() == "Identity" {
+        let same_type_cast = node.is("Cast") && node.attr_int("to") == Some(i64::from(t.data_type()));
+        if node.op_type() == "Identity" || same_type_cast {
             // Shares the tensor (its bytes are not copied), whatever its size.
             return Some(t.clone());
         }
@@ -215,6 +217,16 @@ impl<'a> Graph<'a> {
                     }
                     dims
                 }
+            }
+            "Expand" => {
+                // A target shape of ones only adds leading axes of 1
+                // (dynamo's `full([], c)` is `Expand(c, [])`).
+                let target = self.constant(node.input.get(1)?)?.ints()?;
+                if target.iter().any(|&d| d != 1) {
+                    return None;
+                }
+                let leading = target.len().saturating_sub(t.dims.len());
+                std::iter::repeat_n(1, leading).chain(t.dims.iter().copied()).collect()
             }
             _ => return None,
         };

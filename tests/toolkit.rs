@@ -130,3 +130,28 @@ fn the_wire_walk_finds_unknown_fields_at_any_depth() {
     // Truncated in the middle of a field: not protobuf.
     assert!(find_unknown_field(&clean[..clean.len() - 1]).is_err());
 }
+
+#[test]
+fn constants_reached_through_shape_only_ops_are_constants() {
+    // dynamo's unoptimized `full([], c)`: Expand(Cast(c, to = its own type), []).
+    let mut b = Builder::default();
+    let c = b.constant(tensor(FLOAT, &[], &[-3.0e38]));
+    let same = b.node("Cast", &[&c], vec![attr_int("to", FLOAT as i64)]);
+    let empty = b.init("empty", ints(&[]));
+    let full = b.node("Expand", &[&same, &empty], vec![]);
+    let ones = b.init("ones", ints(&[1, 1]));
+    let raised = b.node("Expand", &[&same, &ones], vec![]);
+    let other = b.init("two", ints(&[2]));
+    let widened = b.node("Expand", &[&same, &other], vec![]);
+    let to_double = b.node("Cast", &[&c], vec![attr_int("to", 11)]);
+    let model = b.model(18);
+    let scope = Scope::default();
+    let g = Graph::new(model.graph.as_ref().unwrap(), 18, &scope);
+    assert_eq!(g.scalar(&full), Some(-3.0e38f32 as f64));
+    assert_eq!(g.constant(&full).unwrap().dims, Vec::<i64>::new());
+    // Expanding to ones adds leading axes: the rank counts (ground rule 8).
+    assert_eq!(g.constant(&raised).unwrap().dims, vec![1, 1]);
+    // Neither a real broadcast nor a change of type is folded.
+    assert!(g.constant(&widened).is_none());
+    assert!(g.constant(&to_double).is_none());
+}
