@@ -720,6 +720,10 @@ def main():
         # exporter's optimizer off so that the norms stay decomposed.
         ("llama_dynamo_op23.onnx", lambda n: export_torch(n, "llama", opset=23, dynamo=True, optimize=False)),
         ("gpt2_dynamo_op23.onnx", lambda n: export_torch(n, "gpt2", opset=23, dynamo=True, optimize=False)),
+        # Unmasked cores at opset 23: the portable target's ONNX Attention.
+        ("vit_dynamo_op23.onnx", lambda n: export_torch(n, "vit", opset=23, dynamo=True, optimize=False)),
+        ("whisper_encoder_dynamo_op23.onnx",
+         lambda n: export_torch(n, "whisper", opset=23, dynamo=True, optimize=False)),
         ("t5_optimum_folder", lambda n: export_optimum_folder(n, "t5", "text2text-generation-with-past", merged=False)),
         ("llama_optimum_merged_folder",
          lambda n: export_optimum_folder(n, "llama", "text-generation-with-past", merged=True)),

@@ -35,6 +35,8 @@ pub const EXPORTS: &[(&str, usize, usize, usize, f32)] = &[
     ("gpt2_dynamo_op18.onnx", 0, 0, 2, 1e-5),
     // Unoptimized: the fill and the divisor are `Expand(Cast(constant), [])`.
     ("gpt2_dynamo_op23.onnx", 0, 0, 2, 1e-5),
+    ("vit_dynamo_op23.onnx", 0, 0, 2, 1e-12),
+    ("whisper_encoder_dynamo_op23.onnx", 0, 0, 2, 1e-5),
     ("bert_ts_op14.onnx", 0, 5, 2, 1e-12),
     ("bert_sdpa_ts_op14.onnx", 0, 5, 2, 1e-12),
     ("bert_optimum.onnx", 0, 5, 2, 1e-12),

@@ -2,10 +2,10 @@
 
 mod common;
 
-use common::build::{attr_ints, tensor, Builder, D};
+use common::build::{attr_int, attr_ints, tensor, Builder, D};
 use common::*;
 use onnx_fuse::graph::Target;
-use onnx_fuse::onnx::{ModelProto, FLOAT, INT64};
+use onnx_fuse::onnx::{ModelProto, BFLOAT16, BOOL, FLOAT, INT64};
 use onnx_fuse::{passes, rewrite};
 
 fn fuse_for(model: &ModelProto, target: Target) -> (ModelProto, rewrite::Outcome) {
@@ -93,11 +93,8 @@ fn nothing_in_a_custom_domain() {
         let outcome = rewrite::run_for(&mut fused, &pipeline, Target::Portable);
         assert!(all_nodes(&fused).iter().all(|n| onnx_fuse::onnx::is_default_domain(n.domain())), "{name}");
         assert!(fused.functions.is_empty(), "{name}: no local functions");
-        assert!(
-            outcome.declined.iter().any(|d| d.reason.contains("portable target")),
-            "{name}: says why: {:?}",
-            outcome.declined
-        );
+        let why = if name.starts_with("cmul") { "portable target" } else { "needs opset 23 for Attention" };
+        assert!(outcome.declined.iter().any(|d| d.reason.contains(why)), "{name}: says why: {:?}", outcome.declined);
     }
 }
 
@@ -120,4 +117,127 @@ fn an_opset_23_export_gets_onnx_rms_normalization() {
     assert_eq!(count_op(&fused, "SimplifiedLayerNormalization") + count_op(&fused, "AttentionCore"), 0);
     assert_eq!(outcome.fused.len(), 5);
     assert_equivalent(&original, &fused, "llama_dynamo_op23.onnx");
+}
+
+/// What an attention core carries besides `softmax(q·kᵀ / 8) · v`.
+#[derive(Clone, Copy, PartialEq)]
+enum Extra {
+    Nothing,
+    Mask,
+    Where,
+    Divisor,
+    /// The key comes already transposed (a graph input): no Transpose to undo.
+    KeyAlreadyTransposed,
+    /// The transposed key is also a graph output.
+    KeyReadElsewhere,
+}
+
+fn attention_model(opset: i64, elem: i32, [q, key, v]: [&[i64]; 3], extra: Extra) -> ModelProto {
+    let dims = |d: &[i64]| d.iter().map(|&n| D::N(n)).collect::<Vec<_>>();
+    let mut b = Builder::default();
+    let q_in = b.input("q", elem, Some(&dims(q)));
+    let rank = key.len();
+    let mut swapped = key.to_vec();
+    swapped.swap(rank - 1, rank - 2);
+    let k = if extra == Extra::KeyAlreadyTransposed {
+        b.input("k", elem, Some(&dims(&swapped)))
+    } else {
+        let key_in = b.input("key", elem, Some(&dims(key)));
+        let perm: Vec<i64> = (0..rank as i64 - 2).chain([rank as i64 - 1, rank as i64 - 2]).collect();
+        b.node("Transpose", &[&key_in], vec![attr_ints("perm", &perm)])
+    };
+    let v_in = b.input("v", elem, Some(&dims(v)));
+    let mut s = b.node("MatMul", &[&q_in, &k], vec![]);
+    let divisor = match extra {
+        Extra::Divisor => b.input("d", elem, Some(&[])),
+        _ => b.init("eight", tensor(elem, &[], &[8.0])),
+    };
+    s = b.node("Div", &[&s, &divisor], vec![]);
+    let (sq, t) = (q[rank - 2], key[rank - 2]);
+    if extra == Extra::Mask {
+        let mask = b.input("mask", elem, Some(&dims(&[1, 1, sq, t][4 - rank..])));
+        s = b.node("Add", &[&s, &mask], vec![]);
+    }
+    if extra == Extra::Where {
+        let keep = b.input("keep", BOOL, Some(&dims(&[1, 1, sq, t][4 - rank..])));
+        let fill = b.init("fill", tensor(elem, &[], &[-3.0e38]));
+        s = b.node("Where", &[&keep, &s, &fill], vec![]);
+    }
+    let p = b.node("Softmax", &[&s], vec![attr_int("axis", -1)]);
+    let out = b.node("MatMul", &[&p, &v_in], vec![]);
+    b.output(&out, elem, None);
+    if extra == Extra::KeyReadElsewhere {
+        b.output(&k, elem, None);
+    }
+    b.model(opset)
+}
+
+#[test]
+fn attention_is_onnx_attention_from_opset_23() {
+    // (q, key, v) shapes: heads in axis 1, folded into the batch (3-D), one shared key/value head.
+    let cases: [(&str, [&[i64]; 3], Extra); 4] = [
+        ("4-D", [&[2, 4, 5, 8], &[2, 4, 6, 8], &[2, 4, 6, 8]], Extra::Nothing),
+        ("3-D", [&[8, 5, 8], &[8, 6, 8], &[8, 6, 8]], Extra::Nothing),
+        ("one key/value head", [&[2, 4, 5, 8], &[2, 1, 6, 8], &[2, 1, 6, 3]], Extra::Nothing),
+        ("key read elsewhere", [&[2, 4, 5, 8], &[2, 4, 6, 8], &[2, 4, 6, 8]], Extra::KeyReadElsewhere),
+    ];
+    for (what, shapes, extra) in cases {
+        let original = attention_model(23, FLOAT, shapes, extra);
+        let (fused, outcome) = fuse_for(&original, Target::Portable);
+        assert_eq!(outcome.fused.len(), 1, "{what}: {:?}", outcome.declined);
+        let node = all_nodes(&fused).into_iter().find(|n| n.op_type() == "Attention").expect("Attention");
+        assert_eq!((node.domain(), node.input.as_slice()), ("", &["q".to_string(), "key".into(), "v".into()][..]), "{what}");
+        assert_eq!(node.attr_float("scale"), Some(0.125), "{what}: 1/8");
+        let heads = (node.attr_int("q_num_heads"), node.attr_int("kv_num_heads"));
+        assert_eq!(heads, if shapes[0].len() == 3 { (Some(1), Some(1)) } else { (None, None) }, "{what}");
+        let transpose_kept = extra == Extra::KeyReadElsewhere;
+        assert_eq!(count_op(&fused, "Transpose"), usize::from(transpose_kept), "{what}");
+        let removed = if transpose_kept { 4 } else { 5 };
+        assert_eq!(fused_list(node).len(), removed, "{what}: {:?}", fused_list(node));
+        assert!(fused.functions.is_empty());
+        verify_here(&original, &fused);
+    }
+}
+
+#[test]
+fn attention_that_onnx_attention_does_not_compute_stays_for_portable() {
+    let four: [&[i64]; 3] = [&[2, 4, 5, 8], &[2, 4, 6, 8], &[2, 4, 6, 8]];
+    let cases: [(&str, i64, i32, [&[i64]; 3], Extra, &str); 8] = [
+        ("opset 22", 22, FLOAT, four, Extra::Nothing, "needs opset 23 for Attention (the model imports opset 22)"),
+        ("additive mask", 23, FLOAT, four, Extra::Mask, "a masked core"),
+        ("bool keep", 23, FLOAT, four, Extra::Where, "a masked core"),
+        ("divisor computed", 23, FLOAT, four, Extra::Divisor, "the divisor d is computed at run time"),
+        ("key already transposed", 23, FLOAT, four, Extra::KeyAlreadyTransposed, "the key k is not a Transpose"),
+        ("bf16", 23, BFLOAT16, four, Extra::Nothing, "f32, f16 and f64 only"),
+        // MatMul broadcasts one q head over four key heads; Attention cannot.
+        ("q heads 1, key heads 4", 23, FLOAT, [&[2, 1, 5, 8], &[2, 4, 6, 8], &[2, 4, 6, 8]], Extra::Nothing, "the heads of q, key and v (1, 4, 4)"),
+        ("batch broadcast", 23, FLOAT, [&[2, 4, 5, 8], &[1, 4, 6, 8], &[1, 4, 6, 8]], Extra::Nothing, "the batch of q, key and v is not proved equal (2, 1, 1)"),
+    ];
+    for (what, opset, elem, shapes, extra, reason) in cases {
+        let original = attention_model(opset, elem, shapes, extra);
+        let (fused, outcome) = fuse_for(&original, Target::Portable);
+        assert!(outcome.fused.is_empty(), "{what}: must not fuse");
+        assert_eq!(fused, original, "{what}: unchanged");
+        assert!(outcome.declined.iter().any(|d| d.reason.contains(reason)), "{what}: {:?}", outcome.declined);
+        // The same core is an AttentionCore for ONNX Runtime: only ONNX's Attention cannot say it.
+        let (_, ort) = fuse_for(&original, Target::Ort);
+        assert_eq!(ort.fused.len(), 1, "{what}: the ort target fuses it");
+    }
+}
+
+#[test]
+fn unmasked_opset_23_exports_get_onnx_attention() {
+    for name in ["vit_dynamo_op23.onnx", "whisper_encoder_dynamo_op23.onnx"] {
+        let original = load(name);
+        let (fused, outcome) = fuse_for(&original, Target::Portable);
+        assert_eq!((count_op(&fused, "Attention"), outcome.fused.len()), (2, 2), "{name}");
+        assert_eq!(count_op(&fused, "Softmax"), 0, "{name}");
+        assert_equivalent(&original, &fused, name);
+    }
+    // Masked cores stay as they are, saying why.
+    for name in ["llama_dynamo_op23.onnx", "gpt2_dynamo_op23.onnx"] {
+        let (fused, outcome) = fuse_for(&load(name), Target::Portable);
+        assert_eq!(count_op(&fused, "Attention"), 0, "{name}");
+        assert_eq!(outcome.declined.iter().filter(|d| d.reason.starts_with("a masked core")).count(), 2, "{name}");
+    }
 }

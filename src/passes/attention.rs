@@ -109,14 +109,95 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     reshape_pair_gives_back_shape(g, &shapes, &before, "scores")?;
     reshape_pair_gives_back_shape(g, &shapes, &after, "probabilities")?;
 
-    require!(
-        g.target == Target::Ort,
-        "the portable target writes no attention core yet (ONNX Attention is not written): it stays as its operators"
-    );
     let steps: Vec<Step> =
         before.into_iter().map(|(_, s)| s).chain([Step::Softmax]).chain(after.into_iter().map(|(_, s)| s)).collect();
-    let (node, function) = build(q, k, v, &steps);
-    Ok(m.replace_with_call(node, function))
+    match g.target {
+        Target::Ort => {
+            let (node, function) = build(q, k, v, &steps);
+            Ok(m.replace_with_call(node, function))
+        }
+        Target::Portable => onnx_attention(g, &shapes, m, [q, k, v], &steps),
+    }
+}
+
+/// `--target portable`: ONNX's `Attention` (from opset 23), which computes
+/// `softmax(scale · Q·Kᵀ) · V` from the key *before* its transpose.
+///
+/// Only the unmasked core is written: it is the same function on every
+/// runtime. A masked core is not, because runtimes disagree on a row whose
+/// keys are all masked: the original averages the values (a finite fill)
+/// or gives NaN (-inf), ONNX Runtime's `Attention` writes zeros for a row
+/// of float lowest, OpenVINO averages, the spec's errata zeroes it
+/// (measured: docs/targets.md).
+fn onnx_attention(g: &Graph, shapes: &Shapes, mut m: Match, [q, k, v]: [&str; 3], steps: &[Step]) -> Check<Rewrite> {
+    require!(g.opset >= 23, "needs opset 23 for Attention (the model imports opset {})", g.opset);
+    let elem = g.elem_type(q);
+    require!(
+        matches!(elem, Some(FLOAT | FLOAT16 | DOUBLE)),
+        "the portable Attention is written for f32, f16 and f64 only (q is {elem:?})"
+    );
+    let mut scale = 1.0;
+    for step in steps {
+        match step {
+            Step::Softmax | Step::Reshape { .. } => {} // each Reshape pair gives back its shape (proved)
+            Step::Scale(op, c) => {
+                let c = c.scalar().expect("a constant with one value, proved when matched");
+                scale = if *op == "Div" { 1.0 / c } else { c };
+            }
+            Step::Cast(to) => require!(Some(*to) == elem, "a Cast between the MatMuls changes the type Attention computes in"),
+            Step::Where { .. } | Step::Mask(_) => {
+                return Err(Miss::Because(
+                    "a masked core: runtimes' Attention differs from it on rows whose keys are all masked".into(),
+                ))
+            }
+            Step::Divisor(d) => return Err(Miss::Because(format!("the divisor {d} is computed at run time"))),
+            Step::NanGuard(_) => return Err(Miss::Because("a NaN guard: Attention does not zero NaN rows".into())),
+        }
+    }
+    require!(scale.is_finite() && (scale as f32).is_normal(), "the scale {scale} is no normal f32");
+
+    // k = Transpose(key) over the last two axes; the 4-D form is
+    // (batch, heads, seq, head size), the 3-D one has the heads in the batch.
+    let rank = shapes.rank(q);
+    require!(matches!(rank, Some(3 | 4)), "q is not proved to have rank 3 or 4 (rank {rank:?})");
+    let rank = rank.unwrap_or_default();
+    let transpose = g.produced_by(k, "Transpose").map_err(|_| {
+        Miss::Because(format!("the key {k} is not a Transpose: Attention reads the key before its transpose"))
+    })?;
+    let swap_last: Vec<i64> = (0..rank as i64 - 2).chain([rank as i64 - 1, rank as i64 - 2]).collect();
+    require!(
+        g.node(transpose).attr_ints("perm") == Some(&swap_last[..]),
+        "the key's Transpose does not swap exactly its last two axes"
+    );
+    let key = g.node(transpose).input[0].as_str();
+    if m.only_read_inside(g, k) {
+        m.take(transpose);
+    }
+
+    // Attention broadcasts nothing but key/value heads (GQA, repeated): the
+    // MatMuls' broadcasting must be exactly that.
+    let (Some(sq), Some(sk), Some(sv)) = (shapes.shape(q), shapes.shape(key), shapes.shape(v)) else {
+        return Err(Miss::Because("the shapes of q, key and v are not proved".into()));
+    };
+    require!(sk.len() == rank && sv.len() == rank, "q, key and v differ in rank");
+    require!(
+        sq[0] == sk[0] && sk[0] == sv[0],
+        "the batch of q, key and v is not proved equal ({}, {}, {})",
+        sq[0],
+        sk[0],
+        sv[0]
+    );
+    let mut attributes = vec![AttributeProto::float("scale", scale as f32)];
+    if rank == 4 {
+        let (hq, hk, hv) = (&sq[1], &sk[1], &sv[1]);
+        require!(
+            hk == hv && (hk == hq || hk.value() == Some(1)),
+            "the heads of q, key and v ({hq}, {hk}, {hv}) are not proved equal (or one shared key/value head)"
+        );
+    } else {
+        attributes.extend([AttributeProto::int("q_num_heads", 1), AttributeProto::int("kv_num_heads", 1)]);
+    }
+    Ok(m.replace_with(crate::rewrite::node("Attention", &[q, key, v], attributes)))
 }
 
 fn require_not_anchor(ok: bool) -> Check<()> {
