@@ -11,8 +11,8 @@ use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 
 use crate::onnx::{
-    proto::type_proto::Value as TypeValue, proto::TensorShapeProto,
-    GraphProto, NodeProto, TensorProto, ValueInfoProto, BOOL, FLOAT, INT64,
+    proto::type_proto::Value as TypeValue, proto::TensorShapeProto, GraphProto, NodeProto, TensorProto, ValueInfoProto,
+    BOOL, FLOAT, INT64,
 };
 
 /// Why a pattern did not match at a node.
@@ -496,10 +496,43 @@ impl<'a> Graph<'a> {
 /// Ops that compute the same outputs from the same inputs and attributes
 /// (no randomness, no state): two such nodes that agree are one value.
 const DETERMINISTIC: &[&str] = &[
-    "Abs", "Add", "Cast", "CastLike", "Concat", "Cos", "Div", "Equal", "Erf", "Exp", "Expand", "Gather", "Identity",
-    "Log", "MatMul", "Mul", "Neg", "Pow", "Reciprocal", "ReduceMax", "ReduceMean", "ReduceMin", "ReduceSum", "Relu",
-    "Reshape", "Shape", "Sigmoid", "Sin", "Slice", "Softmax", "Sqrt", "Squeeze", "Sub", "Tanh", "Transpose",
-    "Unsqueeze", "Where",
+    "Abs",
+    "Add",
+    "Cast",
+    "CastLike",
+    "Concat",
+    "Cos",
+    "Div",
+    "Equal",
+    "Erf",
+    "Exp",
+    "Expand",
+    "Gather",
+    "Identity",
+    "Log",
+    "MatMul",
+    "Mul",
+    "Neg",
+    "Pow",
+    "Reciprocal",
+    "ReduceMax",
+    "ReduceMean",
+    "ReduceMin",
+    "ReduceSum",
+    "Relu",
+    "Reshape",
+    "Shape",
+    "Sigmoid",
+    "Sin",
+    "Slice",
+    "Softmax",
+    "Sqrt",
+    "Squeeze",
+    "Sub",
+    "Tanh",
+    "Transpose",
+    "Unsqueeze",
+    "Where",
 ];
 
 /// Ops whose first output has the element type of their first input.

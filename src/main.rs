@@ -273,13 +273,21 @@ fn fuse(args: FuseArgs) -> Result<Done> {
     let mut expectations = Vec::new();
     for (list, kind) in [(&args.expect, "exact"), (&args.expect_min, "min")] {
         for text in list {
-            expectations.push(Expectation::parse(text, kind, &known).map_err(|e| Usage(format!("--expect{}: {e}", if kind == "min" { "-min" } else { "" })))?);
+            expectations.push(
+                Expectation::parse(text, kind, &known)
+                    .map_err(|e| Usage(format!("--expect{}: {e}", if kind == "min" { "-min" } else { "" })))?,
+            );
         }
     }
     let folder = input.is_dir();
     if !folder {
         if let Some(e) = expectations.iter().find(|e| e.file.is_some()) {
-            return Err(Usage(format!("--expect {}:{}: FILE:PASS=N is for folders", e.file.as_deref().unwrap_or(""), e.pass)).into());
+            return Err(Usage(format!(
+                "--expect {}:{}: FILE:PASS=N is for folders",
+                e.file.as_deref().unwrap_or(""),
+                e.pass
+            ))
+            .into());
         }
     }
     let settings = Settings {
@@ -316,7 +324,9 @@ fn fuse(args: FuseArgs) -> Result<Done> {
             eprintln!("{}", report.summary());
         }
         return match report.verdict() {
-            Verdict::Error => Err(anyhow::anyhow!("{}: {} of its models could not be fused", input.display(), report.errors.len())),
+            Verdict::Error => {
+                Err(anyhow::anyhow!("{}: {} of its models could not be fused", input.display(), report.errors.len()))
+            }
             v => Ok(v.into()),
         };
     }

@@ -2,9 +2,9 @@
 //! last axis, weights, scalar constants. Each fails with a reason.
 
 use crate::graph::{Check, Graph, IntsArgument, Miss};
-use crate::shapes::Dim;
 use crate::onnx::NodeProto;
 use crate::require;
+use crate::shapes::Dim;
 
 /// The anchor must be a default-domain `op_type` node; anything else is not
 /// a candidate at all (and is not reported as declined).
@@ -71,7 +71,10 @@ pub fn scalar(g: &Graph, value: &str, other: &str, what: &str) -> Check<f64> {
     let v = v.ok_or_else(|| Miss::Because(format!("{what} ({value}) is not a constant with one value")))?;
     let rank = t.map_or(0, |t| t.dims.len());
     let room = g.shapes().rank(other).unwrap_or(1).max(1);
-    require!(rank <= room, "{what} ({value}) has rank {rank}, which would raise the rank of the result (of rank {room})");
+    require!(
+        rank <= room,
+        "{what} ({value}) has rank {rank}, which would raise the rank of the result (of rank {room})"
+    );
     Ok(v)
 }
 
@@ -111,7 +114,8 @@ pub fn is_vector(g: &Graph, value: &str) -> bool {
 /// axis is accepted where the last axis of x is proved to be 1.
 pub fn weight(g: &Graph, value: &str, x: &str, what: &str) -> Check<()> {
     let shapes = g.shapes();
-    let shape = shapes.shape(value).ok_or_else(|| Miss::Because(format!("the {what} ({value}) has no proved shape")))?;
+    let shape =
+        shapes.shape(value).ok_or_else(|| Miss::Because(format!("the {what} ({value}) has no proved shape")))?;
     require!(shape.len() <= 1, "the {what} ({value}) has rank {}, more than 1", shape.len());
     let n = shape.first().cloned().unwrap_or(Dim::known(1));
     let last = shapes.shape(x).and_then(|s| s.last().cloned());

@@ -187,7 +187,8 @@ fn add_functions(model: &mut ModelProto, functions: Vec<FunctionProto>) {
     // spelled "" (a model may spell it "ai.onnx"; the two are one domain).
     let mut imports: Vec<OperatorSetIdProto> = Vec::new();
     for import in &model.opset_import {
-        let spelled = (import.domain() == "ai.onnx").then(|| OperatorSetIdProto { domain: Some(String::new()), ..*import });
+        let spelled =
+            (import.domain() == "ai.onnx").then(|| OperatorSetIdProto { domain: Some(String::new()), ..*import });
         let import = spelled.as_ref().unwrap_or(import);
         if !imports.iter().any(|o| o.domain() == import.domain()) {
             imports.push(import.clone());
@@ -225,7 +226,14 @@ impl Context {
     }
 }
 
-fn run_graph(graph: &mut GraphProto, context: Context, outer: &Scope, passes: &[&Pass], path: &str, outcome: &mut Outcome) {
+fn run_graph(
+    graph: &mut GraphProto,
+    context: Context,
+    outer: &Scope,
+    passes: &[&Pass],
+    path: &str,
+    outcome: &mut Outcome,
+) {
     // Bodies first: what they stop reading may free an outer match.
     // (The scope needs a view of the whole graph: only built when a body needs it.)
     if graph.node.iter().any(|n| n.subgraphs().next().is_some()) {
@@ -244,8 +252,7 @@ fn run_graph(graph: &mut GraphProto, context: Context, outer: &Scope, passes: &[
     loop {
         let mut changed = false;
         for pass in passes {
-            let rewrites =
-                find(&context.view(graph, outer), pass, path, &outcome.functions, &mut outcome.declined);
+            let rewrites = find(&context.view(graph, outer), pass, path, &outcome.functions, &mut outcome.declined);
             if !rewrites.is_empty() {
                 for function in rewrites.iter().filter_map(|r| r.function.as_ref()) {
                     if !outcome.functions.iter().any(|f| same_signature(f, function)) {
@@ -266,13 +273,7 @@ fn run_graph(graph: &mut GraphProto, context: Context, outer: &Scope, passes: &[
 }
 
 /// Every non-overlapping match of `pass` in node order.
-fn find(
-    g: &Graph,
-    pass: &Pass,
-    path: &str,
-    functions: &[FunctionProto],
-    declined: &mut Vec<Declined>,
-) -> Vec<Rewrite> {
+fn find(g: &Graph, pass: &Pass, path: &str, functions: &[FunctionProto], declined: &mut Vec<Declined>) -> Vec<Rewrite> {
     let mut claimed = HashSet::new();
     let mut found: Vec<Rewrite> = Vec::new();
     for anchor in 0..g.len() {
@@ -379,10 +380,7 @@ fn check_unambiguous(g: &Graph, rewrite: &Rewrite) -> Check<()> {
 
 /// A replacement may only call a function of an existing signature when
 /// the bodies agree: a function's identity is its body.
-fn check_function_identity<'f>(
-    mut earlier: impl Iterator<Item = &'f FunctionProto>,
-    rewrite: &Rewrite,
-) -> Check<()> {
+fn check_function_identity<'f>(mut earlier: impl Iterator<Item = &'f FunctionProto>, rewrite: &Rewrite) -> Check<()> {
     let Some(function) = &rewrite.function else { return Ok(()) };
     let clash = earlier.find(|f| same_signature(f, function) && !same_body(f, function));
     require!(

@@ -107,8 +107,13 @@ fn fuse_loaded(
     let before = report::op_counts(&loaded.model);
     let outcome = rewrite::run_for(&mut loaded.model, &settings.pipeline, settings.target);
     let unchanged = outcome.fused.is_empty();
-    let mut report =
-        Report::new(input.display().to_string(), output.display().to_string(), &settings.pipeline, outcome, settings.explain);
+    let mut report = Report::new(
+        input.display().to_string(),
+        output.display().to_string(),
+        &settings.pipeline,
+        outcome,
+        settings.explain,
+    );
     report.set_target(settings.target, loaded.model.default_opset());
     report.ops = report::op_changes(&before, &report::op_counts(&loaded.model));
     report.expectations = expectations.iter().map(|e| e.check(&report.passes)).collect();
@@ -241,8 +246,12 @@ pub fn fuse_folder(
                         let next = queue.lock().unwrap_or_else(|e| e.into_inner()).next();
                         let Some(path) = next else { break };
                         let name = path.file_name().expect("a file").to_string_lossy().into_owned();
-                        let expectations: Vec<Expectation> =
-                            settings.expectations.iter().filter(|e| e.file.as_deref() == Some(name.as_str())).cloned().collect();
+                        let expectations: Vec<Expectation> = settings
+                            .expectations
+                            .iter()
+                            .filter(|e| e.file.as_deref() == Some(name.as_str()))
+                            .cloned()
+                            .collect();
                         let result = io::load(path, settings.load).and_then(|loaded| {
                             fuse_loaded(loaded, &target(path), settings, ExternalData::InPlace, &expectations, progress)
                         });

@@ -125,14 +125,24 @@ fn trocr_reshape_pair_is_proved_with_symbolic_shapes() {
 
 /// (near-miss, cores that still fuse (other layers), the anchor that must survive, the reason --explain gives)
 const NEAR_MISSES: &[(&str, usize, &str, &str)] = &[
-    ("nm_attn_fill_minus100.onnx", 1, "/model/transformer/h.0/attn/MatMul_1", "the Where fill is -100, not at most -1e4"),
+    (
+        "nm_attn_fill_minus100.onnx",
+        1,
+        "/model/transformer/h.0/attn/MatMul_1",
+        "the Where fill is -100, not at most -1e4",
+    ),
     (
         "nm_attn_scale_2_values.onnx",
         1,
         "/model/model/layers.0/self_attn/MatMul_1",
         "the Mul scale (/model/model/layers.0/self_attn/Constant_56_output_0) is not a constant with one value",
     ),
-    ("nm_attn_scores_output.onnx", 1, "/model/model/layers.0/self_attn/MatMul_1", "Mul_8_output_0 is also a graph output"),
+    (
+        "nm_attn_scores_output.onnx",
+        1,
+        "/model/model/layers.0/self_attn/MatMul_1",
+        "Mul_8_output_0 is also a graph output",
+    ),
     (
         "nm_attn_probs_second_consumer.onnx",
         1,
@@ -206,7 +216,10 @@ fn allowzero_is_part_of_the_form() {
     assert_eq!(outcome.fused.len(), 2);
     let mut forms: Vec<&str> = cores(&fused).iter().map(|c| c.overload()).collect();
     forms.sort();
-    assert_eq!(forms, ["reshape_input.add.reshape_input.softmax", "reshape_input_allowzero.add.reshape_input_allowzero.softmax"]);
+    assert_eq!(
+        forms,
+        ["reshape_input.add.reshape_input.softmax", "reshape_input_allowzero.add.reshape_input_allowzero.softmax"]
+    );
     assert_eq!(fused.functions.len(), 2, "one function per form");
     assert_equivalent(&original, &fused, "trocr_decoder_ts_op14.onnx");
 }

@@ -94,7 +94,8 @@ fn other_element_types_do_not_fuse() {
             let index = b.constant(tensor(onnx_fuse::onnx::INT64, &[], &[i]));
             b.node("Gather", &[x, &index], vec![attr_int("axis", -1)])
         };
-        let (ar, ai, cr, ci) = (part(&mut b, &a, 0.0), part(&mut b, &a, 1.0), part(&mut b, &c, 0.0), part(&mut b, &c, 1.0));
+        let (ar, ai, cr, ci) =
+            (part(&mut b, &a, 0.0), part(&mut b, &a, 1.0), part(&mut b, &c, 0.0), part(&mut b, &c, 1.0));
         let (rr, ii) = (b.node("Mul", &[&ar, &cr], vec![]), b.node("Mul", &[&ai, &ci], vec![]));
         let (ri, ir) = (b.node("Mul", &[&ar, &ci], vec![]), b.node("Mul", &[&ai, &cr], vec![]));
         let (re, im) = (b.node("Sub", &[&rr, &ii], vec![]), b.node("Add", &[&ri, &ir], vec![]));
@@ -104,6 +105,10 @@ fn other_element_types_do_not_fuse() {
         b.output(&out, elem, None);
         let (_, outcome) = fuse_model(&b.model(17), &["complex-mul"]);
         assert!(outcome.fused.is_empty(), "type {elem}");
-        assert!(outcome.declined.iter().any(|d| d.reason.contains("is not f32 or f16")), "type {elem}: {:?}", outcome.declined);
+        assert!(
+            outcome.declined.iter().any(|d| d.reason.contains("is not f32 or f16")),
+            "type {elem}: {:?}",
+            outcome.declined
+        );
     }
 }

@@ -23,7 +23,9 @@ fn counts(report: &serde_json::Value) -> Vec<(String, u64, u64)> {
         .iter()
         .map(|f| {
             let name = Path::new(f["input"].as_str().unwrap()).file_name().unwrap().to_string_lossy().into_owned();
-            let pass = |p: &str| f["passes"].as_array().unwrap().iter().find(|c| c["name"] == p).unwrap()["fused"].as_u64().unwrap();
+            let pass = |p: &str| {
+                f["passes"].as_array().unwrap().iter().find(|c| c["name"] == p).unwrap()["fused"].as_u64().unwrap()
+            };
             (name, pass("rms-norm"), pass("attention"))
         })
         .collect()
@@ -44,12 +46,17 @@ fn an_optimum_seq2seq_folder_is_fused_whole() {
             ("encoder_model.onnx".to_string(), 5, 2)
         ]
     );
-    assert!(report["files"].as_array().unwrap().iter().all(|f| f["written"] == true && f["verification"]["passed"] == true));
+    assert!(report["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|f| f["written"] == true && f["verification"]["passed"] == true));
     assert_eq!(report["carried"], serde_json::json!(["config.json", "generation_config.json"]));
     for f in ["config.json", "generation_config.json"] {
         assert!(fs::read(out.join(f)).unwrap() == fs::read(testdata("t5_optimum_folder").join(f)).unwrap(), "{f}");
     }
-    let mut names: Vec<String> = fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    let mut names: Vec<String> =
+        fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     names.sort();
     assert_eq!(names.len(), 5, "{names:?}: the models and the carried files, nothing else");
 }
@@ -58,7 +65,15 @@ fn an_optimum_seq2seq_folder_is_fused_whole() {
 fn a_merged_decoder_folder_fuses_inside_its_branches() {
     let dir = tempdir();
     let (out, report) = (dir.path().join("fused"), dir.path().join("r.json"));
-    let r = run(&["-q", "--verify", s(&testdata("llama_optimum_merged_folder")), "-o", s(&out), "--report-json", s(&report)]);
+    let r = run(&[
+        "-q",
+        "--verify",
+        s(&testdata("llama_optimum_merged_folder")),
+        "-o",
+        s(&out),
+        "--report-json",
+        s(&report),
+    ]);
     assert!(r.status.success(), "{}", stderr(&r));
     let report = json(&report);
     assert_eq!(
@@ -99,7 +114,8 @@ fn shared_external_data_stays_shared() {
     let out = dir.path().join("out");
     let r = run(&["-q", s(&export), "-o", s(&out)]);
     assert!(r.status.success(), "{}", stderr(&r));
-    let mut names: Vec<String> = fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    let mut names: Vec<String> =
+        fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     names.sort();
     assert_eq!(names, ["a.onnx", "b.onnx", "model.weights"], "one data file for both models");
     for m in ["a.onnx", "b.onnx"] {
@@ -132,7 +148,19 @@ fn expectations_guard_the_counts() {
     assert!(stderr(&unmet).contains("total: expected at least 8, found 7"), "{}", stderr(&unmet));
     // A failed verification outranks an unmet expectation.
     let fp16 = testdata("llama_ts_op17_fp16.onnx");
-    let r = run(&[s(&fp16), "-o", s(&dir.path().join("f.onnx")), "-q", "--verify", "--rtol", "0", "--atol", "0", "--expect", "rms-norm=1"]);
+    let r = run(&[
+        s(&fp16),
+        "-o",
+        s(&dir.path().join("f.onnx")),
+        "-q",
+        "--verify",
+        "--rtol",
+        "0",
+        "--atol",
+        "0",
+        "--expect",
+        "rms-norm=1",
+    ]);
     assert_eq!(r.status.code(), Some(3), "{}", stderr(&r));
     // Unknown names are usage errors.
     let r = go(&["--expect", "rmsnorm=5"]);

@@ -225,7 +225,13 @@ const NEAR_MISSES: &[(&str, &str, usize, usize, &str)] = &[
         0,
         "ReduceMean_output_0 is also a graph output",
     ),
-    ("nm_rms_numerator2.onnx", "/model/model/layers.0/input_layernorm/Mul_1", 4, 0, "numerator of 1 / r is not exactly 1"),
+    (
+        "nm_rms_numerator2.onnx",
+        "/model/model/layers.0/input_layernorm/Mul_1",
+        4,
+        0,
+        "numerator of 1 / r is not exactly 1",
+    ),
     (
         "nm_rms_square_of_other_value.onnx",
         "/model/model/layers.0/input_layernorm/Mul_1",
@@ -267,7 +273,10 @@ fn near_misses_do_not_fuse_and_say_why() {
         assert_eq!(outcome.fused.len(), rms + ln, "{name}");
         let said: Vec<&str> =
             outcome.declined.iter().filter(|d| d.node == survivor).map(|d| d.reason.as_str()).collect();
-        assert!(said.iter().any(|r| r.contains(reason)), "{name}: {survivor} declined because {reason:?}; said {said:?}");
+        assert!(
+            said.iter().any(|r| r.contains(reason)),
+            "{name}: {survivor} declined because {reason:?}; said {said:?}"
+        );
     }
 }
 

@@ -95,6 +95,8 @@ struct Tally {
     generated: usize,
     invalid: usize,
     fused: usize,
+    /// Of `fused`, cases for the portable target.
+    fused_portable: usize,
     false_fusions: usize,
     refused_equivalents: usize,
     fused_unexpectedly: usize,
@@ -121,6 +123,7 @@ fn campaign(seed: u64, budget: usize, deadline: Option<Instant>) -> (BTreeMap<&'
                 let allowed = match pass {
                     "rms-norm" => opset >= 23,
                     "layer-norm" => opset >= 17,
+                    "attention" => opset >= 23 && case.portable,
                     _ => false,
                 };
                 if !allowed {
@@ -142,7 +145,10 @@ fn campaign(seed: u64, budget: usize, deadline: Option<Instant>) -> (BTreeMap<&'
                     tally.fused_unexpectedly += 1;
                     failures.push(save_failure(pass, case_seed, &case, "fused a mutant that is not equivalent"));
                 }
-                (Verdict::Fused, _) => tally.fused += 1,
+                (Verdict::Fused, _) => {
+                    tally.fused += 1;
+                    tally.fused_portable += usize::from(target == Target::Portable);
+                }
                 (Verdict::NotFused, Expect::Fuse) => {
                     tally.refused_equivalents += 1;
                     if std::env::var_os("FUZZ_SAVE_REFUSED").is_some() {
@@ -178,11 +184,19 @@ fn save_failure(pass: &str, seed: u64, case: &Case, why: &str) -> String {
 }
 
 fn print(tallies: &BTreeMap<&'static str, Tally>, seconds: f64) {
-    eprintln!("pass          generated  invalid    fused  false  unexpected  refused-equivalent  ({seconds:.0} s)");
+    eprintln!(
+        "pass          generated  invalid    fused (portable)  false  unexpected  refused-equivalent  ({seconds:.0} s)"
+    );
     for (pass, t) in tallies {
         eprintln!(
-            "{pass:<12} {:>10} {:>8} {:>8} {:>6} {:>11} {:>19}",
-            t.generated, t.invalid, t.fused, t.false_fusions, t.fused_unexpectedly, t.refused_equivalents
+            "{pass:<12} {:>10} {:>8} {:>8} {:>10} {:>6} {:>11} {:>19}",
+            t.generated,
+            t.invalid,
+            t.fused,
+            t.fused_portable,
+            t.false_fusions,
+            t.fused_unexpectedly,
+            t.refused_equivalents
         );
     }
 }
@@ -203,9 +217,10 @@ fn no_false_fusion_in_a_fixed_budget() {
 #[ignore = "a long campaign: scripts/fuzz.sh"]
 fn campaign_until_deadline() {
     let seconds: u64 = std::env::var("FUZZ_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
-    let seed: u64 = std::env::var("FUZZ_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs()
-    });
+    let seed: u64 = std::env::var("FUZZ_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs());
     eprintln!("fuzz campaign: seed {seed}, {seconds} s");
     let started = Instant::now();
     let (tallies, failures) = campaign(seed, usize::MAX, Some(started + Duration::from_secs(seconds)));

@@ -295,7 +295,8 @@ fn kernel_copies_and_plain_writes_give_the_same_bytes() {
     let input = dir.path().join("big.onnx");
     fs::write(&input, b.model(17).encode_to_vec()).unwrap();
     let expected = {
-        let (fused, outcome) = fuse_model(&onnx_fuse::io::load(&input, Default::default()).unwrap().model, &["default"]);
+        let (fused, outcome) =
+            fuse_model(&onnx_fuse::io::load(&input, Default::default()).unwrap().model, &["default"]);
         assert_eq!(outcome.fused.len(), 1);
         fused.encode_to_vec()
     };

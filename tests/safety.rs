@@ -256,7 +256,12 @@ fn structurally_invalid_models_are_refused() {
     let mut b = Builder::default();
     b.input("c", onnx_fuse::onnx::BOOL, Some(&[]));
     b.init("w", tensor(FLOAT, &[1], &[1.0]));
-    b.node_to("If", &["c"], &["r"], vec![attr_graph("then_branch", body.graph.clone()), attr_graph("else_branch", body.graph)]);
+    b.node_to(
+        "If",
+        &["c"],
+        &["r"],
+        vec![attr_graph("then_branch", body.graph.clone()), attr_graph("else_branch", body.graph)],
+    );
     b.node_to("Identity", &["w"], &["late"], vec![]);
     b.graph.output.push(value_info("r", FLOAT, None));
     cases.push(("late-capture", b.model(17), "reads \"late\", which nothing defines before it"));
@@ -295,7 +300,11 @@ fn bytes_that_are_no_model_do_not_suggest_a_flag() {
     fs::write(&input, &bytes).unwrap();
     let r = run(&[s(&input), "-o", s(&dir.path().join("o.onnx"))]);
     assert_eq!(r.status.code(), Some(1));
-    assert!(stderr(&r).contains("not an ONNX model") && !stderr(&r).contains("--allow-unknown-fields"), "{}", stderr(&r));
+    assert!(
+        stderr(&r).contains("not an ONNX model") && !stderr(&r).contains("--allow-unknown-fields"),
+        "{}",
+        stderr(&r)
+    );
 }
 
 #[test]
@@ -316,7 +325,10 @@ fn misused_verify_options_are_usage_errors() {
         let path = dir.path().join(format!("{name}-{fortran}.npz"));
         let mut zip = zip_writer(&path);
         let mut npy = Vec::new();
-        let header = format!("{{'descr': '<i8', 'fortran_order': {}, 'shape': (1, 2), }}", if fortran { "True" } else { "False" });
+        let header = format!(
+            "{{'descr': '<i8', 'fortran_order': {}, 'shape': (1, 2), }}",
+            if fortran { "True" } else { "False" }
+        );
         let pad = 64 - (10 + header.len() + 1) % 64;
         npy.extend(b"\x93NUMPY\x01\x00");
         npy.extend(((header.len() + pad + 1) as u16).to_le_bytes());

@@ -70,7 +70,10 @@ fn rms_norm_is_onnx_rms_normalization_from_opset_23() {
     // Below opset 23 the portable target has no such operator.
     let (_, outcome) = fuse_for(&norm_model(18, false), Target::Portable);
     assert!(outcome.fused.is_empty());
-    assert!(outcome.declined.iter().any(|d| d.reason == "needs opset 23 for RMSNormalization (the model imports opset 18)"));
+    assert!(outcome
+        .declined
+        .iter()
+        .any(|d| d.reason == "needs opset 23 for RMSNormalization (the model imports opset 18)"));
 }
 
 #[test]
@@ -81,7 +84,10 @@ fn layer_norm_is_portable_from_opset_17() {
     verify_here(&original, &fused);
     let (_, outcome) = fuse_for(&load("gpt2_ts_op14.onnx"), Target::Portable);
     assert!(outcome.fused.is_empty(), "{:?}", outcome.fused);
-    assert!(outcome.declined.iter().any(|d| d.reason == "needs opset 17 for LayerNormalization (the model imports opset 14)"));
+    assert!(outcome
+        .declined
+        .iter()
+        .any(|d| d.reason == "needs opset 17 for LayerNormalization (the model imports opset 14)"));
 }
 
 #[test]
@@ -186,7 +192,11 @@ fn attention_is_onnx_attention_from_opset_23() {
         let (fused, outcome) = fuse_for(&original, Target::Portable);
         assert_eq!(outcome.fused.len(), 1, "{what}: {:?}", outcome.declined);
         let node = all_nodes(&fused).into_iter().find(|n| n.op_type() == "Attention").expect("Attention");
-        assert_eq!((node.domain(), node.input.as_slice()), ("", &["q".to_string(), "key".into(), "v".into()][..]), "{what}");
+        assert_eq!(
+            (node.domain(), node.input.as_slice()),
+            ("", &["q".to_string(), "key".into(), "v".into()][..]),
+            "{what}"
+        );
         assert_eq!(node.attr_float("scale"), Some(0.125), "{what}: 1/8");
         let heads = (node.attr_int("q_num_heads"), node.attr_int("kv_num_heads"));
         assert_eq!(heads, if shapes[0].len() == 3 { (Some(1), Some(1)) } else { (None, None) }, "{what}");
@@ -210,8 +220,22 @@ fn attention_that_onnx_attention_does_not_compute_stays_for_portable() {
         ("key already transposed", 23, FLOAT, four, Extra::KeyAlreadyTransposed, "the key k is not a Transpose"),
         ("bf16", 23, BFLOAT16, four, Extra::Nothing, "f32, f16 and f64 only"),
         // MatMul broadcasts one q head over four key heads; Attention cannot.
-        ("q heads 1, key heads 4", 23, FLOAT, [&[2, 1, 5, 8], &[2, 4, 6, 8], &[2, 4, 6, 8]], Extra::Nothing, "the heads of q, key and v (1, 4, 4)"),
-        ("batch broadcast", 23, FLOAT, [&[2, 4, 5, 8], &[1, 4, 6, 8], &[1, 4, 6, 8]], Extra::Nothing, "the batch of q, key and v is not proved equal (2, 1, 1)"),
+        (
+            "q heads 1, key heads 4",
+            23,
+            FLOAT,
+            [&[2, 1, 5, 8], &[2, 4, 6, 8], &[2, 4, 6, 8]],
+            Extra::Nothing,
+            "the heads of q, key and v (1, 4, 4)",
+        ),
+        (
+            "batch broadcast",
+            23,
+            FLOAT,
+            [&[2, 4, 5, 8], &[1, 4, 6, 8], &[1, 4, 6, 8]],
+            Extra::Nothing,
+            "the batch of q, key and v is not proved equal (2, 1, 1)",
+        ),
     ];
     for (what, opset, elem, shapes, extra, reason) in cases {
         let original = attention_model(opset, elem, shapes, extra);

@@ -61,7 +61,8 @@ fn a_model_changed_outside_the_fused_nodes_is_judged_by_its_outputs() {
     let g = fused.graph.as_mut().unwrap();
     let fused_reads: Vec<String> =
         g.node.iter().filter(|n| n.metadata("transmuter.fused").is_some()).flat_map(|n| n.input.clone()).collect();
-    let w = g.initializer.iter_mut().find(|t| t.dims.len() == 2 && !fused_reads.contains(&t.name().to_string())).unwrap();
+    let w =
+        g.initializer.iter_mut().find(|t| t.dims.len() == 2 && !fused_reads.contains(&t.name().to_string())).unwrap();
     let mut raw = w.raw_data.clone().unwrap().to_vec();
     raw[3] ^= 0x40;
     w.raw_data = Some(raw.into());

@@ -90,7 +90,10 @@ pub fn copy_range(data: &[u8], out: &File) -> std::io::Result<bool> {
             return Err(e);
         }
         if n == 0 {
-            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the input file is shorter than its map"));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the input file is shorter than its map",
+            ));
         }
         left -= n as usize;
         offset += n as u64;

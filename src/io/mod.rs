@@ -25,8 +25,8 @@ mod paths;
 mod staged;
 
 pub use paths::{check_run, Role};
-use staged::Staged;
 pub use staged::cleanup_on_signals;
+use staged::Staged;
 
 /// A model as read from disk, with the bytes it was decoded from.
 pub struct Loaded {
@@ -97,7 +97,9 @@ pub fn load(path: &Path, options: LoadOptions) -> Result<Loaded> {
 /// The files a run that loaded `loaded` reads: the model and its external data.
 pub fn reads(loaded: &Loaded) -> Vec<Role> {
     let dir = parent(&loaded.path);
-    let data = external_locations(&loaded.model).into_iter().map(|l| Role::new(dir.join(&l), format!("external data of the input, {l:?}")));
+    let data = external_locations(&loaded.model)
+        .into_iter()
+        .map(|l| Role::new(dir.join(&l), format!("external data of the input, {l:?}")));
     std::iter::once(Role::new(&loaded.path, "the input")).chain(data).collect()
 }
 
@@ -122,9 +124,8 @@ pub fn foreign_data_files(loaded: &Loaded, out: &Path) -> Vec<PathBuf> {
     if same_file(&in_dir, &out_dir) {
         return vec![];
     }
-    let previous: BTreeSet<String> = load(out, LoadOptions { allow_unknown_fields: true })
-        .map(|l| external_locations(&l.model))
-        .unwrap_or_default();
+    let previous: BTreeSet<String> =
+        load(out, LoadOptions { allow_unknown_fields: true }).map(|l| external_locations(&l.model)).unwrap_or_default();
     external_locations(&loaded.model)
         .into_iter()
         .filter(|l| !previous.contains(l))
@@ -285,7 +286,8 @@ pub fn external_locations(model: &ModelProto) -> BTreeSet<String> {
 /// Places a copy of `src` at `dst` atomically, as external data is placed
 /// (a folder run's other files).
 pub fn carry_over(src: &Path, dst: &Path, how: ExternalData) -> Result<()> {
-    let staged = stage_external(src, dst, how).with_context(|| format!("{}: cannot copy to {}", src.display(), dst.display()))?;
+    let staged = stage_external(src, dst, how)
+        .with_context(|| format!("{}: cannot copy to {}", src.display(), dst.display()))?;
     staged.commit().with_context(|| format!("{}: cannot write", dst.display()))?;
     if let Ok(d) = File::open(parent(dst)) {
         let _ = d.sync_all();

@@ -89,4 +89,3 @@ pub fn resolve_location(dir: &Path, location: &str) -> Result<PathBuf, String> {
     }
     Ok(joined)
 }
-

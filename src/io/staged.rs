@@ -88,7 +88,8 @@ impl Staged {
     /// keeps the mode of the file it will replace, or gets the umask's.
     pub fn write(target: &Path, write: impl FnOnce(&mut File) -> std::io::Result<()>) -> std::io::Result<Staged> {
         let dir = parent(target);
-        let mode = std::fs::metadata(target).map(|m| m.permissions().mode() & 0o7777).unwrap_or_else(|_| default_mode());
+        let mode =
+            std::fs::metadata(target).map(|m| m.permissions().mode() & 0o7777).unwrap_or_else(|_| default_mode());
         let mut staged = match unnamed_in(&dir) {
             Some(file) => Staged { file: Some(file), name: None, target: target.to_path_buf() },
             None => {
@@ -147,7 +148,9 @@ impl Staged {
             let c = CString::new(path.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
             register(&path);
             // SAFETY: both paths are NUL-terminated C strings that outlive the call.
-            let r = unsafe { libc::linkat(libc::AT_FDCWD, proc.as_ptr(), libc::AT_FDCWD, c.as_ptr(), libc::AT_SYMLINK_FOLLOW) };
+            let r = unsafe {
+                libc::linkat(libc::AT_FDCWD, proc.as_ptr(), libc::AT_FDCWD, c.as_ptr(), libc::AT_SYMLINK_FOLLOW)
+            };
             if r == 0 {
                 return Ok(path);
             }

@@ -102,7 +102,6 @@ pub const DOUBLE: i32 = DataType::Double as i32;
 pub const INT64: i32 = DataType::Int64 as i32;
 pub const BOOL: i32 = DataType::Bool as i32;
 
-
 impl TensorProto {
     /// Number of elements the dims describe (1 for a scalar).
     pub fn numel(&self) -> Option<u64> {

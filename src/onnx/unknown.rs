@@ -97,7 +97,9 @@ fn walk(
     depth: usize,
 ) -> Result<Option<UnknownField>, String> {
     if depth >= MAX_DEPTH {
-        return Err(format!("messages nest more than {MAX_DEPTH} deep (subgraphs inside subgraphs), more than onnx-fuse reads"));
+        return Err(format!(
+            "messages nest more than {MAX_DEPTH} deep (subgraphs inside subgraphs), more than onnx-fuse reads"
+        ));
     }
     let fields = &schema[message];
     let mut counts: HashMap<u32, usize> = HashMap::new();

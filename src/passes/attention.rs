@@ -144,7 +144,9 @@ fn onnx_attention(g: &Graph, shapes: &Shapes, mut m: Match, [q, k, v]: [&str; 3]
                 let c = c.scalar().expect("a constant with one value, proved when matched");
                 scale = if *op == "Div" { 1.0 / c } else { c };
             }
-            Step::Cast(to) => require!(Some(*to) == elem, "a Cast between the MatMuls changes the type Attention computes in"),
+            Step::Cast(to) => {
+                require!(Some(*to) == elem, "a Cast between the MatMuls changes the type Attention computes in")
+            }
             Step::Where { .. } | Step::Mask(_) => {
                 return Err(Miss::Because(
                     "a masked core: runtimes' Attention differs from it on rows whose keys are all masked".into(),
@@ -227,7 +229,10 @@ fn probs_step<'a>(g: &Graph<'a>, m: &mut Match, p: usize) -> Check<(Step, &'a st
         let guarded = node.input[2].as_str();
         let isnan = g.produced_by(&node.input[0], "IsNaN").map_err(|_| Miss::NotAnchor)?;
         require_not_anchor(g.node(isnan).input[0] == guarded)?;
-        require!(pattern::scalar(g, &node.input[1], guarded, "the NaN guard's value")? == 0.0, "the NaN guard does not write 0");
+        require!(
+            pattern::scalar(g, &node.input[1], guarded, "the NaN guard's value")? == 0.0,
+            "the NaN guard does not write 0"
+        );
         let zero = g.constant(&node.input[1]).expect("a constant, proved above");
         m.take(isnan);
         return Ok((Step::NanGuard(attribute_tensor(zero)), guarded));

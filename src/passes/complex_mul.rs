@@ -159,7 +159,8 @@ fn part<'a>(g: &Graph<'a>, shapes: &Shapes, m: &mut Match, value: &'a str, kind:
             kept
         }
         (Kind::Kept, "Slice") if node.input.len() >= 3 || g.opset < 10 => {
-            let (starts, ends, axes, steps) = g.slice_arguments(node)
+            let (starts, ends, axes, steps) = g
+                .slice_arguments(node)
                 .ok_or_else(|| Miss::Because(format!("the Slice of {value} has arguments computed at run time")))?;
             require!(
                 starts.len() == 1 && ends.len() == 1 && axes.len() == 1 && steps.len() == 1,

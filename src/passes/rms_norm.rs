@@ -162,7 +162,8 @@ fn squared_value<'a>(g: &Graph<'a>, m: &mut Match, square: usize) -> Check<&'a s
     } else if node.is("Mul") && node.input.len() == 2 {
         // Mul(x, x), or Mul(x, x') with x' computed again by identical nodes.
         let twins = g.same_value(&node.input[0], &node.input[1]);
-        let twins = twins.ok_or_else(|| Miss::Because(format!("{} is a product of two values, not x²", node.name())))?;
+        let twins =
+            twins.ok_or_else(|| Miss::Because(format!("{} is a product of two values, not x²", node.name())))?;
         twins.into_iter().for_each(|n| {
             m.take(n);
         });

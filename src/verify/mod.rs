@@ -179,7 +179,11 @@ impl Verification {
             writeln!(s, "verification {verdict} ({:.2} s, ONNX Runtime CPU, graph optimizations off)", self.seconds);
         let _ = writeln!(s, "  method: {}", self.method);
         if !self.not_isolated.is_empty() {
-            let _ = writeln!(s, "  fused nodes in subgraph bodies (judged by the graph outputs): {}", self.not_isolated.len());
+            let _ = writeln!(
+                s,
+                "  fused nodes in subgraph bodies (judged by the graph outputs): {}",
+                self.not_isolated.len()
+            );
         }
         let shapes: Vec<String> = self.inputs.iter().map(|(n, s)| format!("{n} {s:?}")).collect();
         let _ = writeln!(s, "  inputs: {}", shapes.join(", "));
@@ -276,7 +280,8 @@ pub fn verify(
             let value = a.get(v).ok_or_else(|| anyhow!("the original does not compute {v}, which {label} reads"))?;
             fed.push(Input::from_values(v, value)?);
         }
-        let got = run(env, &alone, rewritten.1, &format!("fused node {label} alone"), &[], feeds(&fed)?, &mut reference_ops)?;
+        let got =
+            run(env, &alone, rewritten.1, &format!("fused node {label} alone"), &[], feeds(&fed)?, &mut reference_ops)?;
         let got = got.get(out).ok_or_else(|| anyhow!("{label} alone did not compute {out}"))?;
         nodes.push(compare_values(out, Some(label), expected, got, tolerance_for(expected.elem_type)));
     }
@@ -354,7 +359,8 @@ fn run_original(
     }
     for size in candidate_sizes(original.0) {
         let mut o = options.clone();
-        o.dims.extend(unset.iter().filter(|s| !s.to_ascii_lowercase().contains("batch")).map(|s| (s.to_string(), size)));
+        o.dims
+            .extend(unset.iter().filter(|s| !s.to_ascii_lowercase().contains("batch")).map(|s| (s.to_string(), size)));
         tries.push(o);
     }
     for o in tries.iter().take(24) {
@@ -473,9 +479,8 @@ fn load(
     // ONNX Runtime reads the model from a scratch file beside it (where its
     // external data resolves), so the process never holds an encoded copy;
     // from memory only where the folder cannot take the file.
-    let scratch = crate::io::Scratch::new_in(dir)
-        .and_then(|mut s| crate::io::encode_to(&copy, &mut s.file).map(|()| s))
-        .ok();
+    let scratch =
+        crate::io::Scratch::new_in(dir).and_then(|mut s| crate::io::encode_to(&copy, &mut s.file).map(|()| s)).ok();
     let loaded = match &scratch {
         Some(s) => builder.commit_from_file(&s.path),
         None => builder.commit_from_memory(&copy.encode_to_vec()),
@@ -555,7 +560,8 @@ fn isolate(
     constants: &HashMap<&str, crate::onnx::TensorProto>,
 ) -> Result<ModelProto> {
     use crate::onnx::{GraphProto, TensorProto};
-    let mut graph = GraphProto { name: Some("fused node alone".into()), node: vec![node.clone()], ..Default::default() };
+    let mut graph =
+        GraphProto { name: Some("fused node alone".into()), node: vec![node.clone()], ..Default::default() };
     for v in node.input.iter().filter(|v| !v.is_empty()) {
         if graph.input.iter().any(|i| i.name() == v) || graph.initializer.iter().any(|t| t.name() == v) {
             continue;
@@ -692,7 +698,8 @@ pub fn check_options(model: &ModelProto, options: &Options) -> std::result::Resu
         }
     }
     if let Some(path) = &options.inputs {
-        let mut archive = npyz::npz::NpzArchive::open(path).map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
+        let mut archive =
+            npyz::npz::NpzArchive::open(path).map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
         let names: Vec<String> = archive.array_names().map(str::to_string).collect();
         for name in names {
             if !inputs.iter().any(|i| i.name() == name) {

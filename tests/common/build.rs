@@ -88,11 +88,21 @@ pub fn attr_ints(name: &str, v: &[i64]) -> AttributeProto {
 }
 
 pub fn attr_tensor(name: &str, t: TensorProto) -> AttributeProto {
-    AttributeProto { name: Some(name.into()), r#type: Some(AttributeType::Tensor as i32), t: Some(t), ..Default::default() }
+    AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(AttributeType::Tensor as i32),
+        t: Some(t),
+        ..Default::default()
+    }
 }
 
 pub fn attr_graph(name: &str, g: GraphProto) -> AttributeProto {
-    AttributeProto { name: Some(name.into()), r#type: Some(AttributeType::Graph as i32), g: Some(g), ..Default::default() }
+    AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(AttributeType::Graph as i32),
+        g: Some(g),
+        ..Default::default()
+    }
 }
 
 /// Builds one graph; `model` wraps it.

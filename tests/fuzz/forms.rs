@@ -20,6 +20,9 @@ pub enum Expect {
 pub struct Case {
     pub what: Vec<String>,
     pub expect: Expect,
+    /// False where the portable target's operator cannot say the form
+    /// (its opset aside, which the campaign checks).
+    pub portable: bool,
     pub model: ModelProto,
 }
 
@@ -52,15 +55,22 @@ impl Rng {
 struct Ctx {
     what: Vec<String>,
     expect: Expect,
+    portable: bool,
 }
 
 impl Ctx {
     fn new() -> Self {
-        Ctx { what: vec![], expect: Expect::Fuse }
+        Ctx { what: vec![], expect: Expect::Fuse, portable: true }
     }
 
     fn note(&mut self, s: impl Into<String>) {
         self.what.push(s.into());
+    }
+
+    /// A form only the ort target's operator computes.
+    fn ort_only(&mut self, s: impl Into<String>) {
+        self.note(s);
+        self.portable = false;
     }
 
     /// A mutation that makes the rewrite wrong or unprovable.
@@ -83,7 +93,8 @@ const HIDDEN: i64 = 4;
 
 /// x's shape: leading dims at random, the last one as the case decides.
 fn x_shape(rng: &mut Rng, c: &mut Ctx, rank: usize) -> (Option<Vec<D>>, D) {
-    let mut dims: Vec<D> = (0..rank - 1).map(|i| rng.pick(&[D::N(2), D::N(1), sym(["b", "s"][i % 2]), D::Unknown])).collect();
+    let mut dims: Vec<D> =
+        (0..rank - 1).map(|i| rng.pick(&[D::N(2), D::N(1), sym(["b", "s"][i % 2]), D::Unknown])).collect();
     let last = match rng.below(16) {
         0 => {
             c.note("x's last axis is symbolic");
@@ -140,7 +151,15 @@ fn commuted(rng: &mut Rng, b: &mut Builder, op: &str, x: &str, y: &str) -> Strin
 }
 
 /// ReduceMean over the last axis (axes as the opset wants them), or a mutant.
-fn reduce_mean(rng: &mut Rng, c: &mut Ctx, b: &mut Builder, opset: i64, x: &str, rank: usize, declared: bool) -> String {
+fn reduce_mean(
+    rng: &mut Rng,
+    c: &mut Ctx,
+    b: &mut Builder,
+    opset: i64,
+    x: &str,
+    rank: usize,
+    declared: bool,
+) -> String {
     let mut axes: Option<Vec<i64>> = Some(vec![-1]);
     match rng.below(24) {
         0 if rank > 1 => {
@@ -180,7 +199,8 @@ fn reduce_mean(rng: &mut Rng, c: &mut Ctx, b: &mut Builder, opset: i64, x: &str,
     }
     match axes {
         Some(axes) if opset >= 18 => {
-            let a = b.constant(tensor(INT64, &[axes.len() as i64], &axes.iter().map(|&v| v as f64).collect::<Vec<_>>()));
+            let a =
+                b.constant(tensor(INT64, &[axes.len() as i64], &axes.iter().map(|&v| v as f64).collect::<Vec<_>>()));
             b.node("ReduceMean", &[x, &a], attributes)
         }
         Some(axes) => {
@@ -192,7 +212,16 @@ fn reduce_mean(rng: &mut Rng, c: &mut Ctx, b: &mut Builder, opset: i64, x: &str,
 }
 
 /// `x / sqrt(mean(x²) + eps)` in one of its forms; returns the normalized value.
-fn rms_core(rng: &mut Rng, c: &mut Ctx, b: &mut Builder, opset: i64, x: &str, elem: i32, rank: usize, declared: bool) -> String {
+fn rms_core(
+    rng: &mut Rng,
+    c: &mut Ctx,
+    b: &mut Builder,
+    opset: i64,
+    x: &str,
+    elem: i32,
+    rank: usize,
+    declared: bool,
+) -> String {
     let x_rank = declared.then_some(rank);
     // The square's copy of x: x itself, or computed again by identical nodes.
     let sx = match rng.below(8) {
@@ -436,19 +465,66 @@ pub fn layer_norm(rng: &mut Rng) -> Case {
 pub fn attention(rng: &mut Rng) -> Case {
     let mut c = Ctx::new();
     let mut b = Builder::default();
-    let opset = rng.pick(&[12i64, 14, 18]);
+    let opset = rng.pick(&[12i64, 14, 18, 23]);
     let elem = rng.pick(&[FLOAT, FLOAT, FLOAT16]);
     let four = rng.chance(0.7);
     let e = D::N(HIDDEN);
+    // MatMul broadcasts heads and batch; ONNX's Attention only shares one key/value head.
+    let (mut q_heads, mut kv_heads, mut kv_batch) = (D::N(2), D::N(2), sym("b"));
+    match rng.below(10) {
+        0 if four => {
+            c.note("one key/value head");
+            kv_heads = D::N(1);
+        }
+        1 if four => {
+            c.ort_only("one q head over two key heads");
+            q_heads = D::N(1);
+        }
+        2 => {
+            c.ort_only("key/value batch 1, broadcast");
+            kv_batch = D::N(1);
+        }
+        _ => {}
+    }
     let (qd, kd, vd) = if four {
-        (vec![sym("b"), D::N(2), sym("s"), e.clone()], vec![sym("b"), D::N(2), e.clone(), sym("t")], vec![sym("b"), D::N(2), sym("t"), e.clone()])
+        (
+            vec![sym("b"), q_heads, sym("s"), e.clone()],
+            vec![kv_batch.clone(), kv_heads.clone(), e.clone(), sym("t")],
+            vec![kv_batch, kv_heads, sym("t"), e.clone()],
+        )
     } else {
-        (vec![sym("b"), sym("s"), e.clone()], vec![sym("b"), e.clone(), sym("t")], vec![sym("b"), sym("t"), e.clone()])
+        (
+            vec![sym("b"), sym("s"), e.clone()],
+            vec![kv_batch.clone(), e.clone(), sym("t")],
+            vec![kv_batch, sym("t"), e.clone()],
+        )
     };
     let rank = qd.len();
     let declare = rng.chance(0.85);
+    if !declare {
+        c.ort_only("shapes undeclared");
+    }
     let q = b.input("q", elem, declare.then_some(&qd[..]));
-    let k = b.input("k", elem, declare.then_some(&kd[..]));
+    // The key transposed in the graph (ONNX's Attention reads it before), or an input already transposed.
+    let k = if rng.chance(0.6) {
+        let mut perm: Vec<i64> = (0..rank as i64).collect();
+        perm.swap(rank - 1, rank - 2);
+        if four && rng.chance(0.1) {
+            c.ort_only("the key's Transpose also swaps batch and heads");
+            perm.swap(0, 1);
+        }
+        let key_dims: Vec<D> = perm.iter().map(|&j| kd[j as usize].clone()).collect();
+        let key = b.input("key", elem, declare.then_some(&key_dims[..]));
+        let k = b.node("Transpose", &[&key], vec![attr_ints("perm", &perm)]);
+        if rng.chance(0.1) {
+            c.note("the transposed key is also a graph output");
+            b.output(&k, elem, None);
+        }
+        k
+    } else {
+        c.ort_only("the key is an input, already transposed");
+        b.input("k", elem, declare.then_some(&kd[..]))
+    };
     let v = b.input("v", elem, declare.then_some(&vd[..]));
     let before = b.graph.node.len();
     let mut s = b.node("MatMul", &[&q, &k], vec![]);
@@ -460,7 +536,7 @@ pub fn attention(rng: &mut Rng) -> Case {
             let t = b.init("scale", tensor(elem, &[2], &[0.5, 0.5]));
             s = b.node("Mul", &[&s, &t], vec![]);
         } else if rng.chance(0.15) {
-            c.note("a run-time divisor");
+            c.ort_only("a run-time divisor");
             let d = b.input("divisor", elem, Some(&[]));
             s = b.node("Div", &[&s, &d], vec![]);
         } else {
@@ -471,7 +547,7 @@ pub fn attention(rng: &mut Rng) -> Case {
         }
     }
     if rng.chance(0.3) && elem == FLOAT16 {
-        c.note("scores cast to f32");
+        c.ort_only("scores cast to f32");
         s = b.node("Cast", &[&s], vec![attr_int("to", FLOAT as i64)]);
         s_elem = FLOAT;
     }
@@ -482,6 +558,7 @@ pub fn attention(rng: &mut Rng) -> Case {
         } else {
             -1.0e9_f64.max(if s_elem == FLOAT16 { -65504.0 } else { -1e9 })
         };
+        c.ort_only("a Where mask");
         let km = b.input("keep_src", FLOAT, Some(&[D::N(1), D::N(1), sym("s"), sym("t")][4 - rank..]));
         let zero = b.init("zero", tensor(FLOAT, &[], &[0.0]));
         let keep = b.node("Greater", &[&km, &zero], vec![]);
@@ -494,6 +571,7 @@ pub fn attention(rng: &mut Rng) -> Case {
             c.breaks("the mask is the scores themselves");
             s = b.node("Add", &[&s, &scores], vec![]);
         } else {
+            c.ort_only("an additive mask");
             let m = b.input("m", s_elem, Some(&[D::N(1), D::N(1), sym("s"), sym("t")][4 - rank..]));
             s = commuted(rng, &mut b, "Add", &s, &m);
         }
@@ -527,7 +605,7 @@ pub fn attention(rng: &mut Rng) -> Case {
         p = b.node("Cast", &[&p], vec![attr_int("to", elem as i64)]);
     }
     if rng.chance(0.2) {
-        c.note("NaN guard");
+        c.ort_only("NaN guard");
         let nan = b.node("IsNaN", &[&p], vec![]);
         let r = scalar_rank(rng, &mut c, "the NaN guard's 0", declare.then_some(rank));
         let z = one_value(rng, &mut b, "nan_zero", elem, r, 0.0);
@@ -617,7 +695,12 @@ pub fn complex_mul(rng: &mut Rng) -> Case {
             b.node("Gather", &[x, &idx], vec![attr_int("axis", axis)])
         }
     };
-    let (ar, ai, br, bi) = (part(&mut b, &mut c, &a, 0), part(&mut b, &mut c, &a, 1), part(&mut b, &mut c, &bb, 0), part(&mut b, &mut c, &bb, 1));
+    let (ar, ai, br, bi) = (
+        part(&mut b, &mut c, &a, 0),
+        part(&mut b, &mut c, &a, 1),
+        part(&mut b, &mut c, &bb, 0),
+        part(&mut b, &mut c, &bb, 1),
+    );
     let conj = rng.chance(0.4);
     let rr = commuted(rng, &mut b, "Mul", &ar, &br);
     let ii = commuted(rng, &mut b, "Mul", &ai, &bi);
@@ -665,7 +748,7 @@ fn finish(rng: &mut Rng, mut c: Ctx, b: Builder, opset: i64, elem: i32) -> Case 
         }
         _ => b.model(opset),
     };
-    Case { what: c.what, expect: c.expect, model }
+    Case { what: c.what, expect: c.expect, portable: c.portable, model }
 }
 
 /// The nodes go into the then branch of an If (the else branch passes the
