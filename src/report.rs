@@ -226,7 +226,7 @@ impl Report {
         if wrote("AttentionCore") {
             self.not_loaded_by.push(
                 "OpenVINO and tract (transmuter.AttentionCore: a local function in a custom domain; --target portable \
-                 leaves attention as it is)"
+                 writes ONNX Attention for unmasked cores from opset 23 and leaves the others as they are)"
                     .into(),
             );
         }
