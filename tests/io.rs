@@ -286,7 +286,9 @@ fn malformed_nodes_never_crash_the_tool() {
 fn kernel_copies_and_plain_writes_give_the_same_bytes() {
     use common::build::{rms_norm, Builder, D};
     use onnx_fuse::onnx::FLOAT;
-    const N: i64 = 1 << 18; // a 1 MiB weight: written past the sink's buffer
+    // A weight of 64 MiB and a bit: past the sink's buffer, and in two
+    // pieces of the output's writeback steps.
+    const N: i64 = (1 << 24) + 4099;
     let mut b = Builder::default();
     let x = b.input("x", FLOAT, Some(&[D::N(2), D::N(N)]));
     let y = rms_norm(&mut b, &x, FLOAT, &(0..N).map(|i| (i % 251) as f64 / 7.0).collect::<Vec<_>>());

@@ -300,11 +300,19 @@ fn stage_external(src: &Path, dst: &Path, how: ExternalData) -> std::io::Result<
     match how {
         ExternalData::HardLink => Staged::link(src, dst),
         ExternalData::Copy | ExternalData::InPlace => Staged::write(dst, |out| {
-            let mut input = File::open(src)?;
+            let input = File::open(src)?;
             if !clone_file(&input, out) {
                 // std::io::copy between files uses copy_file_range on Linux:
                 // the kernel copies, the data never enters this process.
-                std::io::copy(&mut input, out)?;
+                let mut written = 0;
+                loop {
+                    let n = std::io::copy(&mut std::io::Read::take(&input, WRITEBACK_STEP), out)?;
+                    if n == 0 {
+                        break;
+                    }
+                    start_writeback(out, written, n);
+                    written += n;
+                }
             }
             Ok(())
         }),
@@ -326,33 +334,55 @@ struct FileSink<'a> {
     file: &'a mut File,
     buf: Vec<u8>,
     error: Option<std::io::Error>,
+    /// Bytes written so far, and up to where writeback was started.
+    written: u64,
+    kicked: u64,
 }
 
 const SINK_BUFFER: usize = 1 << 20;
 
+/// Writeback of the output starts every this many bytes, so the disk
+/// writes while the copy goes on and the closing fsync waits for the tail
+/// only.
+const WRITEBACK_STEP: u64 = 64 << 20;
+
 impl<'a> FileSink<'a> {
     fn new(file: &'a mut File) -> Self {
-        FileSink { file, buf: Vec::with_capacity(SINK_BUFFER), error: None }
+        FileSink { file, buf: Vec::with_capacity(SINK_BUFFER), error: None, written: 0, kicked: 0 }
     }
 
     fn write(&mut self, data: &[u8]) {
+        // Large payloads go in steps, each followed by its writeback.
+        for piece in data.chunks(WRITEBACK_STEP as usize) {
+            self.write_piece(piece);
+        }
+    }
+
+    fn write_piece(&mut self, data: &[u8]) {
         if self.error.is_some() {
             return;
         }
         // A payload of the input goes from file to file in the kernel.
-        match maps::copy_range(data, self.file) {
-            Ok(true) => return,
-            Ok(false) => {}
+        let copied = match maps::copy_range(data, self.file) {
+            Ok(copied) => copied,
             Err(e) => {
                 self.error = Some(e);
                 return;
             }
+        };
+        if !copied {
+            if let Err(e) = self.file.write_all(data) {
+                self.error = Some(e);
+                return;
+            }
+            // A payload of the input, written: its pages need not stay.
+            maps::release(data);
         }
-        if let Err(e) = self.file.write_all(data) {
-            self.error = Some(e);
+        self.written += data.len() as u64;
+        if self.written - self.kicked >= WRITEBACK_STEP {
+            start_writeback(self.file, self.kicked, self.written - self.kicked);
+            self.kicked = self.written;
         }
-        // A payload of the input, written: its pages need not stay.
-        maps::release(data);
     }
 
     fn flush_buf(&mut self) {
@@ -366,6 +396,21 @@ impl<'a> FileSink<'a> {
         self.flush_buf();
         self.error.map_or(Ok(()), Err)
     }
+}
+
+/// Asks the kernel to start writing `len` bytes at `offset` to the disk,
+/// without waiting (the fsync at commit still makes the file durable).
+fn start_writeback(file: &File, offset: u64, len: u64) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid descriptor; the call only schedules writeback.
+    unsafe {
+        libc::sync_file_range(
+            file.as_raw_fd(),
+            offset as libc::off64_t,
+            len as libc::off64_t,
+            libc::SYNC_FILE_RANGE_WRITE,
+        )
+    };
 }
 
 // SAFETY: chunk_mut hands out the vector's spare capacity, and advance_mut
