@@ -15,26 +15,35 @@ use crate::onnx::{
     BOOL, FLOAT, INT64,
 };
 
-/// Why a pattern did not match at a node.
+/// Why a pattern did not match at a node: the node is no candidate at all
+/// (not reported), or a candidate whose precondition failed (reported by
+/// `--explain` with the reason).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Miss {
-    /// The node is not the kind of node the pattern is anchored on.
-    NotAnchor,
-    /// The node could be an anchor, but a precondition failed.
-    Because(String),
-    /// No operand of a commutative node fits the role a pattern needs
-    /// (`pattern::either_order`); a reason like `Because`.
-    NoOperand(String),
+    /// Not the shape of node the pattern starts from.
+    NotCandidate,
+    /// A candidate, declined: the precondition that failed, for a user.
+    Declined(String),
 }
 
 pub type Check<T> = Result<T, Miss>;
 
-/// Fails the match with a reason a user can read unless `cond` holds.
+/// Declines the match with a reason a user can read unless `cond` holds.
 #[macro_export]
 macro_rules! require {
     ($cond:expr, $($why:tt)+) => {
         if !$cond {
-            return Err($crate::graph::Miss::Because(format!($($why)+)));
+            return Err($crate::graph::Miss::Declined(format!($($why)+)));
+        }
+    };
+}
+
+/// The node is no candidate at all (nothing to report) unless `cond` holds.
+#[macro_export]
+macro_rules! candidate {
+    ($cond:expr) => {
+        if !$cond {
+            return Err($crate::graph::Miss::NotCandidate);
         }
     };
 }
@@ -260,7 +269,7 @@ impl<'a> Graph<'a> {
     pub fn produced_by(&self, value: &str, op_type: &str) -> Check<usize> {
         match self.producer(value) {
             Some(i) if self.node(i).is(op_type) => Ok(i),
-            _ => Err(Miss::Because(format!("{value} is not produced by {op_type}"))),
+            _ => Err(Miss::Declined(format!("{value} is not produced by {op_type}"))),
         }
     }
 

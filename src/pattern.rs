@@ -3,8 +3,8 @@
 
 use crate::graph::{Check, Graph, IntsArgument, Miss};
 use crate::onnx::NodeProto;
-use crate::require;
 use crate::shapes::Dim;
+use crate::{candidate, require};
 
 /// The anchor must be a default-domain `op_type` node; anything else is not
 /// a candidate at all (and is not reported as declined).
@@ -13,15 +13,16 @@ pub fn anchor<'a>(g: &Graph<'a>, index: usize, op_type: &str) -> Check<&'a NodeP
     if node.is(op_type) && node.input.len() >= 2 && !node.output.is_empty() {
         Ok(node)
     } else if node.is(op_type) {
-        Err(Miss::Because(format!("{op_type} has an unexpected arity")))
+        Err(Miss::Declined(format!("{op_type} has an unexpected arity")))
     } else {
-        Err(Miss::NotAnchor)
+        Err(Miss::NotCandidate)
     }
 }
 
 /// Splits the two operands of a commutative binary node into `(other,
 /// role)`, where `role` is the operand that fits the role (a constant, say),
 /// and tries `f` on them; when both operands fit, both orders are tried.
+/// Declined with the first order's reason, or because no operand fits.
 pub fn either_order<'a, T>(
     node: &'a NodeProto,
     role: &str,
@@ -30,33 +31,31 @@ pub fn either_order<'a, T>(
 ) -> Check<T> {
     require!(node.input.len() == 2, "{} {} does not have two operands", node.op_type(), node.name());
     let (a, b) = (node.input[0].as_str(), node.input[1].as_str());
-    let mut result = Err(Miss::NoOperand(format!("no operand of {} {} is {role}", node.op_type(), node.name())));
+    let mut first_miss = None;
     for (other, fitting) in [(a, b), (b, a)] {
         if fits(fitting) {
-            // A role missing further in is a reason here, not "no candidate".
-            let attempt = f(other, fitting).map_err(|miss| match miss {
-                Miss::NoOperand(why) => Miss::Because(why),
-                miss => miss,
-            });
-            match attempt {
+            match f(other, fitting) {
                 Ok(found) => return Ok(found),
-                Err(miss) if matches!(result, Err(Miss::NoOperand(_))) => result = Err(miss),
-                Err(_) => {}
+                Err(miss) => {
+                    first_miss.get_or_insert(miss);
+                }
             }
         }
     }
-    result
+    Err(first_miss
+        .unwrap_or_else(|| Miss::Declined(format!("no operand of {} {} is {role}", node.op_type(), node.name()))))
 }
 
 /// `either_order` at the anchor: a node none of whose operands fits the
-/// role is not a candidate at all (and is not reported as declined).
+/// role is no candidate at all (and is not reported as declined).
 pub fn anchor_operands<'a, T>(
     node: &'a NodeProto,
     role: &str,
     fits: impl Fn(&str) -> bool,
     f: impl FnMut(&'a str, &'a str) -> Check<T>,
 ) -> Check<T> {
-    either_order(node, role, fits, f).map_err(|miss| if let Miss::NoOperand(_) = miss { Miss::NotAnchor } else { miss })
+    candidate!(node.input.iter().any(|v| fits(v)));
+    either_order(node, role, fits, f)
 }
 
 /// The value of a constant with exactly one element (eps, an exponent, a
@@ -68,7 +67,7 @@ pub fn anchor_operands<'a, T>(
 pub fn scalar(g: &Graph, value: &str, other: &str, what: &str) -> Check<f64> {
     let t = g.constant(value);
     let v = t.and_then(|t| t.scalar());
-    let v = v.ok_or_else(|| Miss::Because(format!("{what} ({value}) is not a constant with one value")))?;
+    let v = v.ok_or_else(|| Miss::Declined(format!("{what} ({value}) is not a constant with one value")))?;
     let rank = t.map_or(0, |t| t.dims.len());
     let room = g.shapes().rank(other).unwrap_or(1).max(1);
     require!(
@@ -90,7 +89,7 @@ pub fn reduce_mean_last_axis(g: &Graph, index: usize) -> Check<()> {
         IntsArgument::Known(axes) => axes,
         IntsArgument::Absent => vec![],
         IntsArgument::Unknown => {
-            return Err(Miss::Because(format!("the axes of ReduceMean {} are not a constant", node.name())));
+            return Err(Miss::Declined(format!("the axes of ReduceMean {} are not a constant", node.name())));
         }
     };
     let last = g.shapes().rank(&node.input[0]).map(|r| r as i64 - 1);
@@ -115,7 +114,7 @@ pub fn is_vector(g: &Graph, value: &str) -> bool {
 pub fn weight(g: &Graph, value: &str, x: &str, what: &str) -> Check<()> {
     let shapes = g.shapes();
     let shape =
-        shapes.shape(value).ok_or_else(|| Miss::Because(format!("the {what} ({value}) has no proved shape")))?;
+        shapes.shape(value).ok_or_else(|| Miss::Declined(format!("the {what} ({value}) has no proved shape")))?;
     require!(shape.len() <= 1, "the {what} ({value}) has rank {}, more than 1", shape.len());
     let n = shape.first().cloned().unwrap_or(Dim::known(1));
     let last = shapes.shape(x).and_then(|s| s.last().cloned());

@@ -295,7 +295,7 @@ fn find(g: &Graph, pass: &Pass, path: &str, functions: &[FunctionProto], decline
             })
         }));
         let checked = attempt.unwrap_or_else(|_| {
-            Err(Miss::Because("the nodes around it are malformed (a required input or attribute is missing)".into()))
+            Err(Miss::Declined("the nodes around it are malformed (a required input or attribute is missing)".into()))
         });
         match checked {
             Ok(rewrite) if rewrite.nodes.iter().all(|n| !claimed.contains(n)) => {
@@ -303,8 +303,8 @@ fn find(g: &Graph, pass: &Pass, path: &str, functions: &[FunctionProto], decline
                 found.push(rewrite);
             }
             Ok(_) => {}
-            Err(Miss::NotAnchor) => {}
-            Err(Miss::Because(reason) | Miss::NoOperand(reason)) => declined.push(Declined {
+            Err(Miss::NotCandidate) => {}
+            Err(Miss::Declined(reason)) => declined.push(Declined {
                 pass: pass.name,
                 node: display_name(g.node(anchor)),
                 graph: path.to_string(),

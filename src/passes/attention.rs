@@ -31,9 +31,9 @@ use crate::onnx::{
     TRANSMUTER_DOMAIN,
 };
 use crate::pattern::{self, cast_to};
-use crate::require;
 use crate::rewrite::{Match, Pass, Rewrite};
 use crate::shapes::Shapes;
+use crate::{candidate, require};
 
 pub const PASS: Pass = Pass {
     name: "attention",
@@ -76,12 +76,12 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     let mut after = Vec::new();
     let mut value = probs;
     let softmax = loop {
-        let Some(p) = g.producer(value) else { return Err(Miss::NotAnchor) };
+        let Some(p) = g.producer(value) else { return Err(Miss::NotCandidate) };
         let node = g.node(p);
         if node.is("Softmax") {
             break m.take(p);
         }
-        require_not_anchor(after.len() < 6 && m.len() < 16)?;
+        candidate!(after.len() < 6 && m.len() < 16);
         // Identity (unoptimized dynamo exports) computes nothing: no step.
         if node.is("Identity") && node.input.len() == 1 {
             m.take(p);
@@ -148,12 +148,12 @@ fn onnx_attention(g: &Graph, shapes: &Shapes, mut m: Match, [q, k, v]: [&str; 3]
                 require!(Some(*to) == elem, "a Cast between the MatMuls changes the type Attention computes in")
             }
             Step::Where { .. } | Step::Mask(_) => {
-                return Err(Miss::Because(
+                return Err(Miss::Declined(
                     "a masked core: runtimes' Attention differs from it on rows whose keys are all masked".into(),
                 ))
             }
-            Step::Divisor(d) => return Err(Miss::Because(format!("the divisor {d} is computed at run time"))),
-            Step::NanGuard(_) => return Err(Miss::Because("a NaN guard: Attention does not zero NaN rows".into())),
+            Step::Divisor(d) => return Err(Miss::Declined(format!("the divisor {d} is computed at run time"))),
+            Step::NanGuard(_) => return Err(Miss::Declined("a NaN guard: Attention does not zero NaN rows".into())),
         }
     }
     require!(scale.is_finite() && (scale as f32).is_normal(), "the scale {scale} is no normal f32");
@@ -164,7 +164,7 @@ fn onnx_attention(g: &Graph, shapes: &Shapes, mut m: Match, [q, k, v]: [&str; 3]
     require!(matches!(rank, Some(3 | 4)), "q is not proved to have rank 3 or 4 (rank {rank:?})");
     let rank = rank.unwrap_or_default();
     let transpose = g.produced_by(k, "Transpose").map_err(|_| {
-        Miss::Because(format!("the key {k} is not a Transpose: Attention reads the key before its transpose"))
+        Miss::Declined(format!("the key {k} is not a Transpose: Attention reads the key before its transpose"))
     })?;
     let swap_last: Vec<i64> = (0..rank as i64 - 2).chain([rank as i64 - 1, rank as i64 - 2]).collect();
     require!(
@@ -179,7 +179,7 @@ fn onnx_attention(g: &Graph, shapes: &Shapes, mut m: Match, [q, k, v]: [&str; 3]
     // Attention broadcasts nothing but key/value heads (GQA, repeated): the
     // MatMuls' broadcasting must be exactly that.
     let (Some(sq), Some(sk), Some(sv)) = (shapes.shape(q), shapes.shape(key), shapes.shape(v)) else {
-        return Err(Miss::Because("the shapes of q, key and v are not proved".into()));
+        return Err(Miss::Declined("the shapes of q, key and v are not proved".into()));
     };
     require!(sk.len() == rank && sv.len() == rank, "q, key and v differ in rank");
     require!(
@@ -202,14 +202,6 @@ fn onnx_attention(g: &Graph, shapes: &Shapes, mut m: Match, [q, k, v]: [&str; 3]
     Ok(m.replace_with(crate::rewrite::node("Attention", &[q, key, v], attributes)))
 }
 
-fn require_not_anchor(ok: bool) -> Check<()> {
-    if ok {
-        Ok(())
-    } else {
-        Err(Miss::NotAnchor)
-    }
-}
-
 fn is_float(to: Option<i32>) -> bool {
     matches!(to, Some(FLOAT | FLOAT16 | BFLOAT16 | DOUBLE))
 }
@@ -227,8 +219,8 @@ fn probs_step<'a>(g: &Graph<'a>, m: &mut Match, p: usize) -> Check<(Step, &'a st
     if node.is("Where") && node.input.len() == 3 {
         // Where(IsNaN(p), 0, p): rows that were all -inf become zeros.
         let guarded = node.input[2].as_str();
-        let isnan = g.produced_by(&node.input[0], "IsNaN").map_err(|_| Miss::NotAnchor)?;
-        require_not_anchor(g.node(isnan).input[0] == guarded)?;
+        let isnan = g.produced_by(&node.input[0], "IsNaN").map_err(|_| Miss::NotCandidate)?;
+        candidate!(g.node(isnan).input[0] == guarded);
         require!(
             pattern::scalar(g, &node.input[1], guarded, "the NaN guard's value")? == 0.0,
             "the NaN guard does not write 0"
@@ -237,7 +229,7 @@ fn probs_step<'a>(g: &Graph<'a>, m: &mut Match, p: usize) -> Check<(Step, &'a st
         m.take(isnan);
         return Ok((Step::NanGuard(attribute_tensor(zero)), guarded));
     }
-    Err(Miss::NotAnchor)
+    Err(Miss::NotCandidate)
 }
 
 fn reshape(g: &Graph, node: &NodeProto) -> Step {
@@ -271,7 +263,7 @@ fn softmax_over_last_axis(g: &Graph, shapes: &Shapes, softmax: usize) -> Check<(
 /// the scores is what leads back to the MatMul.
 fn scores_chain<'a>(g: &Graph<'a>, m: &mut Match, value: &'a str, depth: usize) -> Check<(usize, Vec<(usize, Step)>)> {
     require!(depth < 8, "no MatMul within 8 steps before the Softmax");
-    let p = g.producer(value).ok_or_else(|| Miss::Because(format!("{value} is not computed by the graph")))?;
+    let p = g.producer(value).ok_or_else(|| Miss::Declined(format!("{value} is not computed by the graph")))?;
     let node = g.node(p);
     let step = |steps: Check<(usize, Vec<(usize, Step)>)>, s: Step| {
         steps.map(|(mm, mut list)| {
@@ -344,7 +336,7 @@ fn scores_chain<'a>(g: &Graph<'a>, m: &mut Match, value: &'a str, depth: usize) 
         }
         _ => {}
     }
-    Err(Miss::Because(format!("{} {} is not a step of the attention core", node.op_type(), node.name())))
+    Err(Miss::Declined(format!("{} {} is not a step of the attention core", node.op_type(), node.name())))
 }
 
 /// Reshapes come in a pair that gives back the shape it started from (3-D
@@ -364,7 +356,7 @@ fn reshape_pair_gives_back_shape(g: &Graph, shapes: &Shapes, steps: &[(usize, St
             );
             Ok(())
         }
-        _ => Err(Miss::Because(format!("{} Reshapes around the {what}, not a pair", reshapes.len()))),
+        _ => Err(Miss::Declined(format!("{} Reshapes around the {what}, not a pair", reshapes.len()))),
     }
 }
 

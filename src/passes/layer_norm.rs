@@ -55,7 +55,7 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
             Ok(m.replace_with(node("LayerNormalization", &[x, gamma, beta], norm_attributes(eps))))
         },
     )
-    .or_else(|miss| if miss == Miss::NotAnchor { beta_not_a_vector(g, index) } else { Err(miss) })
+    .or_else(|miss| if miss == Miss::NotCandidate { beta_not_a_vector(g, index) } else { Err(miss) })
 }
 
 /// An Add with no operand of rank ≤ 1 is no candidate, unless one operand
@@ -64,16 +64,16 @@ fn beta_not_a_vector(g: &Graph, index: usize) -> Check<Rewrite> {
     let out = g.node(index);
     for (scaled, beta) in [(&out.input[0], &out.input[1]), (&out.input[1], &out.input[0])] {
         if scaled_norm(g, &mut Match::new(index), scaled).is_ok() {
-            return Err(Miss::Because(format!("the beta ({beta}) is not proved to have rank at most 1")));
+            return Err(Miss::Declined(format!("the beta ({beta}) is not proved to have rank at most 1")));
         }
     }
-    Err(Miss::NotAnchor)
+    Err(Miss::NotCandidate)
 }
 
 /// `n(d) * gamma` as primitives, or as the `SimplifiedLayerNormalization`
 /// rms-norm writes for it. Returns d, gamma and eps.
 fn scaled_norm<'a>(g: &Graph<'a>, m: &mut Match, scaled: &'a str) -> Check<(&'a str, &'a str, f32)> {
-    let p = g.producer(scaled).ok_or_else(|| Miss::Because(format!("{scaled} is not computed by the graph")))?;
+    let p = g.producer(scaled).ok_or_else(|| Miss::Declined(format!("{scaled} is not computed by the graph")))?;
     let node = g.node(p);
     if (node.is("SimplifiedLayerNormalization") || node.is("RMSNormalization")) && node.input.len() == 2 {
         // As rms-norm writes it (either target): the last axis, in f32.

@@ -53,7 +53,7 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
             Ok(m.replace_with(node(op_for(g)?, &[x, weight], norm_attributes(core.eps))))
         },
     )
-    .or_else(|miss| if miss == Miss::NotAnchor { weight_not_a_vector(g, index) } else { Err(miss) })
+    .or_else(|miss| if miss == Miss::NotCandidate { weight_not_a_vector(g, index) } else { Err(miss) })
 }
 
 /// The op the target allows: ONNX Runtime's `SimplifiedLayerNormalization`
@@ -76,10 +76,10 @@ fn weight_not_a_vector(g: &Graph, index: usize) -> Check<Rewrite> {
     for (y, weight) in [(&out.input[0], &out.input[1]), (&out.input[1], &out.input[0])] {
         let normalized = g.produced_by(y, "Cast").map_or(y.as_str(), |c| g.node(c).input[0].as_str());
         if rms_core(g, &mut Match::new(index), normalized).is_ok() {
-            return Err(Miss::Because(format!("the weight ({weight}) is not proved to have rank at most 1")));
+            return Err(Miss::Declined(format!("the weight ({weight}) is not proved to have rank at most 1")));
         }
     }
-    Err(Miss::NotAnchor)
+    Err(Miss::NotCandidate)
 }
 
 /// The attributes both norms are written with: over the last axis, the
@@ -101,14 +101,14 @@ pub struct RmsCore<'a> {
 
 /// Matches the core that ends in the value `n`, adding its nodes to `m`.
 pub fn rms_core<'a>(g: &Graph<'a>, m: &mut Match, n: &'a str) -> Check<RmsCore<'a>> {
-    let last = g.producer(n).ok_or_else(|| Miss::Because(format!("{n} is not computed by the graph")))?;
+    let last = g.producer(n).ok_or_else(|| Miss::Declined(format!("{n} is not computed by the graph")))?;
     let node = g.node(last);
     let (x, r) = if node.is("Div") && node.input.len() == 2 {
         (node.input[0].as_str(), node.input[1].as_str())
     } else if node.is("Mul") {
         either_order(node, "1 / r", |v| is_reciprocal(g, v), |x, inverse| Ok((x, reciprocal_of(g, m, inverse)?)))?
     } else {
-        return Err(Miss::Because(format!("{n} is not x / r, x * (1 / r) or x * Reciprocal(r)")));
+        return Err(Miss::Declined(format!("{n} is not x / r, x * (1 / r) or x * Reciprocal(r)")));
     };
     m.take(last);
     let sqrt = m.take(g.produced_by(r, "Sqrt")?);
@@ -127,7 +127,7 @@ pub fn rms_core<'a>(g: &Graph<'a>, m: &mut Match, n: &'a str) -> Check<RmsCore<'
     require!(matches!(eps_type, FLOAT | FLOAT16 | BFLOAT16), "eps ({eps}) is not f32, f16 or bf16");
     pattern::reduce_mean_last_axis(g, m.take(mean))?;
     let square =
-        m.take(g.producer(&g.node(mean).input[0]).ok_or_else(|| Miss::Because("the mean's input is not x²".into()))?);
+        m.take(g.producer(&g.node(mean).input[0]).ok_or_else(|| Miss::Declined("the mean's input is not x²".into()))?);
     let squared = squared_value(g, m, square)?;
     same_value(g, m, x, squared)?;
     require!(g.elem_type(x).is_none_or(|t| t == eps_type), "eps ({eps}) does not have the element type of x");
@@ -163,13 +163,13 @@ fn squared_value<'a>(g: &Graph<'a>, m: &mut Match, square: usize) -> Check<&'a s
         // Mul(x, x), or Mul(x, x') with x' computed again by identical nodes.
         let twins = g.same_value(&node.input[0], &node.input[1]);
         let twins =
-            twins.ok_or_else(|| Miss::Because(format!("{} is a product of two values, not x²", node.name())))?;
+            twins.ok_or_else(|| Miss::Declined(format!("{} is a product of two values, not x²", node.name())))?;
         twins.into_iter().for_each(|n| {
             m.take(n);
         });
         Ok(node.input[0].as_str())
     } else {
-        Err(Miss::Because(format!("{} is not Pow(x, 2) or Mul(x, x)", node.name())))
+        Err(Miss::Declined(format!("{} is not Pow(x, 2) or Mul(x, x)", node.name())))
     }
 }
 /// The numerator and the squared value must be the same value: the same
@@ -182,7 +182,7 @@ fn same_value(g: &Graph, m: &mut Match, numerator: &str, squared: &str) -> Check
         let identity = g.node(cast).input[0] == numerator && g.elem_type(numerator) == cast_to(g.node(cast));
         identity.then(|| vec![cast])
     });
-    let twins = twins.ok_or_else(|| Miss::Because("the square and the numerator read different values".into()))?;
+    let twins = twins.ok_or_else(|| Miss::Declined("the square and the numerator read different values".into()))?;
     for n in twins {
         m.take(n);
     }
@@ -216,7 +216,7 @@ fn fold_casts<'a>(g: &Graph<'a>, m: &mut Match, core: &RmsCore<'a>, to: i32) -> 
         core.elem_type
     );
     let (Some(cast), Some(source)) = (input_cast, source) else {
-        return Err(Miss::Because("the f32 core does not read x widened from the output's type".into()));
+        return Err(Miss::Declined("the f32 core does not read x widened from the output's type".into()));
     };
     require!(g.elem_type(source) == Some(to), "the f32 core does not read x widened from the output's type");
     require!(foldable, "the widened x ({}) is also read outside the norm", core.x);
