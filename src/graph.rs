@@ -98,6 +98,9 @@ pub struct Graph<'a> {
     /// Names defined twice: in this graph and an enclosing one, or by two
     /// nodes of this graph. No match may read or write them.
     ambiguous: HashSet<&'a str>,
+    /// Nodes without an input their op requires (`ops::malformed`), and why:
+    /// hidden from rules, which may then read required inputs unchecked.
+    malformed: HashMap<usize, String>,
     consts: HashMap<&'a str, Cow<'a, TensorProto>>,
     outer: &'a Scope,
     types: HashMap<&'a str, i32>,
@@ -118,6 +121,7 @@ impl<'a> Graph<'a> {
             outputs: proto.output.iter().map(|o| o.name()).collect(),
             defined: proto.input.iter().map(|i| i.name()).collect(),
             ambiguous: HashSet::new(),
+            malformed: HashMap::new(),
             consts: HashMap::new(),
             outer,
             types: HashMap::new(),
@@ -134,6 +138,9 @@ impl<'a> Graph<'a> {
         let own_names = proto.input.iter().map(|i| i.name()).chain(proto.initializer.iter().map(|t| t.name()));
         g.ambiguous.extend(own_names.filter(|n| outer.names.contains(*n)));
         for (i, node) in proto.node.iter().enumerate() {
+            if let Some(why) = crate::ops::malformed(node, opset) {
+                g.malformed.insert(i, why);
+            }
             for out in node.output.iter().filter(|o| !o.is_empty()) {
                 let twice = g.producer.insert(out, i).is_some() || g.defined.contains(out.as_str());
                 if twice || g.consts.contains_key(out.as_str()) || outer.names.contains(out) {
@@ -261,15 +268,40 @@ impl<'a> Graph<'a> {
         self.proto.node.is_empty()
     }
 
+    /// The node computing `value`; none for a malformed node (what it
+    /// computes is not known).
     pub fn producer(&self, value: &str) -> Option<usize> {
-        self.producer.get(value).copied()
+        self.producer.get(value).copied().filter(|p| !self.malformed.contains_key(p))
+    }
+
+    /// Why node `index` is malformed (an input its op requires is missing),
+    /// if it is.
+    pub fn malformed(&self, index: usize) -> Option<&str> {
+        self.malformed.get(&index).map(String::as_str)
+    }
+
+    /// The reason to give when `value` is computed by a malformed node.
+    pub fn computed_by_malformed(&self, value: &str) -> Option<String> {
+        let why = self.producer.get(value).and_then(|p| self.malformed(*p))?;
+        Some(format!("{value} is computed by a malformed node: {why}"))
+    }
+
+    /// The node computing `value`, or why a rule has none to read.
+    pub fn computing(&self, value: &str) -> Check<usize> {
+        self.producer(value).ok_or_else(|| {
+            Miss::Declined(
+                self.computed_by_malformed(value).unwrap_or_else(|| format!("{value} is not computed by the graph")),
+            )
+        })
     }
 
     /// The node producing `value`, if it is a default-domain `op_type`.
     pub fn produced_by(&self, value: &str, op_type: &str) -> Check<usize> {
         match self.producer(value) {
             Some(i) if self.node(i).is(op_type) => Ok(i),
-            _ => Err(Miss::Declined(format!("{value} is not produced by {op_type}"))),
+            _ => Err(Miss::Declined(
+                self.computed_by_malformed(value).unwrap_or_else(|| format!("{value} is not produced by {op_type}")),
+            )),
         }
     }
 
@@ -387,7 +419,7 @@ impl<'a> Graph<'a> {
         let identical = na.op_type() == nb.op_type()
             && crate::onnx::is_default_domain(na.domain())
             && crate::onnx::is_default_domain(nb.domain())
-            && DETERMINISTIC.contains(&na.op_type())
+            && crate::ops::DETERMINISTIC.contains(&na.op_type())
             && na.attribute == nb.attribute
             && na.input.len() == nb.input.len()
             && position(na, a) == position(nb, b);
@@ -491,7 +523,7 @@ impl<'a> Graph<'a> {
                     "ConstantOfShape" => {
                         Some(node.attr("value").and_then(|a| a.t.as_ref()).map_or(FLOAT, |t| t.data_type()))
                     }
-                    op if SAME_TYPE_AS_FIRST_INPUT.contains(&op) => from_input(0),
+                    op if crate::ops::SAME_TYPE_AS_FIRST_INPUT.contains(&op) => from_input(0),
                     _ => None,
                 }
             };
@@ -501,98 +533,6 @@ impl<'a> Graph<'a> {
         }
     }
 }
-
-/// Ops that compute the same outputs from the same inputs and attributes
-/// (no randomness, no state): two such nodes that agree are one value.
-#[rustfmt::skip]
-const DETERMINISTIC: &[&str] = &[
-    "Abs", "Add", "Cast", "CastLike", "Concat", "Cos", "Div", "Equal", "Erf", "Exp", "Expand", "Gather", "Identity",
-    "Log", "MatMul", "Mul", "Neg", "Pow", "Reciprocal", "ReduceMax", "ReduceMean", "ReduceMin", "ReduceSum", "Relu",
-    "Reshape", "Shape", "Sigmoid", "Sin", "Slice", "Softmax", "Sqrt", "Squeeze", "Sub", "Tanh", "Transpose",
-    "Unsqueeze", "Where",
-];
-
-/// Ops whose first output has the element type of their first input.
-const SAME_TYPE_AS_FIRST_INPUT: &[&str] = &[
-    "Abs",
-    "Add",
-    "AveragePool",
-    "BatchNormalization",
-    "Ceil",
-    "Clip",
-    "Concat",
-    "Conv",
-    "ConvTranspose",
-    "Cos",
-    "CumSum",
-    "Div",
-    "Dropout",
-    "Einsum",
-    "Elu",
-    "Erf",
-    "Exp",
-    "Expand",
-    "Flatten",
-    "Floor",
-    "Gather",
-    "GatherElements",
-    "GatherND",
-    "Gelu",
-    "Gemm",
-    "GlobalAveragePool",
-    "HardSigmoid",
-    "HardSwish",
-    "Identity",
-    "InstanceNormalization",
-    "LayerNormalization",
-    "LeakyRelu",
-    "Log",
-    "LogSoftmax",
-    "MatMul",
-    "Max",
-    "MaxPool",
-    "Mean",
-    "Min",
-    "Mish",
-    "Mod",
-    "Mul",
-    "Neg",
-    "PRelu",
-    "Pad",
-    "Pow",
-    "Range",
-    "Reciprocal",
-    "ReduceL2",
-    "ReduceMax",
-    "ReduceMean",
-    "ReduceMin",
-    "ReduceProd",
-    "ReduceSum",
-    "ReduceSumSquare",
-    "Relu",
-    "Reshape",
-    "Resize",
-    "Round",
-    "ScatterElements",
-    "ScatterND",
-    "Selu",
-    "Sigmoid",
-    "Sign",
-    "Sin",
-    "Slice",
-    "Softmax",
-    "Softplus",
-    "Split",
-    "Sqrt",
-    "Squeeze",
-    "Sub",
-    "Sum",
-    "Tanh",
-    "Tile",
-    "Transpose",
-    "Trilu",
-    "Unsqueeze",
-];
 
 fn tensor_type(vi: &ValueInfoProto) -> Option<(i32, Option<&TensorShapeProto>)> {
     match vi.r#type.as_ref()?.value.as_ref()? {

@@ -9,6 +9,7 @@
 pub mod graph;
 pub mod io;
 pub mod onnx;
+pub mod ops;
 pub mod passes;
 pub mod pattern;
 pub mod report;

@@ -10,13 +10,12 @@ use crate::{candidate, require};
 /// a candidate at all (and is not reported as declined).
 pub fn anchor<'a>(g: &Graph<'a>, index: usize, op_type: &str) -> Check<&'a NodeProto> {
     let node = g.node(index);
-    if node.is(op_type) && node.input.len() >= 2 && !node.output.is_empty() {
-        Ok(node)
-    } else if node.is(op_type) {
-        Err(Miss::Declined(format!("{op_type} has an unexpected arity")))
-    } else {
-        Err(Miss::NotCandidate)
+    candidate!(node.is(op_type));
+    if let Some(why) = g.malformed(index) {
+        return Err(Miss::Declined(format!("malformed: {why}")));
     }
+    require!(node.input.len() >= 2, "{op_type} has an unexpected arity");
+    Ok(node)
 }
 
 /// Splits the two operands of a commutative binary node into `(other,

@@ -280,22 +280,16 @@ fn find(g: &Graph, pass: &Pass, path: &str, functions: &[FunctionProto], decline
         if claimed.contains(&anchor) {
             continue;
         }
-        // A rule reads nodes as a valid model has them; on a malformed one
-        // (a required input missing) it may index out of bounds. Rules are
-        // pure, so that is caught and the node is left alone.
-        let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            (pass.rule)(g, anchor).and_then(|mut rewrite| {
-                absorb_constants(g, &mut rewrite);
-                check_nothing_escapes(g, &rewrite)?;
-                check_reads_survive(g, &rewrite)?;
-                check_unambiguous(g, &rewrite)?;
-                let earlier = functions.iter().chain(found.iter().filter_map(|r| r.function.as_ref()));
-                check_function_identity(earlier, &rewrite)?;
-                Ok(rewrite)
-            })
-        }));
-        let checked = attempt.unwrap_or_else(|_| {
-            Err(Miss::Declined("the nodes around it are malformed (a required input or attribute is missing)".into()))
+        // A rule reads the inputs an op requires without checking them: the
+        // view hides nodes that lack one (`Graph::malformed`).
+        let checked = (pass.rule)(g, anchor).and_then(|mut rewrite| {
+            absorb_constants(g, &mut rewrite);
+            check_nothing_escapes(g, &rewrite)?;
+            check_reads_survive(g, &rewrite)?;
+            check_unambiguous(g, &rewrite)?;
+            let earlier = functions.iter().chain(found.iter().filter_map(|r| r.function.as_ref()));
+            check_function_identity(earlier, &rewrite)?;
+            Ok(rewrite)
         });
         match checked {
             Ok(rewrite) if rewrite.nodes.iter().all(|n| !claimed.contains(n)) => {

@@ -209,10 +209,13 @@ fn attention_is_onnx_attention_from_opset_23() {
     }
 }
 
+/// (what, opset, element type, shapes of q, key and v, extra, the reason given)
+type NearMiss<'a> = (&'a str, i64, i32, [&'a [i64]; 3], Extra, &'a str);
+
 #[test]
 fn attention_that_onnx_attention_does_not_compute_stays_for_portable() {
     let four: [&[i64]; 3] = [&[2, 4, 5, 8], &[2, 4, 6, 8], &[2, 4, 6, 8]];
-    let cases: [(&str, i64, i32, [&[i64]; 3], Extra, &str); 8] = [
+    let cases: [NearMiss; 8] = [
         ("opset 22", 22, FLOAT, four, Extra::Nothing, "needs opset 23 for Attention (the model imports opset 22)"),
         ("additive mask", 23, FLOAT, four, Extra::Mask, "a masked core"),
         ("bool keep", 23, FLOAT, four, Extra::Where, "a masked core"),

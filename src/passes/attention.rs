@@ -76,7 +76,10 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     let mut after = Vec::new();
     let mut value = probs;
     let softmax = loop {
-        let Some(p) = g.producer(value) else { return Err(Miss::NotCandidate) };
+        // A value from outside makes no candidate; one from a malformed node is a reason.
+        let Some(p) = g.producer(value) else {
+            return Err(g.computed_by_malformed(value).map_or(Miss::NotCandidate, Miss::Declined));
+        };
         let node = g.node(p);
         if node.is("Softmax") {
             break m.take(p);
@@ -263,7 +266,7 @@ fn softmax_over_last_axis(g: &Graph, shapes: &Shapes, softmax: usize) -> Check<(
 /// the scores is what leads back to the MatMul.
 fn scores_chain<'a>(g: &Graph<'a>, m: &mut Match, value: &'a str, depth: usize) -> Check<(usize, Vec<(usize, Step)>)> {
     require!(depth < 8, "no MatMul within 8 steps before the Softmax");
-    let p = g.producer(value).ok_or_else(|| Miss::Declined(format!("{value} is not computed by the graph")))?;
+    let p = g.computing(value)?;
     let node = g.node(p);
     let step = |steps: Check<(usize, Vec<(usize, Step)>)>, s: Step| {
         steps.map(|(mm, mut list)| {

@@ -128,7 +128,7 @@ fn pt(of: &str, index: i64) -> Part<'_> {
 }
 
 fn producer(g: &Graph, value: &str) -> Check<usize> {
-    g.producer(value).ok_or_else(|| Miss::Declined(format!("{value} is not computed by the graph")))
+    g.computing(value)
 }
 
 /// A real or imaginary part of the kind the Concat implies.

@@ -73,7 +73,7 @@ fn beta_not_a_vector(g: &Graph, index: usize) -> Check<Rewrite> {
 /// `n(d) * gamma` as primitives, or as the `SimplifiedLayerNormalization`
 /// rms-norm writes for it. Returns d, gamma and eps.
 fn scaled_norm<'a>(g: &Graph<'a>, m: &mut Match, scaled: &'a str) -> Check<(&'a str, &'a str, f32)> {
-    let p = g.producer(scaled).ok_or_else(|| Miss::Declined(format!("{scaled} is not computed by the graph")))?;
+    let p = g.computing(scaled)?;
     let node = g.node(p);
     if (node.is("SimplifiedLayerNormalization") || node.is("RMSNormalization")) && node.input.len() == 2 {
         // As rms-norm writes it (either target): the last axis, in f32.

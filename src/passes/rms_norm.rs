@@ -101,7 +101,7 @@ pub struct RmsCore<'a> {
 
 /// Matches the core that ends in the value `n`, adding its nodes to `m`.
 pub fn rms_core<'a>(g: &Graph<'a>, m: &mut Match, n: &'a str) -> Check<RmsCore<'a>> {
-    let last = g.producer(n).ok_or_else(|| Miss::Declined(format!("{n} is not computed by the graph")))?;
+    let last = g.computing(n)?;
     let node = g.node(last);
     let (x, r) = if node.is("Div") && node.input.len() == 2 {
         (node.input[0].as_str(), node.input[1].as_str())
