@@ -204,9 +204,8 @@ fn main() -> ExitCode {
     io::cleanup_on_signals();
     let cli = Cli::parse();
     // No input may make the tool panic; should a bug still do it, the user
-    // gets one line and exit code 1, not a backtrace. Panics inside a pass's
-    // rule are caught where they happen (the node is left alone): the hook
-    // stays silent and remembers the message for the line below.
+    // gets one line and exit code 1, not a backtrace: the hook stays silent
+    // and remembers the message for the line below.
     std::panic::set_hook(Box::new(|info| {
         let message = info
             .payload()
