@@ -131,3 +131,19 @@ pub const SAME_TYPE_AS_FIRST_INPUT: &[&str] = &[
     "Trilu",
     "Unsqueeze",
 ];
+
+/// Ops whose first output has the shape of their first input.
+#[rustfmt::skip]
+pub const SAME_SHAPE_AS_FIRST_INPUT: &[&str] = &[
+    "Cast", "Softmax", "LogSoftmax", "Relu", "Neg", "Sqrt", "Reciprocal", "Exp", "Erf", "Tanh", "Sigmoid", "IsNaN",
+    "Not", "Identity", "Dropout", "LayerNormalization", "SimplifiedLayerNormalization", "CastLike", "Cos", "Sin",
+    "Abs", "Log", "Floor", "Ceil", "Round", "Sign", "Gelu", "Softplus", "HardSigmoid", "LeakyRelu", "Elu", "Selu",
+    "Mish", "HardSwish", "Clip", "IsInf",
+];
+
+/// Elementwise ops whose inputs broadcast (numpy rules) to the output.
+#[rustfmt::skip]
+pub const BROADCASTING: &[&str] = &[
+    "Add", "Sub", "Mul", "Div", "Pow", "Where", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And",
+    "Or", "Xor", "Max", "Min",
+];

@@ -16,6 +16,7 @@ use std::collections::HashMap;
 
 use crate::graph::{Graph, IntsArgument};
 use crate::onnx::proto::tensor_shape_proto::dimension::Value as DimValue;
+use crate::ops;
 
 /// `coef × atoms[0] × atoms[1] × …` (atoms sorted).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -155,44 +156,8 @@ impl<'g, 'a> Shapes<'g, 'a> {
         }
         let opaque = |rank: usize| (0..rank).map(|i| Dim::atom(format!("{value}#{i}"))).collect::<Vec<_>>();
         Some(match node.op_type() {
-            "Cast"
-            | "Softmax"
-            | "LogSoftmax"
-            | "Relu"
-            | "Neg"
-            | "Sqrt"
-            | "Reciprocal"
-            | "Exp"
-            | "Erf"
-            | "Tanh"
-            | "Sigmoid"
-            | "IsNaN"
-            | "Not"
-            | "Identity"
-            | "Dropout"
-            | "LayerNormalization"
-            | "SimplifiedLayerNormalization"
-            | "CastLike"
-            | "Cos"
-            | "Sin"
-            | "Abs"
-            | "Log"
-            | "Floor"
-            | "Ceil"
-            | "Round"
-            | "Sign"
-            | "Gelu"
-            | "Softplus"
-            | "HardSigmoid"
-            | "LeakyRelu"
-            | "Elu"
-            | "Selu"
-            | "Mish"
-            | "HardSwish"
-            | "Clip"
-            | "IsInf" => input(0)?,
-            "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Where" | "Equal" | "Less" | "Greater" | "LessOrEqual"
-            | "GreaterOrEqual" | "And" | "Or" | "Xor" | "Max" | "Min" => {
+            op if ops::SAME_SHAPE_AS_FIRST_INPUT.contains(&op) => input(0)?,
+            op if ops::BROADCASTING.contains(&op) => {
                 let shapes: Vec<Vec<Dim>> = (0..node.input.len()).map(input).collect::<Option<_>>()?;
                 broadcast(value, &shapes)
             }
