@@ -1,0 +1,100 @@
+//! Comparing two values element by element, at the tolerance of their type.
+
+use super::*;
+
+/// Tolerances: an element passes when |a - b| <= atol + rtol * |a|.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Tolerance {
+    pub rtol: f64,
+    pub atol: f64,
+}
+
+/// Defaults per element type; floating-point outputs of fused kernels
+/// differ from the primitives only by rounding.
+pub fn default_tolerance(elem_type: i32) -> Tolerance {
+    match DataType::try_from(elem_type) {
+        Ok(DataType::Float16) => Tolerance { rtol: 1e-2, atol: 1e-3 },
+        Ok(DataType::Bfloat16) => Tolerance { rtol: 4e-2, atol: 1e-2 },
+        Ok(DataType::Double) => Tolerance { rtol: 1e-9, atol: 1e-12 },
+        Ok(DataType::Float) => Tolerance { rtol: 1e-4, atol: 1e-5 },
+        _ => Tolerance { rtol: 0.0, atol: 0.0 },
+    }
+}
+
+/// The comparison of one value (a graph output or a fused node's output).
+#[derive(Debug, Clone, Serialize)]
+pub struct Compared {
+    pub name: String,
+    /// For a fused node: its op type and name in the rewritten model.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    pub elem_type: String,
+    pub elements: usize,
+    pub max_abs: f64,
+    pub max_rel: f64,
+    pub tolerance: Tolerance,
+    pub passed: bool,
+    /// Why it failed when not by size (shape, NaN positions, type).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
+    /// max over elements of |a - b| / (atol + rtol |a|): above 1 fails.
+    #[serde(skip)]
+    pub badness: f64,
+}
+
+pub(super) fn type_name(elem_type: i32) -> String {
+    DataType::try_from(elem_type).map_or_else(|_| elem_type.to_string(), |t| t.as_str_name().to_ascii_lowercase())
+}
+
+pub(super) fn compare_values(
+    name: &str,
+    node: Option<String>,
+    a: &Values,
+    b: &Values,
+    tolerance: Tolerance,
+) -> Compared {
+    let mut c = Compared {
+        name: name.to_string(),
+        node,
+        elem_type: type_name(a.elem_type),
+        elements: a.data.len(),
+        max_abs: 0.0,
+        max_rel: 0.0,
+        tolerance,
+        passed: true,
+        problem: None,
+        badness: 0.0,
+    };
+    let fail = |mut c: Compared, why: String| {
+        c.passed = false;
+        c.problem = Some(why);
+        c.badness = f64::INFINITY;
+        c
+    };
+    if a.elem_type != b.elem_type {
+        return fail(c, format!("types differ ({} vs {})", type_name(a.elem_type), type_name(b.elem_type)));
+    }
+    if a.shape != b.shape {
+        return fail(c, format!("shapes differ ({:?} vs {:?})", a.shape, b.shape));
+    }
+    let mut nan_mismatch = 0usize;
+    for (&x, &y) in a.data.iter().zip(&b.data) {
+        if x.is_nan() || y.is_nan() {
+            nan_mismatch += usize::from(x.is_nan() != y.is_nan());
+            continue;
+        }
+        if x == y {
+            continue; // equal infinities too
+        }
+        let abs = (x - y).abs();
+        c.max_abs = c.max_abs.max(abs);
+        c.max_rel = c.max_rel.max(abs / x.abs().max(f64::MIN_POSITIVE));
+        let allowed = tolerance.atol + tolerance.rtol * x.abs();
+        c.badness = c.badness.max(if allowed > 0.0 { abs / allowed } else { f64::INFINITY });
+    }
+    if nan_mismatch > 0 {
+        return fail(c, format!("NaN at {nan_mismatch} positions in one model only"));
+    }
+    c.passed = c.badness <= 1.0;
+    c
+}

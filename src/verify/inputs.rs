@@ -1,0 +1,328 @@
+//! Inputs for a verification run: checking the user's options, sizes for
+//! symbolic dimensions (given, or suggested by the graph), synthesized or
+//! `.npz` values.
+
+use super::*;
+
+/// The symbolic dimensions of the inputs the model is fed (not those an
+/// initializer gives a default).
+pub(super) fn input_symbols(model: &ModelProto) -> Vec<String> {
+    let mut found = Vec::new();
+    let Some(graph) = &model.graph else { return found };
+    let initializers: std::collections::HashSet<&str> = graph.initializer.iter().map(|t| t.name()).collect();
+    for vi in graph.input.iter().filter(|i| !initializers.contains(i.name())) {
+        if let Some(TypeValue::TensorType(t)) = vi.r#type.as_ref().and_then(|t| t.value.as_ref()) {
+            for d in t.shape.iter().flat_map(|s| &s.dim) {
+                if let Some(Dim::DimParam(p)) = &d.value {
+                    if !found.contains(p) {
+                        found.push(p.clone());
+                    }
+                }
+            }
+        }
+    }
+    found
+}
+
+/// Sizes a symbolic dimension may need, from what the graph proves: image
+/// sides whose patch grid a position table fixes (a Conv of stride s
+/// applied to the image, and a table of n = k² or k² + 1 rows: side k·s),
+/// the sizes written into constant Reshape/Expand/ConstantOfShape/Tile
+/// shapes, then the sizes of the weights' axes.
+pub(super) fn candidate_sizes(model: &ModelProto) -> Vec<i64> {
+    let Some(g) = &model.graph else { return vec![] };
+    let dims: std::collections::BTreeSet<i64> =
+        g.initializer.iter().flat_map(|t| t.dims.iter().copied()).filter(|&d| d > 1 && d <= 4096).collect();
+    let strides: std::collections::BTreeSet<i64> = g
+        .node
+        .iter()
+        .filter(|n| n.is("Conv"))
+        .filter_map(|n| n.attr_ints("strides").and_then(|s| s.first().copied()))
+        .filter(|&s| s > 1)
+        .collect();
+    // Sizes written into shapes: an export traced at one length may have
+    // kept it in a Reshape or Expand target.
+    let constants = main_constants(model);
+    let mut shaped = std::collections::BTreeSet::new();
+    for n in g.node.iter().filter(|n| n.is("Reshape") || n.is("Expand") || n.is("ConstantOfShape") || n.is("Tile")) {
+        let shape = if n.is("ConstantOfShape") { n.input.first() } else { n.input.get(1) };
+        if let Some(ints) = shape.and_then(|v| constants.get(v.as_str())).and_then(|t| t.ints()) {
+            shaped.extend(ints.into_iter().filter(|&d| d > 1 && d <= 4096));
+        }
+    }
+    let mut sizes = Vec::new();
+    for &n in &dims {
+        for rows in [n, n - 1] {
+            let k = (rows as f64).sqrt().round() as i64;
+            if k > 1 && k * k == rows {
+                sizes.extend(strides.iter().map(|s| k * s));
+            }
+        }
+    }
+    sizes.extend(shaped.iter());
+    sizes.extend(dims.iter().rev());
+    let mut seen = std::collections::HashSet::new();
+    sizes.retain(|s| seen.insert(*s));
+    sizes
+}
+
+/// One input tensor, synthesized.
+pub(super) struct Input {
+    pub(super) name: String,
+    pub(super) shape: Vec<i64>,
+    pub(super) data: Data,
+}
+
+pub(super) enum Data {
+    F32(Vec<f32>),
+    F16(Vec<half::f16>),
+    Bf16(Vec<half::bf16>),
+    F64(Vec<f64>),
+    I64(Vec<i64>),
+    I32(Vec<i32>),
+    Bool(Vec<bool>),
+}
+
+impl Input {
+    /// An input fed with a value the original computed.
+    pub(super) fn from_values(name: &str, v: &Values) -> Result<Input> {
+        let data = match DataType::try_from(v.elem_type) {
+            Ok(DataType::Float) => Data::F32(v.data.iter().map(|&x| x as f32).collect()),
+            Ok(DataType::Float16) => Data::F16(v.data.iter().map(|&x| half::f16::from_f64(x)).collect()),
+            Ok(DataType::Bfloat16) => Data::Bf16(v.data.iter().map(|&x| half::bf16::from_f64(x)).collect()),
+            Ok(DataType::Double) => Data::F64(v.data.clone()),
+            Ok(DataType::Int64) => Data::I64(v.data.iter().map(|&x| x as i64).collect()),
+            Ok(DataType::Int32) => Data::I32(v.data.iter().map(|&x| x as i32).collect()),
+            Ok(DataType::Bool) => Data::Bool(v.data.iter().map(|&x| x != 0.0).collect()),
+            _ => bail!("{name} has an element type onnx-fuse cannot feed back ({})", v.elem_type),
+        };
+        Ok(Input { name: name.to_string(), shape: v.shape.clone(), data })
+    }
+
+    /// The input as the values a run returns.
+    pub(super) fn values(&self) -> Values {
+        let (elem_type, data): (DataType, Vec<f64>) = match &self.data {
+            Data::F32(v) => (DataType::Float, v.iter().map(|&x| x as f64).collect()),
+            Data::F16(v) => (DataType::Float16, v.iter().map(|x| x.to_f64()).collect()),
+            Data::Bf16(v) => (DataType::Bfloat16, v.iter().map(|x| x.to_f64()).collect()),
+            Data::F64(v) => (DataType::Double, v.clone()),
+            Data::I64(v) => (DataType::Int64, v.iter().map(|&x| x as f64).collect()),
+            Data::I32(v) => (DataType::Int32, v.iter().map(|&x| x as f64).collect()),
+            Data::Bool(v) => (DataType::Bool, v.iter().map(|&x| f64::from(u8::from(x))).collect()),
+        };
+        Values { elem_type: elem_type as i32, shape: self.shape.clone(), data }
+    }
+
+    pub(super) fn to_value(&self) -> Result<DynValue> {
+        let shape = self.shape.clone();
+        let value = match &self.data {
+            Data::F32(v) => Tensor::from_array((shape, v.clone())).map(|t| t.into_dyn()),
+            Data::F16(v) => Tensor::from_array((shape, v.clone())).map(|t| t.into_dyn()),
+            Data::Bf16(v) => Tensor::from_array((shape, v.clone())).map(|t| t.into_dyn()),
+            Data::F64(v) => Tensor::from_array((shape, v.clone())).map(|t| t.into_dyn()),
+            Data::I64(v) => Tensor::from_array((shape, v.clone())).map(|t| t.into_dyn()),
+            Data::I32(v) => Tensor::from_array((shape, v.clone())).map(|t| t.into_dyn()),
+            Data::Bool(v) => Tensor::from_array((shape, v.clone())).map(|t| t.into_dyn()),
+        };
+        value.map_err(|e| anyhow!("cannot make input {}: {e}", self.name))
+    }
+}
+
+/// Checks what a user asked of the inputs against the model, before any
+/// run: every `--dim` names a symbolic dimension of an input, every array
+/// of `--inputs` is named like an input and stored in C order. The error is
+/// the user's to fix (a usage error).
+pub fn check_options(model: &ModelProto, options: &Options) -> std::result::Result<(), String> {
+    let graph = model.graph.as_ref().ok_or("the model has no graph")?;
+    let initializers: std::collections::HashSet<&str> = graph.initializer.iter().map(|t| t.name()).collect();
+    let inputs: Vec<&ValueInfoProto> = graph.input.iter().filter(|i| !initializers.contains(i.name())).collect();
+    let mut symbols = std::collections::BTreeSet::new();
+    for p in input_symbols(model) {
+        symbols.extend(p.split('+').map(|t| t.trim().to_string()).filter(|t| t.parse::<i64>().is_err()));
+        symbols.insert(p);
+    }
+    for name in options.dims.keys() {
+        if !symbols.contains(name) {
+            let known: Vec<&str> = symbols.iter().map(String::as_str).collect();
+            return Err(format!(
+                "--dim {name}: no input of the model has a dimension of that name (it has: {})",
+                if known.is_empty() { "none".to_string() } else { known.join(", ") }
+            ));
+        }
+    }
+    if let Some(path) = &options.inputs {
+        let mut archive =
+            npyz::npz::NpzArchive::open(path).map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
+        let names: Vec<String> = archive.array_names().map(str::to_string).collect();
+        for name in names {
+            if !inputs.iter().any(|i| i.name() == name) {
+                let known: Vec<&str> = inputs.iter().map(|i| i.name()).collect();
+                return Err(format!(
+                    "{}: array {name:?} is named like no input of the model (its inputs: {})",
+                    path.display(),
+                    known.join(", ")
+                ));
+            }
+            let array = archive.by_name(&name).map_err(|e| format!("{}: array {name:?}: {e}", path.display()))?;
+            if array.is_some_and(|a| a.order() == npyz::Order::Fortran) {
+                return Err(format!(
+                    "{}: array {name:?} is stored in Fortran order; save it in C order (numpy.ascontiguousarray)",
+                    path.display()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The value of a symbolic dimension: given by `--dim`, or the default for
+/// its name; a sum such as `past_sequence_length + 1` (Optimum writes these)
+/// adds up its terms.
+pub(super) fn symbol_value(symbol: &str, given: &HashMap<String, i64>) -> i64 {
+    if let Some(&v) = given.get(symbol) {
+        return v;
+    }
+    if symbol.contains('+') {
+        return symbol.split('+').map(|t| t.trim()).map(|t| t.parse().unwrap_or_else(|_| symbol_value(t, given))).sum();
+    }
+    default_dim(symbol)
+}
+
+/// A symbol's value when the user gave none: sequence-like names get a
+/// length that exercises masks and softmax, everything else a small size.
+pub(super) fn default_dim(symbol: &str) -> i64 {
+    let s = symbol.to_ascii_lowercase();
+    if s.contains("batch") {
+        2
+    } else if s.contains("past") {
+        3
+    } else {
+        7
+    }
+}
+
+/// Inputs from the declared graph inputs: token ids within the vocabulary
+/// the embedding that reads them implies, attention masks of ones, position
+/// ids counting up, token type ids of zero, floats uniform in [-1, 1) from
+/// a fixed seed.
+pub(super) fn synthesize_inputs(model: &ModelProto, options: &Options) -> Result<Vec<Input>> {
+    let graph = model.graph.as_ref().ok_or_else(|| anyhow!("the model has no graph"))?;
+    let initializers: std::collections::HashSet<&str> = graph.initializer.iter().map(|t| t.name()).collect();
+    let scope = Scope::default();
+    let view = crate::graph::Graph::new(graph, model.default_opset(), &scope);
+    let mut rng = SplitMix(options.seed ^ 0x6f6e_6e78_6675_7365);
+    let mut given = match &options.inputs {
+        Some(path) => Some(
+            npyz::npz::NpzArchive::open(path)
+                .map_err(|e| anyhow!("{}: cannot read the inputs: {e}", path.display()))?,
+        ),
+        None => None,
+    };
+    let mut inputs = Vec::new();
+    for vi in graph.input.iter().filter(|i| !initializers.contains(i.name())) {
+        let name = vi.name().to_string();
+        let Some(TypeValue::TensorType(t)) = vi.r#type.as_ref().and_then(|t| t.value.as_ref()) else {
+            bail!("input {name} is not a tensor; onnx-fuse can only feed tensors");
+        };
+        if let Some(archive) = given.as_mut() {
+            let path = options.inputs.as_deref().unwrap_or(Path::new(""));
+            if let Some(input) =
+                read_npz(archive, &name, t.elem_type()).map_err(|e| anyhow!("{}: array {name}: {e}", path.display()))?
+            {
+                inputs.push(input);
+                continue;
+            }
+        }
+        let shape: Vec<i64> = t.shape.as_ref().map_or(vec![], |s| {
+            s.dim
+                .iter()
+                .map(|d| match &d.value {
+                    Some(Dim::DimValue(v)) => *v,
+                    Some(Dim::DimParam(p)) => symbol_value(p, &options.dims),
+                    None => 1,
+                })
+                .collect()
+        });
+        let n = shape.iter().product::<i64>().max(0) as usize;
+        let lower = name.to_ascii_lowercase();
+        let ints = |rng: &mut SplitMix| -> Vec<i64> {
+            if lower.contains("mask") {
+                vec![1; n]
+            } else if lower.contains("position") {
+                let last = *shape.last().unwrap_or(&1) as usize;
+                (0..n).map(|i| (i % last.max(1)) as i64).collect()
+            } else if lower.contains("type") {
+                vec![0; n]
+            } else {
+                let vocab = vocabulary(&view, vi.name()).unwrap_or(2);
+                (0..n).map(|_| (rng.next() % vocab as u64) as i64).collect()
+            }
+        };
+        let mut floats = |n: usize| -> Vec<f64> { (0..n).map(|_| rng.uniform() * 2.0 - 1.0).collect() };
+        let data = match DataType::try_from(t.elem_type()) {
+            Ok(DataType::Float) => Data::F32(floats(n).into_iter().map(|v| v as f32).collect()),
+            Ok(DataType::Float16) => Data::F16(floats(n).into_iter().map(half::f16::from_f64).collect()),
+            Ok(DataType::Bfloat16) => Data::Bf16(floats(n).into_iter().map(half::bf16::from_f64).collect()),
+            Ok(DataType::Double) => Data::F64(floats(n)),
+            Ok(DataType::Int64) => Data::I64(ints(&mut rng)),
+            Ok(DataType::Int32) => Data::I32(ints(&mut rng).into_iter().map(|v| v as i32).collect()),
+            Ok(DataType::Bool) => Data::Bool(vec![true; n]),
+            _ => bail!("input {name} has an element type onnx-fuse cannot synthesize ({})", t.elem_type()),
+        };
+        inputs.push(Input { name, shape, data });
+    }
+    Ok(inputs)
+}
+
+/// The array named like an input, read as the input's element type.
+pub(super) fn read_npz(
+    archive: &mut npyz::npz::NpzArchive<std::io::BufReader<std::fs::File>>,
+    name: &str,
+    elem_type: i32,
+) -> Result<Option<Input>> {
+    let Some(array) = archive.by_name(name)? else { return Ok(None) };
+    let shape: Vec<i64> = array.shape().iter().map(|&d| d as i64).collect();
+    let dtype = array.dtype().descr();
+    let wrong = |e: std::io::Error| {
+        anyhow!("its dtype {dtype} does not match the input's type ({}): {e}", type_name(elem_type))
+    };
+    let data = match DataType::try_from(elem_type) {
+        Ok(DataType::Float) => Data::F32(array.into_vec().map_err(wrong)?),
+        Ok(DataType::Float16) => Data::F16(array.into_vec().map_err(wrong)?),
+        Ok(DataType::Double) => Data::F64(array.into_vec().map_err(wrong)?),
+        Ok(DataType::Int64) => Data::I64(array.into_vec().map_err(wrong)?),
+        Ok(DataType::Int32) => Data::I32(array.into_vec().map_err(wrong)?),
+        Ok(DataType::Bool) => Data::Bool(array.into_vec().map_err(wrong)?),
+        _ => bail!("inputs of type {} cannot be read from .npz", type_name(elem_type)),
+    };
+    Ok(Some(Input { name: name.to_string(), shape, data }))
+}
+
+/// The row count of the first embedding table (`Gather` data) this input indexes.
+pub(super) fn vocabulary(view: &crate::graph::Graph, input: &str) -> Option<i64> {
+    view.consumers(input).iter().find_map(|&c| {
+        let node = view.node(c);
+        (node.is("Gather") && node.input.get(1).is_some_and(|i| i == input))
+            .then(|| view.constant(&node.input[0]).and_then(|t| t.dims.first().copied()))
+            .flatten()
+            .filter(|&rows| rows > 0)
+    })
+}
+
+/// A small deterministic generator (SplitMix64), so inputs depend on the
+/// seed only (the fuzzer's cases too).
+pub struct SplitMix(pub u64);
+
+impl SplitMix {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    pub fn uniform(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}

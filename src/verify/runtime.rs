@@ -1,0 +1,157 @@
+//! Finding ONNX Runtime's library, loading sessions from scratch files,
+//! running them and reading their outputs back.
+
+use super::*;
+
+pub(super) const HOW_TO_GET_IT: &str =
+    "run scripts/fetch-ort.sh (it takes libonnxruntime.so from the onnxruntime wheel on PyPI), \
+     pass --ort-lib PATH, set ORT_DYLIB_PATH, or pip install onnxruntime";
+
+/// Where ONNX Runtime's library is, in order: `--ort-lib`, `ORT_DYLIB_PATH`,
+/// the place `scripts/fetch-ort.sh` puts it, an installed Python package.
+pub fn find_library(explicit: Option<&Path>) -> Result<PathBuf> {
+    if let Some(path) = explicit {
+        return existing(path.to_path_buf(), "--ort-lib");
+    }
+    if let Some(path) = std::env::var_os("ORT_DYLIB_PATH").filter(|p| !p.is_empty()) {
+        return existing(PathBuf::from(path), "ORT_DYLIB_PATH");
+    }
+    let mut fetched = vec![PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".ort/lib/libonnxruntime.so")];
+    if let Ok(exe) = std::env::current_exe() {
+        // target/{debug,release}/onnx-fuse → the checkout's .ort/lib
+        fetched.extend(exe.ancestors().skip(1).take(3).map(|dir| dir.join(".ort/lib/libonnxruntime.so")));
+    }
+    if let Some(found) = fetched.into_iter().find(|p| p.is_file()) {
+        return Ok(found);
+    }
+    if let Some(found) = python_package_library() {
+        return Ok(found);
+    }
+    bail!("the ONNX Runtime library (libonnxruntime.so) was not found; {HOW_TO_GET_IT}")
+}
+
+pub(super) fn existing(path: PathBuf, from: &str) -> Result<PathBuf> {
+    if path.is_file() {
+        Ok(path)
+    } else {
+        bail!("{}: the ONNX Runtime library named by {from} does not exist; {HOW_TO_GET_IT}", path.display())
+    }
+}
+
+pub(super) fn python_package_library() -> Option<PathBuf> {
+    let out = std::process::Command::new("python3")
+        .args(["-c", "import onnxruntime, os; print(os.path.dirname(onnxruntime.__file__))"])
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    let capi = PathBuf::from(String::from_utf8(out.stdout).ok()?.trim()).join("capi");
+    let mut libs: Vec<PathBuf> = std::fs::read_dir(capi)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("libonnxruntime.so")))
+        .collect();
+    libs.sort();
+    libs.pop()
+}
+
+/// The one ONNX Runtime environment of this process.
+pub(super) fn environment(library: &Path) -> Result<&'static ort::environment::Environment> {
+    static ENV: OnceLock<std::result::Result<ort::environment::Environment, String>> = OnceLock::new();
+    let env = ENV.get_or_init(|| {
+        let builder =
+            ort::init_from(library).map_err(|e| format!("{}: cannot load ONNX Runtime: {e}", library.display()))?;
+        builder.with_name("onnx-fuse").build().map_err(|e| format!("cannot start ONNX Runtime: {e}"))
+    });
+    env.as_ref().map_err(|e| anyhow!("{e}"))
+}
+
+/// Runs `model` (its copy, with `probe` exposed as outputs and CPU-less ops
+/// replaced by reference functions) on `feeds`; returns every output.
+pub(super) fn run(
+    env: &ort::environment::Environment,
+    model: &ModelProto,
+    dir: &Path,
+    which: &str,
+    probe: &[String],
+    feeds: Vec<(String, DynValue)>,
+    reference_ops: &mut std::collections::BTreeSet<String>,
+) -> Result<HashMap<String, Values>> {
+    let mut session = load(env, model, dir, which, probe, reference_ops)?;
+    run_session(&mut session, which, feeds)
+}
+
+/// A session of `model` (its copy, with `probe` exposed as outputs and
+/// CPU-less ops replaced by reference functions).
+pub(super) fn load(
+    env: &ort::environment::Environment,
+    model: &ModelProto,
+    dir: &Path,
+    which: &str,
+    probe: &[String],
+    reference_ops: &mut std::collections::BTreeSet<String>,
+) -> Result<Session> {
+    let mut copy = model.clone();
+    expose(&mut copy, probe);
+    reference_ops.extend(reference::substitute(&mut copy));
+    let folder = dir.to_string_lossy();
+    let mut builder = Session::builder(env)
+        .map_err(|e| anyhow!("{e}"))?
+        .with_optimization_level(GraphOptimizationLevel::Disable)
+        // Errors come back in the Result; ONNX Runtime's own log would repeat them.
+        .and_then(|b| b.with_log_level(ort::logging::LogLevel::Fatal))
+        .and_then(|b| b.with_config_entry("session.model_external_initializers_file_folder_path", folder))
+        .map_err(|e| anyhow!("{e}"))?;
+    // ONNX Runtime reads the model from a scratch file beside it (where its
+    // external data resolves), so the process never holds an encoded copy;
+    // from memory only where the folder cannot take the file.
+    let scratch =
+        crate::io::Scratch::new_in(dir).and_then(|mut s| crate::io::encode_to(&copy, &mut s.file).map(|()| s)).ok();
+    let loaded = match &scratch {
+        Some(s) => builder.commit_from_file(&s.path),
+        None => builder.commit_from_memory(&copy.encode_to_vec()),
+    };
+    loaded.map_err(|e| anyhow!("ONNX Runtime cannot load the {which} model: {e}"))
+}
+
+/// Runs a session on `feeds`; returns every output.
+pub(super) fn run_session(
+    session: &mut Session,
+    which: &str,
+    feeds: Vec<(String, DynValue)>,
+) -> Result<HashMap<String, Values>> {
+    let outputs = session.run(feeds).map_err(|e| anyhow!("ONNX Runtime cannot run the {which} model: {e}"))?;
+    let mut values = HashMap::new();
+    for (name, value) in outputs.iter() {
+        values.insert(name.to_string(), Values::read(&value)?);
+    }
+    Ok(values)
+}
+
+/// An output read back as f64 (exact for every type compared here).
+pub(super) struct Values {
+    pub(super) elem_type: i32,
+    pub(super) shape: Vec<i64>,
+    pub(super) data: Vec<f64>,
+}
+
+impl Values {
+    pub(super) fn read(value: &ort::value::DynValueRef<'_>) -> Result<Values> {
+        let ValueType::Tensor { ty, .. } = value.dtype() else { bail!("a non-tensor output cannot be compared yet") };
+        macro_rules! read {
+            ($t:ty, $onnx:expr, $conv:expr) => {{
+                let (shape, data) = value.try_extract_tensor::<$t>().map_err(|e| anyhow!("{e}"))?;
+                Values { elem_type: $onnx as i32, shape: shape.to_vec(), data: data.iter().map($conv).collect() }
+            }};
+        }
+        Ok(match ty {
+            TensorElementType::Float32 => read!(f32, DataType::Float, |v| *v as f64),
+            TensorElementType::Float16 => read!(half::f16, DataType::Float16, |v| v.to_f64()),
+            TensorElementType::Bfloat16 => read!(half::bf16, DataType::Bfloat16, |v| v.to_f64()),
+            TensorElementType::Float64 => read!(f64, DataType::Double, |v| *v),
+            TensorElementType::Int64 => read!(i64, DataType::Int64, |v| *v as f64),
+            TensorElementType::Int32 => read!(i32, DataType::Int32, |v| *v as f64),
+            TensorElementType::Bool => read!(bool, DataType::Bool, |v| *v as u8 as f64),
+            other => bail!("outputs of type {other:?} cannot be compared yet"),
+        })
+    }
+}
