@@ -746,9 +746,55 @@ fn finish(rng: &mut Rng, mut c: Ctx, b: Builder, opset: i64, elem: i32) -> Case 
             c.note("inside an If's then branch");
             nest_in_if(rng, &mut c, b, opset, elem)
         }
+        1 => {
+            c.note("inside a Loop's body (one trip)");
+            nest_in_loop(rng, &mut c, b, opset, elem)
+        }
         _ => b.model(opset),
     };
     Case { what: c.what, expect: c.expect, portable: c.portable, model }
+}
+
+/// A body's initializer that gives an outer value's name a second
+/// definition (invalid ONNX, which runtimes read differently): nothing that
+/// touches the name may fuse.
+fn maybe_shadow(rng: &mut Rng, c: &mut Ctx, outer: &Builder, body: &mut onnx_fuse::onnx::GraphProto, what: &str) {
+    // Every initializer but `zero` (read outside the match) is read by it.
+    let shadowed: Vec<_> = outer.graph.initializer.iter().filter(|t| t.name() != "zero").cloned().collect();
+    if !shadowed.is_empty() && rng.chance(0.3) {
+        let t = rng.pick(&shadowed);
+        c.breaks(format!("the {what} defines {} again (shadowing)", t.name()));
+        body.initializer.push(t);
+    }
+}
+
+/// The nodes go into the body of a Loop that runs once; inputs and
+/// initializers stay outside, read from the body; each output comes back
+/// as a scan output (with a leading axis of 1).
+fn nest_in_loop(rng: &mut Rng, c: &mut Ctx, b: Builder, opset: i64, elem: i32) -> ModelProto {
+    let mut outer = Builder::default();
+    outer.graph.input = b.graph.input.clone();
+    outer.graph.initializer = b.graph.initializer.clone();
+    let mut body = b.graph.clone();
+    body.input = vec![value_info("loop_iter", INT64, Some(&[])), value_info("loop_cond", BOOL, Some(&[]))];
+    body.initializer.clear();
+    body.name = Some("loop_body".into());
+    maybe_shadow(rng, c, &outer, &mut body, "loop body");
+    body.node.push(onnx_fuse::onnx::NodeProto {
+        op_type: Some("Identity".into()),
+        input: vec!["loop_cond".into()],
+        output: vec!["loop_cond_out".into()],
+        ..Default::default()
+    });
+    body.output.insert(0, value_info("loop_cond_out", BOOL, Some(&[])));
+    let names: Vec<String> = (0..body.output.len() - 1).map(|i| format!("result_{i}")).collect();
+    let trips = outer.init("trips", tensor(INT64, &[], &[1.0]));
+    let outputs: Vec<&str> = names.iter().map(String::as_str).collect();
+    outer.node_to("Loop", &[&trips, ""], &outputs, vec![attr_graph("body", body)]);
+    for name in &names {
+        outer.output(name, elem, None);
+    }
+    outer.model(opset)
 }
 
 /// The nodes go into the then branch of an If (the else branch passes the
@@ -761,13 +807,7 @@ fn nest_in_if(rng: &mut Rng, c: &mut Ctx, b: Builder, opset: i64, elem: i32) -> 
     body.input.clear();
     body.initializer.clear();
     body.name = Some("then".into());
-    // Every initializer but `zero` (read outside the match) is read by it.
-    let shadowed: Vec<_> = outer.graph.initializer.iter().filter(|t| t.name() != "zero").cloned().collect();
-    if !shadowed.is_empty() && rng.chance(0.3) {
-        let t = rng.pick(&shadowed);
-        c.breaks(format!("the branch defines {} again (shadowing)", t.name()));
-        body.initializer.push(t);
-    }
+    maybe_shadow(rng, c, &outer, &mut body, "branch");
     let first_input = outer.graph.input[0].name().to_string();
     let mut other = onnx_fuse::onnx::GraphProto { name: Some("else".into()), ..Default::default() };
     let mut results = Vec::new();
