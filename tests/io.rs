@@ -157,14 +157,24 @@ fn writing_leaves_no_partial_files() {
 fn runs_are_deterministic() {
     let dir = tempdir();
     let (a, b) = (dir.path().join("a.onnx"), dir.path().join("b.onnx"));
-    for name in ["llama_ts_op14.onnx", "gpt2_ts_op14.onnx", "if_branches_rms.onnx"] {
-        for out in [&a, &b] {
-            assert!(run(&["-q", testdata(name).to_str().unwrap(), "-o", out.to_str().unwrap()]).status.success());
-        }
-        assert!(fs::read(&a).unwrap() == fs::read(&b).unwrap(), "{name}: the bytes differ");
+    let cases = [
+        ("llama_ts_op14.onnx", "ort"),
+        ("gpt2_ts_op14.onnx", "ort"),
+        ("if_branches_rms.onnx", "ort"),
+        ("llama_dynamo_op23.onnx", "portable"),
+        ("vit_dynamo_op23.onnx", "portable"),
+    ];
+    for (name, target) in cases {
+        let fuse = |from: &Path, to: &Path| {
+            let args = ["-q", "--target", target, from.to_str().unwrap(), "-o", to.to_str().unwrap()];
+            assert!(run(&args).status.success(), "{name}");
+        };
+        fuse(&testdata(name), &a);
+        fuse(&testdata(name), &b);
+        assert!(fs::read(&a).unwrap() == fs::read(&b).unwrap(), "{name} ({target}): the bytes differ");
         // Fusing the output again writes it back unchanged.
-        assert!(run(&["-q", a.to_str().unwrap(), "-o", b.to_str().unwrap()]).status.success());
-        assert!(fs::read(&a).unwrap() == fs::read(&b).unwrap(), "{name}: not idempotent");
+        fuse(&a, &b);
+        assert!(fs::read(&a).unwrap() == fs::read(&b).unwrap(), "{name} ({target}): not idempotent");
     }
 }
 
