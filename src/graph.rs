@@ -71,12 +71,18 @@ pub enum IntsArgument {
 }
 
 /// What the enclosing graphs make visible inside a subgraph body: their
-/// constants, and every name they define (a body that defines one of them
-/// again is invalid ONNX, and runtimes disagree on which value wins).
+/// constants, and every name they define that the body could read (a body
+/// that defines one of them again truly shadows it: invalid ONNX, and
+/// runtimes disagree on which value wins).
 #[derive(Default, Clone)]
 pub struct Scope {
     constants: HashMap<String, TensorProto>,
     names: HashSet<String>,
+    /// Names of `names` the body at hand cannot see (spec, ground rule 8):
+    /// the outputs of the node that holds it and of every node that reads
+    /// them. A body may define them again (Optimum's merged decoders name
+    /// the branch values after the `If`'s outputs).
+    hidden: HashSet<String>,
     /// Shapes and element types of the enclosing graphs' values, declared
     /// or derived.
     shapes: HashMap<String, Vec<crate::shapes::Dim>>,
@@ -89,6 +95,12 @@ pub struct Graph<'a> {
     pub opset: i64,
     /// What the output may contain (`--target`).
     pub target: Target,
+    /// The model uses the default domain without importing it: `opset` is
+    /// the one ONNX Runtime resolves, not one the exporter chose.
+    pub opset_implied: bool,
+    /// The nodes in dependency order (`node_order`): whatever the list's
+    /// order, every derivation and every pass visits producers first.
+    order: Vec<usize>,
     producer: HashMap<&'a str, usize>,
     consumers: HashMap<&'a str, Vec<usize>>,
     outputs: HashSet<&'a str>,
@@ -108,6 +120,17 @@ pub struct Graph<'a> {
     symbolic: crate::shapes::Memo,
 }
 
+impl Scope {
+    /// Sets the names the next body cannot see.
+    pub fn hide(&mut self, hidden: HashSet<String>) {
+        self.hidden = hidden;
+    }
+
+    fn is_visible(&self, name: &str) -> bool {
+        self.names.contains(name) && !self.hidden.contains(name)
+    }
+}
+
 const NO_CONSUMERS: &[usize] = &[];
 
 impl<'a> Graph<'a> {
@@ -116,6 +139,9 @@ impl<'a> Graph<'a> {
             proto,
             opset,
             target: Target::Ort,
+            opset_implied: false,
+            // A cycle is refused on load; a view of one keeps the list's order.
+            order: node_order(&proto.node).unwrap_or_else(|_| (0..proto.node.len()).collect()),
             producer: HashMap::new(),
             consumers: HashMap::new(),
             outputs: proto.output.iter().map(|o| o.name()).collect(),
@@ -136,14 +162,16 @@ impl<'a> Graph<'a> {
             }
         }
         let own_names = proto.input.iter().map(|i| i.name()).chain(proto.initializer.iter().map(|t| t.name()));
-        g.ambiguous.extend(own_names.filter(|n| outer.names.contains(*n)));
-        for (i, node) in proto.node.iter().enumerate() {
+        g.ambiguous.extend(own_names.filter(|n| outer.is_visible(n)));
+        for i in std::mem::take(&mut g.order) {
+            g.order.push(i);
+            let node = &proto.node[i];
             if let Some(why) = crate::ops::malformed(node, opset) {
                 g.malformed.insert(i, why);
             }
             for out in node.output.iter().filter(|o| !o.is_empty()) {
                 let twice = g.producer.insert(out, i).is_some() || g.defined.contains(out.as_str());
-                if twice || g.consts.contains_key(out.as_str()) || outer.names.contains(out) {
+                if twice || g.consts.contains_key(out.as_str()) || outer.is_visible(out) {
                     g.ambiguous.insert(out);
                 }
                 g.defined.insert(out);
@@ -168,6 +196,7 @@ impl<'a> Graph<'a> {
             }
         }
         for list in g.consumers.values_mut() {
+            list.sort_unstable();
             list.dedup();
         }
         g.infer_types();
@@ -262,6 +291,11 @@ impl<'a> Graph<'a> {
 
     pub fn len(&self) -> usize {
         self.proto.node.len()
+    }
+
+    /// The node indices in dependency order: producers before readers.
+    pub fn order(&self) -> &[usize] {
+        &self.order
     }
 
     pub fn is_empty(&self) -> bool {
@@ -453,9 +487,28 @@ impl<'a> Graph<'a> {
         crate::shapes::Shapes::new(self)
     }
 
-    /// The constants this graph makes visible to its subgraph bodies.
+    /// The names a body of node `holder` cannot see: the outputs of
+    /// `holder` and of every node that depends on them (reading one from
+    /// the body would be a cycle).
+    pub fn hidden_from_bodies_of(&self, holder: usize) -> HashSet<String> {
+        let mut hidden = HashSet::new();
+        let mut todo = vec![holder];
+        let mut seen = HashSet::from([holder]);
+        while let Some(n) = todo.pop() {
+            for out in self.node(n).output.iter().filter(|o| !o.is_empty()) {
+                hidden.insert(out.clone());
+                todo.extend(self.consumers(out).iter().copied().filter(|&c| seen.insert(c)));
+            }
+        }
+        hidden
+    }
+
+    /// What this graph makes visible to its subgraph bodies; `hidden` is
+    /// then set per holder (`hidden_from_bodies_of`).
     pub fn scope_for_subgraphs(&self) -> Scope {
         let mut scope = self.outer.clone();
+        let hidden = std::mem::take(&mut scope.hidden);
+        scope.names.retain(|n| !hidden.contains(n));
         scope.constants.retain(|name, _| !self.defined.contains(name.as_str()));
         for (name, t) in &self.consts {
             scope.constants.insert(name.to_string(), t.as_ref().clone());
@@ -501,7 +554,7 @@ impl<'a> Graph<'a> {
                 }
             }
         }
-        for node in &p.node {
+        for node in self.order.iter().map(|&i| &p.node[i]) {
             let Some(out) = node.output.first().filter(|o| !o.is_empty()) else {
                 continue;
             };
@@ -580,4 +633,58 @@ pub fn free_values(body: &GraphProto) -> HashSet<String> {
     walk(body, &mut used, &mut defined);
     used.retain(|u| !defined.contains(u));
     used
+}
+
+/// The nodes of `g` in an order in which each comes after every node of
+/// `g` whose output it reads, as an input or through what its bodies
+/// capture (spec, ground rule 10: the list's own order means nothing).
+/// Of the nodes ready at each step the earliest in the list goes first, so
+/// a list already in order keeps it. On a cycle, the index of a node on it.
+pub fn node_order(nodes: &[NodeProto]) -> Result<Vec<usize>, usize> {
+    let mut producer: HashMap<&str, usize> = HashMap::new();
+    for (i, node) in nodes.iter().enumerate() {
+        for out in node.output.iter().filter(|o| !o.is_empty()) {
+            producer.entry(out).or_insert(i);
+        }
+    }
+    // What each node reads from the other nodes, once per producer.
+    let mut reads: Vec<Vec<usize>> = Vec::with_capacity(nodes.len());
+    for node in nodes {
+        let captured: Vec<String> = node.subgraphs().flat_map(free_values).collect();
+        let names = node.input.iter().map(String::as_str).chain(captured.iter().map(String::as_str));
+        let mut from: Vec<usize> = names.filter_map(|v| producer.get(v).copied()).collect();
+        from.sort_unstable();
+        from.dedup();
+        reads.push(from);
+    }
+    let mut waiting: Vec<usize> = reads.iter().map(Vec::len).collect();
+    let mut readers: Vec<Vec<usize>> = vec![vec![]; nodes.len()];
+    for (i, from) in reads.iter().enumerate() {
+        for &p in from {
+            readers[p].push(i);
+        }
+    }
+    let mut ready: std::collections::BinaryHeap<std::cmp::Reverse<usize>> =
+        (0..nodes.len()).filter(|&i| waiting[i] == 0).map(std::cmp::Reverse).collect();
+    let mut order = Vec::with_capacity(nodes.len());
+    while let Some(std::cmp::Reverse(i)) = ready.pop() {
+        order.push(i);
+        for &r in &readers[i] {
+            waiting[r] -= 1;
+            if waiting[r] == 0 {
+                ready.push(std::cmp::Reverse(r));
+            }
+        }
+    }
+    if order.len() == nodes.len() {
+        return Ok(order);
+    }
+    // Every node left waits on another left: walking back from one of
+    // them, through what it waits on, comes round to a node twice.
+    let mut seen = HashSet::new();
+    let mut at = (0..nodes.len()).find(|&i| waiting[i] > 0).expect("a node left");
+    while seen.insert(at) {
+        at = *reads[at].iter().find(|&&p| waiting[p] > 0).expect("a node left waits on another");
+    }
+    Err(at)
 }

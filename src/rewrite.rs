@@ -8,7 +8,7 @@
 //! replacement at the anchor's position under the anchor's output name,
 //! names it uniquely and stamps its provenance (`transmuter.fused`).
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use crate::graph::{free_values, Check, Graph, Miss, Scope, Target};
 use crate::onnx::{
@@ -154,7 +154,7 @@ pub fn run(model: &mut ModelProto, passes: &[&Pass]) -> Outcome {
 pub fn run_for(model: &mut ModelProto, passes: &[&Pass], target: Target) -> Outcome {
     let opset = model.default_opset();
     let mut outcome = Outcome { functions: model.functions.clone(), ..Default::default() };
-    let context = Context { opset, target };
+    let context = Context { opset, opset_implied: model.imported_default_opset().is_none(), target };
     if let Some(graph) = model.graph.as_mut() {
         run_graph(graph, context, &Scope::default(), passes, "main", &mut outcome);
     }
@@ -194,6 +194,11 @@ fn add_functions(model: &mut ModelProto, functions: Vec<FunctionProto>) {
             imports.push(import.clone());
         }
     }
+    // A model that uses the default domain without importing it runs at
+    // the opset ONNX Runtime resolves; the bodies are written for that one.
+    if !imports.iter().any(|o| o.domain().is_empty()) {
+        imports.push(OperatorSetIdProto { domain: Some(String::new()), version: Some(model.default_opset()) });
+    }
     for f in model.functions.iter_mut().filter(|f| f.domain() == crate::onnx::TRANSMUTER_DOMAIN) {
         f.opset_import = imports.clone();
     }
@@ -215,6 +220,7 @@ fn same_body(a: &FunctionProto, b: &FunctionProto) -> bool {
 #[derive(Clone, Copy)]
 struct Context {
     opset: i64,
+    opset_implied: bool,
     target: Target,
 }
 
@@ -222,6 +228,7 @@ impl Context {
     fn view<'a>(&self, graph: &'a GraphProto, outer: &'a Scope) -> Graph<'a> {
         let mut g = Graph::new(graph, self.opset, outer);
         g.target = self.target;
+        g.opset_implied = self.opset_implied;
         g
     }
 }
@@ -237,8 +244,14 @@ fn run_graph(
     // Bodies first: what they stop reading may free an outer match.
     // (The scope needs a view of the whole graph: only built when a body needs it.)
     if graph.node.iter().any(|n| n.subgraphs().next().is_some()) {
-        let scope = context.view(graph, outer).scope_for_subgraphs();
-        for node in graph.node.iter_mut() {
+        let view = context.view(graph, outer);
+        let mut scope = view.scope_for_subgraphs();
+        let holders = (0..graph.node.len()).filter(|&i| graph.node[i].subgraphs().next().is_some());
+        let mut hidden: HashMap<usize, HashSet<String>> = holders.map(|i| (i, view.hidden_from_bodies_of(i))).collect();
+        drop(view);
+        for (i, node) in graph.node.iter_mut().enumerate() {
+            let Some(names) = hidden.remove(&i) else { continue };
+            scope.hide(names);
             let holder = display_name(node);
             for attribute in node.attribute.iter_mut() {
                 let name = attribute.name().to_string();
@@ -272,11 +285,11 @@ fn run_graph(
     }
 }
 
-/// Every non-overlapping match of `pass` in node order.
+/// Every non-overlapping match of `pass`, anchors in dependency order.
 fn find(g: &Graph, pass: &Pass, path: &str, functions: &[FunctionProto], declined: &mut Vec<Declined>) -> Vec<Rewrite> {
     let mut claimed = HashSet::new();
     let mut found: Vec<Rewrite> = Vec::new();
-    for anchor in 0..g.len() {
+    for &anchor in g.order() {
         if claimed.contains(&anchor) {
             continue;
         }
@@ -455,7 +468,7 @@ fn apply(graph: &mut GraphProto, rewrites: Vec<Rewrite>, pass: &'static str, pat
         }
         replacements.push((rewrite.anchor, rewrite.nodes, node));
     }
-    let mut replacement_at = std::collections::HashMap::new();
+    let mut replacement_at = HashMap::new();
     let mut removed = HashSet::new();
     for (anchor, nodes, node) in replacements {
         removed.extend(nodes);

@@ -69,11 +69,12 @@ impl std::fmt::Display for Dim {
 }
 
 /// Recursion is cut off here: a proof that needs more is given up (never
-/// wrongly made). Shapes are derived in graph order, so recursion only
-/// goes as deep as one node's inputs.
+/// wrongly made). Shapes are derived in dependency order (producers
+/// first, whatever the list's order), so recursion only goes as deep as
+/// one node's inputs.
 const MAX_DEPTH: usize = 64;
 
-/// The shapes of one graph, derived once (in node order) and memoized.
+/// The shapes of one graph, derived once (in dependency order) and memoized.
 #[derive(Default)]
 pub struct Memo {
     shapes: RefCell<HashMap<String, Option<Vec<Dim>>>>,
@@ -90,7 +91,7 @@ impl<'g, 'a> Shapes<'g, 'a> {
     pub fn new(g: &'g Graph<'a>) -> Self {
         let shapes = Shapes { g, memo: g.shape_memo(), depth: RefCell::new(0) };
         if !shapes.memo.filled.replace(true) {
-            for node in &g.proto.node {
+            for node in g.order().iter().map(|&i| g.node(i)) {
                 for out in node.output.iter().filter(|o| !o.is_empty()) {
                     shapes.shape(out);
                 }

@@ -1,19 +1,24 @@
-//! The structural part of `onnx.checker`, run on every model loaded: a
-//! model that breaks one of these rules is refused with the first
-//! violation, rather than rewritten and written out.
+//! The structural rules ONNX Runtime loads a model by, checked on every
+//! model loaded: a model that breaks one is refused with its first
+//! violation, rather than rewritten and written out (spec, ground rule 10:
+//! what ONNX Runtime loads, onnx-fuse accepts).
 //!
-//! - every value a node or graph output reads is defined before it (a graph
-//!   input, an initializer, an earlier node's output, or a value of an
-//!   enclosing graph defined before the node that holds the body), so the
-//!   node list is in topological order and has no cycle;
+//! - every value a node or graph output reads is defined somewhere: a
+//!   graph input, an initializer, a node's output, or a value of an
+//!   enclosing graph. The node list may be in any order (ONNX Runtime sorts
+//!   it), but the nodes must form no cycle, counting what bodies capture;
 //! - no graph defines a value twice;
-//! - every node's domain is imported (`""` and `ai.onnx` are one domain).
+//! - every node's domain is imported, or one ONNX Runtime resolves without
+//!   an import (`onnx::is_implied_domain`); the model imports at least one opset.
 
 use std::collections::HashSet;
 
 use crate::onnx::{is_default_domain, GraphProto, ModelProto, NodeProto, OperatorSetIdProto};
 
 pub fn model(model: &ModelProto) -> Result<(), String> {
+    if model.opset_import.is_empty() {
+        return Err("the model imports no operator set (opset_import is empty; ONNX Runtime refuses it)".into());
+    }
     let imports = domains(&model.opset_import);
     if let Some(g) = &model.graph {
         graph(g, &HashSet::new(), &imports, "the main graph")?;
@@ -22,10 +27,11 @@ pub fn model(model: &ModelProto) -> Result<(), String> {
         let mut defined: HashSet<&str> = f.input.iter().map(String::as_str).collect();
         let imports = domains(&f.opset_import);
         let place = format!("function {}.{}", f.domain(), f.name());
+        defined.extend(f.node.iter().flat_map(|n| &n.output).filter(|o| !o.is_empty()).map(String::as_str));
         for node in &f.node {
             check_node(node, &defined, &HashSet::new(), &imports, &place)?;
-            defined.extend(node.output.iter().filter(|o| !o.is_empty()).map(String::as_str));
         }
+        acyclic(&f.node, &place)?;
         for out in &f.output {
             if !defined.contains(out.as_str()) {
                 return Err(format!("{place} returns {out:?}, which nothing in it defines"));
@@ -57,30 +63,43 @@ fn graph(g: &GraphProto, outer: &HashSet<&str>, imports: &HashSet<String>, place
         }
     }
     for node in &g.node {
-        check_node(node, &defined, outer, imports, place)?;
-        // Bodies see what is defined before their node (built only for
-        // nodes that hold one: a graph of thousands of nodes stays linear).
-        if node.subgraphs().next().is_some() {
-            let visible: HashSet<&str> = outer.union(&defined).copied().collect();
-            for a in &node.attribute {
-                for (i, body) in a.g.iter().chain(&a.graphs).enumerate() {
-                    let inner = format!("the body {}[{i}] of node {}", a.name(), node_name(node));
-                    graph(body, &visible, imports, &inner)?;
-                }
-            }
-        }
         for out in node.output.iter().filter(|o| !o.is_empty()) {
             if !defined.insert(out) {
                 return Err(format!("{} in {place} defines {out:?}, which is already defined", node_name(node)));
             }
         }
     }
+    // Bodies see every value of the enclosing graphs; one they read that
+    // depends on their own node is a cycle, found below (the union is
+    // built only for nodes that hold a body).
+    let mut visible: Option<HashSet<&str>> = None;
+    for node in &g.node {
+        check_node(node, &defined, outer, imports, place)?;
+        for a in &node.attribute {
+            for (i, body) in a.g.iter().chain(&a.graphs).enumerate() {
+                let visible = visible.get_or_insert_with(|| outer.union(&defined).copied().collect());
+                let inner = format!("the body {}[{i}] of node {}", a.name(), node_name(node));
+                graph(body, visible, imports, &inner)?;
+            }
+        }
+    }
+    acyclic(&g.node, place)?;
     for out in g.output.iter().map(|o| o.name()) {
         if !defined.contains(out) && !outer.contains(out) {
             return Err(format!("{place} has output {out:?}, which nothing defines"));
         }
     }
     Ok(())
+}
+
+/// The nodes form no cycle (in any list order), counting what bodies capture.
+fn acyclic(nodes: &[NodeProto], place: &str) -> Result<(), String> {
+    match crate::graph::node_order(nodes) {
+        Ok(_) => Ok(()),
+        Err(i) => {
+            Err(format!("{} in {place} depends on its own output (the nodes form a cycle)", node_name(&nodes[i])))
+        }
+    }
 }
 
 fn check_node(
@@ -91,16 +110,13 @@ fn check_node(
     place: &str,
 ) -> Result<(), String> {
     let domain = if is_default_domain(node.domain()) { "" } else { node.domain() };
-    if !imports.contains(domain) {
+    if !imports.contains(domain) && !crate::onnx::is_implied_domain(domain) {
         let shown = if domain.is_empty() { "the default domain" } else { domain };
         return Err(format!("{} in {place} is of {shown}, which is not imported (opset_import)", node_name(node)));
     }
     for input in node.input.iter().filter(|i| !i.is_empty()) {
         if !defined.contains(input.as_str()) && !outer.contains(input.as_str()) {
-            return Err(format!(
-                "{} in {place} reads {input:?}, which nothing defines before it (undefined, or a cycle)",
-                node_name(node)
-            ));
+            return Err(format!("{} in {place} reads {input:?}, which nothing defines", node_name(node)));
         }
     }
     Ok(())

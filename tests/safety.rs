@@ -229,7 +229,7 @@ fn structurally_invalid_models_are_refused() {
     b.input("x", FLOAT, Some(&[D::N(2)]));
     relu(&mut b, "nowhere", "y");
     b.output("y", FLOAT, None);
-    cases.push(("undefined", b.model(17), "reads \"nowhere\", which nothing defines before it"));
+    cases.push(("undefined", b.model(17), "reads \"nowhere\", which nothing defines"));
     let mut b = Builder::default();
     b.input("x", FLOAT, Some(&[D::N(2)]));
     relu(&mut b, "x", "y");
@@ -241,17 +241,28 @@ fn structurally_invalid_models_are_refused() {
     relu(&mut b, "z", "y");
     relu(&mut b, "y", "z");
     b.output("z", FLOAT, None);
-    cases.push(("cycle", b.model(17), "reads \"z\", which nothing defines before it (undefined, or a cycle)"));
+    cases.push(("cycle", b.model(17), "depends on its own output (the nodes form a cycle)"));
     let mut b = Builder::default();
     b.input("x", FLOAT, Some(&[D::N(2)]));
     relu(&mut b, "x", "y");
     b.output("y", FLOAT, None);
     let mut no_import = b.model(17);
     no_import.opset_import.clear();
-    cases.push(("no-import", no_import, "is of the default domain, which is not imported"));
-    // A body reading an outer value defined after the node that holds it.
+    cases.push(("no-import", no_import, "the model imports no operator set"));
+    let mut b = Builder::default();
+    b.input("x", FLOAT, Some(&[D::N(2)]));
+    b.graph.node.push(onnx_fuse::onnx::NodeProto {
+        op_type: Some("Relu".into()),
+        domain: Some("my.domain".into()),
+        input: vec!["x".into()],
+        output: vec!["y".into()],
+        ..Default::default()
+    });
+    b.output("y", FLOAT, None);
+    cases.push(("unknown-domain", b.model(17), "is of my.domain, which is not imported"));
+    // A body reading the output of the node that holds it.
     let mut body = Builder::default();
-    body.node_to("Identity", &["late"], &["out"], vec![]);
+    body.node_to("Identity", &["r"], &["out"], vec![]);
     body.output("out", FLOAT, None);
     let mut b = Builder::default();
     b.input("c", onnx_fuse::onnx::BOOL, Some(&[]));
@@ -262,9 +273,8 @@ fn structurally_invalid_models_are_refused() {
         &["r"],
         vec![attr_graph("then_branch", body.graph.clone()), attr_graph("else_branch", body.graph)],
     );
-    b.node_to("Identity", &["w"], &["late"], vec![]);
     b.graph.output.push(value_info("r", FLOAT, None));
-    cases.push(("late-capture", b.model(17), "reads \"late\", which nothing defines before it"));
+    cases.push(("self-capture", b.model(17), "depends on its own output (the nodes form a cycle)"));
     let dir = tempdir();
     for (name, model, why) in cases {
         let input = dir.path().join(format!("{name}.onnx"));

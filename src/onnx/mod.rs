@@ -60,6 +60,16 @@ pub fn is_default_domain(domain: &str) -> bool {
     domain.is_empty() || domain == "ai.onnx"
 }
 
+/// The opset ONNX Runtime (1.31.1, measured) reads the default domain at
+/// when a model uses it without importing it: its newest.
+pub const IMPLIED_DEFAULT_OPSET: i64 = 26;
+
+/// Domains ONNX Runtime resolves for a model that uses them without
+/// importing them (measured, 1.31.1); any other is refused.
+pub fn is_implied_domain(domain: &str) -> bool {
+    is_default_domain(domain) || domain == "ai.onnx.ml" || domain == "com.microsoft"
+}
+
 impl AttributeProto {
     pub fn int(name: &str, value: i64) -> Self {
         AttributeProto {
@@ -89,8 +99,15 @@ impl StringStringEntryProto {
 impl ModelProto {
     /// The opset version imported for the default domain (1 when absent, as
     /// the IR spec says for a model that imports none).
+    /// The default domain's opset: as imported, or as ONNX Runtime resolves
+    /// it for a model that uses the domain without importing it.
     pub fn default_opset(&self) -> i64 {
-        self.opset_import.iter().find(|o| is_default_domain(o.domain())).map(|o| o.version()).unwrap_or(1)
+        self.imported_default_opset().unwrap_or(IMPLIED_DEFAULT_OPSET)
+    }
+
+    /// The default domain's opset, if the model imports it.
+    pub fn imported_default_opset(&self) -> Option<i64> {
+        self.opset_import.iter().find(|o| is_default_domain(o.domain())).map(|o| o.version())
     }
 }
 

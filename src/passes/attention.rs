@@ -248,6 +248,14 @@ fn reshape(g: &Graph, node: &NodeProto) -> Step {
 /// only when `axis` is the last one.
 fn softmax_over_last_axis(g: &Graph, shapes: &Shapes, softmax: usize) -> Check<()> {
     let node = g.node(softmax);
+    // The default axis changed at opset 13: a model that does not import
+    // the default domain does not say which one it was written for.
+    require!(
+        node.attr("axis").is_some() || !g.opset_implied,
+        "the model does not import the default domain: ONNX Runtime reads the Softmax at opset {} (axis -1), \
+         other runtimes and older opsets flatten from axis 1",
+        g.opset
+    );
     let axis = node.attr_int("axis").unwrap_or(if g.opset >= 13 { -1 } else { 1 });
     if axis == -1 {
         return Ok(());

@@ -1,0 +1,229 @@
+//! What ONNX Runtime loads, onnx-fuse accepts (spec, ground rules 8 and
+//! 10): node lists in any order, domains used without an import, and
+//! bodies that reuse the names of their node's outputs.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::build::*;
+use common::*;
+use onnx_fuse::graph::Target;
+use onnx_fuse::onnx::{GraphProto, ModelProto, OperatorSetIdProto, BOOL, FLOAT, FUSED_KEY};
+use onnx_fuse::{passes, rewrite};
+
+/// Every `.onnx` in testdata and its folders.
+fn exports() -> Vec<String> {
+    let mut names = vec![];
+    for entry in std::fs::read_dir(testdata("")).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name().into_string().unwrap();
+        if name.ends_with(".onnx") {
+            names.push(name);
+        } else if entry.path().is_dir() && name != "fuzz" {
+            for inner in std::fs::read_dir(entry.path()).unwrap() {
+                let inner = inner.unwrap().file_name().into_string().unwrap();
+                if inner.ends_with(".onnx") {
+                    names.push(format!("{name}/{inner}"));
+                }
+            }
+        }
+    }
+    names.sort();
+    names
+}
+
+/// Reverses, rotates or scrambles the node list of every graph and body
+/// (a small LCG: the same seed, the same order).
+fn shuffle(g: &mut GraphProto, seed: &mut u64) {
+    for node in &mut g.node {
+        for body in node.subgraphs_mut() {
+            shuffle(body, seed);
+        }
+    }
+    for i in (1..g.node.len()).rev() {
+        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        g.node.swap(i, (*seed >> 33) as usize % (i + 1));
+    }
+}
+
+fn shuffled(model: &ModelProto, seed: u64) -> ModelProto {
+    let mut model = model.clone();
+    shuffle(model.graph.as_mut().unwrap(), &mut { seed });
+    model
+}
+
+/// Fused counts per pass, for a target (the default pipeline and complex-mul).
+fn counts(model: &ModelProto, target: Target) -> (ModelProto, BTreeMap<&'static str, usize>) {
+    let pipeline = passes::pipeline(&["default".into(), "complex-mul".into()], &[]).unwrap();
+    let mut fused = model.clone();
+    let outcome = rewrite::run_for(&mut fused, &pipeline, target);
+    let mut by_pass = BTreeMap::new();
+    for f in &outcome.fused {
+        *by_pass.entry(f.pass).or_insert(0) += 1;
+    }
+    (fused, by_pass)
+}
+
+#[test]
+fn shuffled_node_lists_are_accepted_and_fuse_as_the_sorted_ones() {
+    let mut compared = 0;
+    for name in exports() {
+        let model = load(&name);
+        for target in [Target::Ort, Target::Portable] {
+            let (_, sorted) = counts(&model, target);
+            for seed in [1, 2] {
+                let scrambled = shuffled(&model, seed);
+                onnx_fuse::validate::model(&scrambled).unwrap_or_else(|e| panic!("{name} seed {seed}: {e}"));
+                let (_, found) = counts(&scrambled, target);
+                assert_eq!(found, sorted, "{name} ({target:?}) shuffled with seed {seed}");
+                compared += sorted.values().sum::<usize>();
+            }
+        }
+    }
+    assert!(compared > 500, "only {compared} fusions compared");
+}
+
+#[test]
+fn a_shuffled_export_fused_runs_as_the_original_and_keeps_its_order() {
+    for name in ["llama_ts_op14.onnx", "gpt2_ts_op14.onnx", "whisper_encoder_ts_op14.onnx"] {
+        let scrambled = shuffled(&load(name), 7);
+        let (fused, found) = counts(&scrambled, Target::Ort);
+        assert!(found.values().sum::<usize>() >= 2, "{name}: {found:?}");
+        assert_equivalent(&scrambled, &fused, name);
+        // The nodes no replacement touched keep their order in the list.
+        let before = &scrambled.graph.as_ref().unwrap().node;
+        let kept: Vec<_> =
+            fused.graph.as_ref().unwrap().node.iter().filter(|n| n.metadata(FUSED_KEY).is_none()).collect();
+        let mut at = before.iter();
+        for n in &kept {
+            assert!(at.any(|b| b == *n), "{name}: {} moved", n.name());
+        }
+    }
+}
+
+/// `x / sqrt(mean(x², -1) + eps) * w` with the axes as an input (opset ≥ 18).
+fn rms_norm_axes_input(b: &mut Builder, x: &str, out: &str) {
+    let two = b.init(&format!("{out}_two"), tensor(FLOAT, &[], &[2.0]));
+    let axes = b.init(&format!("{out}_axes"), tensor(onnx_fuse::onnx::INT64, &[1], &[-1.0]));
+    let sq = b.node("Pow", &[x, &two], vec![]);
+    let m = b.node("ReduceMean", &[&sq, &axes], vec![]);
+    let eps = b.init(&format!("{out}_eps"), tensor(FLOAT, &[], &[1e-6]));
+    let a = b.node("Add", &[&m, &eps], vec![]);
+    let r = b.node("Sqrt", &[&a], vec![]);
+    let n = b.node("Div", &[x, &r], vec![]);
+    let w = b.init(&format!("{out}_w"), tensor(FLOAT, &[4], &[0.5, 1.0, 1.5, 2.0]));
+    b.node_to("Mul", &[&n, &w], &[out], vec![]);
+}
+
+#[test]
+fn a_default_domain_used_without_an_import_is_read_at_the_opset_onnx_runtime_resolves() {
+    let mut b = Builder::default();
+    b.input("x", FLOAT, Some(&[D::N(2), D::N(3), D::N(4)]));
+    rms_norm_axes_input(&mut b, "x", "y");
+    b.output("y", FLOAT, None);
+    let mut model = b.model(18);
+    model.opset_import = vec![OperatorSetIdProto { domain: Some("com.microsoft".into()), version: Some(1) }];
+    onnx_fuse::validate::model(&model).unwrap();
+    let (fused, found) = counts(&model, Target::Ort);
+    assert_eq!(found.get("rms-norm"), Some(&1));
+    assert_equivalent(&model, &fused, "acceptance");
+
+    // Softmax's default axis depends on the opset the model does not name.
+    for (axis, fuses) in [(None, false), (Some(-1), true)] {
+        let mut b = Builder::default();
+        for v in ["q", "k", "v"] {
+            b.input(v, FLOAT, Some(&[D::N(2), D::N(3), D::N(3)]));
+        }
+        let s = b.node("MatMul", &["q", "k"], vec![]);
+        let p = b.node("Softmax", &[&s], axis.map(|a| attr_int("axis", a)).into_iter().collect());
+        b.node_to("MatMul", &[&p, "v"], &["out"], vec![]);
+        b.output("out", FLOAT, None);
+        let mut model = b.model(18);
+        model.opset_import = vec![OperatorSetIdProto { domain: Some("com.microsoft".into()), version: Some(1) }];
+        let (fused, outcome) = fuse_model(&model, &["attention"]);
+        assert_eq!(outcome.fused.len(), usize::from(fuses), "axis {axis:?}: {:?}", outcome.declined);
+        if fuses {
+            assert_equivalent(&model, &fused, "acceptance");
+        } else {
+            let reason = &outcome.declined[0].reason;
+            assert!(reason.contains("does not import the default domain"), "{reason}");
+        }
+    }
+}
+
+/// An `If` whose branches each compute an RMSNorm into the `If`'s own
+/// output names, as Optimum's merged decoders write them.
+fn merged_decoder_like(norm_out: &str) -> ModelProto {
+    let branch = |scale: &str| {
+        let mut body = Builder::default();
+        let xs = body.node("Mul", &["x", scale], vec![]);
+        rms_norm_axes_input(&mut body, &xs, norm_out);
+        if norm_out != "present" {
+            body.node_to("Identity", &[norm_out], &["present"], vec![]);
+        }
+        body.output("present", FLOAT, None);
+        GraphProto { name: Some(format!("branch_{scale}")), ..body.graph }
+    };
+    let mut b = Builder::default();
+    b.input("x", FLOAT, Some(&[D::N(2), D::N(3), D::N(4)]));
+    b.input("c", BOOL, Some(&[]));
+    b.init("s", tensor(FLOAT, &[], &[3.0]));
+    b.init("t", tensor(FLOAT, &[], &[-2.0]));
+    b.node_to(
+        "If",
+        &["c"],
+        &["present"],
+        vec![attr_graph("then_branch", branch("s")), attr_graph("else_branch", branch("t"))],
+    );
+    b.node_to("Neg", &["present"], &["y"], vec![]);
+    b.output("y", FLOAT, None);
+    b.model(18)
+}
+
+#[test]
+fn branches_may_reuse_the_names_of_their_node_outputs() {
+    // The branch value `present` is the If's own output name: not visible
+    // inside the branches (and each branch is a scope of its own), so no
+    // shadowing, whether the norm writes it or an Identity after it.
+    for norm_out in ["present", "normed"] {
+        let model = merged_decoder_like(norm_out);
+        onnx_fuse::validate::model(&model).unwrap();
+        let (fused, outcome) = fuse_model(&model, &["rms-norm"]);
+        assert_eq!(outcome.fused.len(), 2, "{norm_out}: {:?}", outcome.declined);
+        assert_equivalent(&model, &fused, "acceptance");
+    }
+}
+
+#[test]
+fn a_body_that_redefines_a_visible_outer_name_is_not_fused() {
+    // The branches define `y`, which the graph computes outside the If and
+    // the branches could read: true shadowing.
+    let mut model = merged_decoder_like("y2");
+    let g = model.graph.as_mut().unwrap();
+    for node in g.node.iter_mut() {
+        for body in node.subgraphs_mut() {
+            for n in body.node.iter_mut() {
+                for o in n.output.iter_mut().chain(n.input.iter_mut()) {
+                    if o == "y2" {
+                        *o = "shadowed".into();
+                    }
+                }
+            }
+        }
+    }
+    g.node.insert(
+        0,
+        onnx_fuse::onnx::NodeProto {
+            op_type: Some("Identity".into()),
+            input: vec!["x".into()],
+            output: vec!["shadowed".into()],
+            ..Default::default()
+        },
+    );
+    g.output.push(value_info("shadowed", FLOAT, None));
+    let (_, outcome) = fuse_model(&model, &["rms-norm"]);
+    assert_eq!(outcome.fused.len(), 0);
+    let shadowed = outcome.declined.iter().filter(|d| d.reason.contains("shadowed is defined in two scopes"));
+    assert_eq!(shadowed.count(), 2, "{:?}", outcome.declined);
+}
