@@ -61,6 +61,21 @@ def configs():
                                    max_source_positions=16, max_target_positions=32,
                                    decoder_start_token_id=1, pad_token_id=0, bos_token_id=1,
                                    eos_token_id=2, suppress_tokens=[], begin_suppress_tokens=[]),
+        # Encoders with a relative position bias or masked_fill, LayerNorms
+        # without bias, ALiBi decoders, position ids computed from the mask.
+        "mpnet": t.MPNetConfig(**SMALL, pad_token_id=1, layer_norm_eps=1e-12),
+        "distilbert": t.DistilBertConfig(vocab_size=64, dim=32, n_layers=2, n_heads=4, hidden_dim=64,
+                                         max_position_embeddings=64, pad_token_id=0),
+        "modernbert": t.ModernBertConfig(**SMALL, pad_token_id=0, eos_token_id=1, bos_token_id=2, cls_token_id=3,
+                                         sep_token_id=4, global_attn_every_n_layers=2, local_attention=4,
+                                         reference_compile=False),
+        "cohere": t.CohereConfig(**SMALL, num_key_value_heads=2, layer_norm_eps=1e-5, pad_token_id=0,
+                                 bos_token_id=1, eos_token_id=2),
+        "opt": t.OPTConfig(vocab_size=64, hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=4,
+                           max_position_embeddings=64, word_embed_proj_dim=32, pad_token_id=1, bos_token_id=2,
+                           eos_token_id=2),
+        "bloom": t.BloomConfig(vocab_size=64, hidden_size=32, n_layer=2, n_head=4, layer_norm_epsilon=1e-5),
+        "mpt": t.MptConfig(vocab_size=64, d_model=32, n_heads=4, n_layers=2, expansion_ratio=2, max_seq_len=64),
     }
 
 
@@ -90,9 +105,15 @@ def build(kind, attn="eager"):
         model = t.WhisperModel(cfg).get_encoder()
     elif kind == "bert":
         model = t.BertModel(cfg)
+    elif kind in ENCODERS:
+        model = t.AutoModel.from_config(cfg, attn_implementation=attn)
     else:
         model = t.AutoModelForCausalLM.from_config(cfg, attn_implementation=attn)
     return model.eval()
+
+
+# Encoders built with AutoModel: no cache, no logits.
+ENCODERS = ("mpnet", "distilbert", "modernbert")
 
 
 class Wrap(torch.nn.Module):
@@ -110,7 +131,7 @@ class Wrap(torch.nn.Module):
         if self.kind == "trocr":
             return self.model(input_ids=x, attention_mask=mask, use_cache=False).logits
         out = self.model(input_ids=x, attention_mask=mask, use_cache=False) \
-            if self.kind not in ("t5", "bert", "roberta") else self.model(input_ids=x, attention_mask=mask)
+            if self.kind not in ("t5", "bert", "roberta") + ENCODERS else self.model(input_ids=x, attention_mask=mask)
         return out.logits if hasattr(out, "logits") else out.last_hidden_state
 
 
@@ -216,13 +237,14 @@ def export_optimum_folder(name, kind, task, *, merged):
         if not merged:
             main_export(src, dst, task=task, no_post_process=True, do_validation=False, dtype="fp32", device="cpu")
         else:
-            from optimum.exporters.onnx.model_configs import LlamaOnnxConfig
+            from optimum.exporters.onnx.model_configs import GPT2OnnxConfig, LlamaOnnxConfig
             from optimum.onnx import merge_decoders
+            config_class = {"llama": LlamaOnnxConfig, "gpt2": GPT2OnnxConfig}[kind]
             # The first decoder takes no past but returns the present, as
             # Optimum's decoder_model.onnx does.
             for past_in, file in [(False, "decoder_model.onnx"), (True, "decoder_with_past_model.onnx")]:
                 out = os.path.join(tmp, file)
-                onnx_config = LlamaOnnxConfig(cfg, task="text-generation", use_past=True, use_past_in_inputs=past_in)
+                onnx_config = config_class(cfg, task="text-generation", use_past=True, use_past_in_inputs=past_in)
                 main_export(src, out, task=task, no_post_process=True, do_validation=False, dtype="fp32", device="cpu",
                             custom_onnx_configs={"model": onnx_config})
                 os.makedirs(dst, exist_ok=True)
@@ -727,6 +749,19 @@ def main():
         ("t5_optimum_folder", lambda n: export_optimum_folder(n, "t5", "text2text-generation-with-past", merged=False)),
         ("llama_optimum_merged_folder",
          lambda n: export_optimum_folder(n, "llama", "text-generation-with-past", merged=True)),
+        # Merged branches whose attention reads the If's own output names
+        # (present.N.value) directly.
+        ("gpt2_optimum_merged_folder",
+         lambda n: export_optimum_folder(n, "gpt2", "text-generation-with-past", merged=True)),
+        ("mpnet_ts_op14.onnx", lambda n: export_torch(n, "mpnet", opset=14)),
+        ("distilbert_ts_op14.onnx", lambda n: export_torch(n, "distilbert", opset=14)),
+        ("modernbert_ts_op14.onnx", lambda n: export_torch(n, "modernbert", opset=14)),
+        ("cohere_ts_op14.onnx", lambda n: export_torch(n, "cohere", opset=14)),
+        ("opt_ts_op14.onnx", lambda n: export_torch(n, "opt", opset=14)),
+        ("bloom_ts_op14.onnx", lambda n: export_torch(n, "bloom", opset=14)),
+        ("mpt_ts_op14.onnx", lambda n: export_torch(n, "mpt", opset=14)),
+        ("opt_optimum.onnx", lambda n: export_optimum(n, "opt", "text-generation", opset=14)),
+        ("bloom_optimum.onnx", lambda n: export_optimum(n, "bloom", "text-generation", opset=14)),
     ]
     for name, job in jobs:
         if want(name):
