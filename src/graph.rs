@@ -293,6 +293,26 @@ impl<'a> Graph<'a> {
         self.proto.node.len()
     }
 
+    /// The input of a node that computes its first input unchanged: an
+    /// `Identity`, or a `Dropout` in inference mode (from opset 12 without
+    /// `training_mode` or with a constant false one; from 7 to 11 always;
+    /// before 7 with `is_test` set).
+    pub fn identity_input(&self, index: usize) -> Option<&'a str> {
+        let node = self.node(index);
+        let x = node.input.first().filter(|x| !x.is_empty())?.as_str();
+        let inference = match node.op_type() {
+            "Identity" => node.input.len() == 1,
+            "Dropout" if self.opset >= 12 => match node.input.get(2).filter(|t| !t.is_empty()) {
+                None => true,
+                Some(training) => self.scalar(training) == Some(0.0),
+            },
+            "Dropout" => self.opset >= 7 || node.attr_int("is_test") == Some(1),
+            _ => false,
+        };
+        (inference && crate::onnx::is_default_domain(node.domain()) && !self.malformed.contains_key(&index))
+            .then_some(x)
+    }
+
     /// The node indices in dependency order: producers before readers.
     pub fn order(&self) -> &[usize] {
         &self.order

@@ -4,12 +4,13 @@
 //! Between the two MatMuls an export writes a short chain of steps:
 //!
 //! ```text
-//! s = MatMul(q, k)                 (an Identity anywhere on the way is no step)
+//! s = MatMul(q, k)                 (an Identity or an inference Dropout anywhere on the way is no step)
 //!     Mul(s, c) | Div(s, c)        c a constant with one value   → attribute `scale`
 //!     Div(s, d)                    d computed at run time        → input `divisor`
 //!     Cast(s, to = float type)                                   → attribute `scores_to`
 //!     Where(keep, s, fill)         fill a constant ≤ -1e4        → input `keep`, attribute `fill`
-//!     Add(s, mask)                 either order                  → input `mask`
+//!     Where(hide, fill, s)         masked_fill: the same, inverted → input `hide`, attribute `fill`
+//!     Add(s, mask)                 either order; several in a row → input `mask`, `mask_2`, …
 //!     Reshape(s, shape) … Reshape  a pair that gives back the shape of s → `scores_shape`, `scores_shape_2`
 //! p = Softmax(s)                   over the last axis only
 //!     Cast(p, to = float type)     (up to two)                   → attribute `probs_to`, `probs_to_2`
@@ -52,7 +53,9 @@ enum Step {
     Scale(&'static str, TensorProto),
     Divisor(String),
     Cast(i32),
-    Where { keep: String, fill: TensorProto },
+    /// `Where(keep, s, fill)`, or with `fill_first` `Where(hide, fill, s)`
+    /// (`masked_fill`): the condition names the keys hidden.
+    Where { keep: String, fill: TensorProto, fill_first: bool },
     Mask(String),
     Reshape { shape: Side, allowzero: bool },
     Softmax,
@@ -85,10 +88,11 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
             break m.take(p);
         }
         candidate!(after.len() < 6 && m.len() < 16);
-        // Identity (unoptimized dynamo exports) computes nothing: no step.
-        if node.is("Identity") && node.input.len() == 1 {
+        // Identity (unoptimized dynamo exports) and an inference Dropout
+        // compute nothing: no step.
+        if let Some(input) = g.identity_input(p) {
             m.take(p);
-            value = &node.input[0];
+            value = input;
             continue;
         }
         let (step, input) = probs_step(g, &mut m, p)?;
@@ -105,12 +109,10 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     let count = |steps: &[(usize, Step)], f: fn(&Step) -> bool| steps.iter().filter(|(_, s)| f(s)).count();
     require!(count(&before, |s| matches!(s, Step::Scale(..) | Step::Divisor(_))) <= 1, "more than one scale");
     require!(count(&before, |s| matches!(s, Step::Where { .. })) <= 1, "more than one Where");
-    require!(count(&before, |s| matches!(s, Step::Mask(_))) <= 1, "more than one mask");
     require!(count(&before, |s| matches!(s, Step::Cast(_))) <= 2, "more than two Casts before the Softmax");
     require!(count(&after, |s| matches!(s, Step::Cast(_))) <= 2, "more than two Casts after the Softmax");
     require!(count(&after, |s| matches!(s, Step::NanGuard(_))) <= 1, "more than one NaN guard");
-    reshape_pair_gives_back_shape(g, &shapes, &before, "scores")?;
-    reshape_pair_gives_back_shape(g, &shapes, &after, "probabilities")?;
+    reshapes_give_back_shapes(g, &shapes, &before, &after, v)?;
 
     let steps: Vec<Step> =
         before.into_iter().map(|(_, s)| s).chain([Step::Softmax]).chain(after.into_iter().map(|(_, s)| s)).collect();
@@ -318,11 +320,16 @@ fn scores_chain<'a>(g: &Graph<'a>, m: &mut Match, value: &'a str, depth: usize) 
             });
         }
         "Where" if node.input.len() == 3 => {
-            let value = pattern::scalar(g, &node.input[2], &node.input[1], "the Where fill")?;
-            let fill = g.constant(&node.input[2]).expect("a constant, proved above");
+            // The fill is the constant branch: Where(keep, s, fill), or
+            // masked_fill's Where(hide, fill, s).
+            let fill_first = g.constant(&node.input[1]).is_some() && g.constant(&node.input[2]).is_none();
+            let (scores, fill) =
+                if fill_first { (&node.input[2], &node.input[1]) } else { (&node.input[1], &node.input[2]) };
+            let value = pattern::scalar(g, fill, scores, "the Where fill")?;
             require!(value <= MAX_FILL, "the Where fill is {value}, not at most -1e4: hidden keys would keep weight");
-            let s = Step::Where { keep: node.input[0].clone(), fill: attribute_tensor(fill) };
-            return step(scores_chain(g, m, &node.input[1], depth + 1), s).inspect(|_| {
+            let fill = attribute_tensor(g.constant(fill).expect("a constant, proved above"));
+            let s = Step::Where { keep: node.input[0].clone(), fill, fill_first };
+            return step(scores_chain(g, m, scores, depth + 1), s).inspect(|_| {
                 m.take(p);
             });
         }
@@ -340,8 +347,9 @@ fn scores_chain<'a>(g: &Graph<'a>, m: &mut Match, value: &'a str, depth: usize) 
                 m.take(p);
             });
         }
-        "Identity" if node.input.len() == 1 => {
-            return scores_chain(g, m, &node.input[0], depth + 1).inspect(|_| {
+        _ if g.identity_input(p).is_some() => {
+            let input = g.identity_input(p).expect("checked");
+            return scores_chain(g, m, input, depth + 1).inspect(|_| {
                 m.take(p);
             });
         }
@@ -350,24 +358,59 @@ fn scores_chain<'a>(g: &Graph<'a>, m: &mut Match, value: &'a str, depth: usize) 
     Err(Miss::Declined(format!("{} {} is not a step of the attention core", node.op_type(), node.name())))
 }
 
-/// Reshapes come in a pair that gives back the shape it started from (3-D
-/// heads folded into the batch, reshaped to 4-D around the mask): proved
+/// Reshapes come in pairs that give back the shape they started from:
+/// both before the softmax (3-D heads folded into the batch, reshaped to
+/// 4-D around the mask), both after it, or one on each side (BLOOM: the
+/// scores reshaped to 4-D for the mask, the probabilities back to 3-D), where
+/// the softmax's last axis must be the last axis it started from. Proved
 /// with symbolic shapes, since exports compute these shapes at run time.
-fn reshape_pair_gives_back_shape(g: &Graph, shapes: &Shapes, steps: &[(usize, Step)], what: &str) -> Check<()> {
-    let reshapes: Vec<usize> =
-        steps.iter().filter(|(_, s)| matches!(s, Step::Reshape { .. })).map(|(n, _)| *n).collect();
-    match reshapes.as_slice() {
-        [] => Ok(()),
-        [first, second] => {
-            let before = shapes.shape(&g.node(*first).input[0]);
-            let after = shapes.shape(&g.node(*second).output[0]);
+/// The last Reshape feeds the final MatMul through steps that keep its
+/// shape, so its last axis is v's second to last (a run where they differ
+/// fails in both models): that pins a `-1` the mask's broadcast hides.
+fn reshapes_give_back_shapes(
+    g: &Graph,
+    shapes: &Shapes,
+    before: &[(usize, Step)],
+    after: &[(usize, Step)],
+    v: &str,
+) -> Check<()> {
+    let reshapes = |steps: &[(usize, Step)]| -> Vec<usize> {
+        steps.iter().filter(|(_, s)| matches!(s, Step::Reshape { .. })).map(|(n, _)| *n).collect()
+    };
+    let last_reshape = after.iter().rev().find(|(_, s)| matches!(s, Step::Reshape { .. })).map(|(n, _)| *n);
+    let gives_back = |first: usize, second: usize, what: &str| -> Check<()> {
+        let start = shapes.shape(&g.node(first).input[0]);
+        let mut end = shapes.shape(&g.node(second).output[0]);
+        let contracted = shapes.shape(v).filter(|v| v.len() >= 2).map(|v| v[v.len() - 2].clone());
+        if let (Some(end), Some(k), true) = (end.as_mut(), contracted, last_reshape == Some(second)) {
+            if let Some(last) = end.last_mut() {
+                *last = k;
+            }
+        }
+        require!(start.is_some() && start == end, "the Reshape pair around the {what} is not proved to give back its shape");
+        Ok(())
+    };
+    match (reshapes(before).as_slice(), reshapes(after).as_slice()) {
+        ([first], [second]) => {
+            gives_back(*first, *second, "softmax")?;
+            let last = |v: &str| shapes.shape(v).and_then(|s| s.last().cloned());
+            let (start, view) = (last(&g.node(*first).input[0]), last(&g.node(*first).output[0]));
             require!(
-                before.is_some() && before == after,
-                "the Reshape pair around the {what} is not proved to give back its shape"
+                start.is_some() && start == view,
+                "the Reshape before the softmax is not proved to keep the last axis"
             );
             Ok(())
         }
-        _ => Err(Miss::Declined(format!("{} Reshapes around the {what}, not a pair", reshapes.len()))),
+        (b, a) => {
+            for (pair, what) in [(b, "scores"), (a, "probabilities")] {
+                match pair {
+                    [] => {}
+                    [first, second] => gives_back(*first, *second, what)?,
+                    _ => return Err(Miss::Declined(format!("{} Reshapes around the {what}, not a pair", pair.len()))),
+                }
+            }
+            Ok(())
+        }
     }
 }
 
@@ -400,10 +443,15 @@ fn build(q: &str, k: &str, v: &str, steps: &[Step]) -> (NodeProto, FunctionProto
                 let to = b.int(&format!("{}_to", side(after_softmax)), i64::from(*to));
                 b.op("Cast", &[&s], vec![to])
             }
-            Step::Where { keep, fill } => {
+            Step::Where { keep, fill, fill_first: false } => {
                 form.push("where".into());
                 let (keep, fill) = (b.input("keep", keep), b.constant("fill", fill));
                 b.op("Where", &[&keep, &s, &fill], vec![])
+            }
+            Step::Where { keep: hide, fill, fill_first: true } => {
+                form.push("masked_fill".into());
+                let (hide, fill) = (b.input("hide", hide), b.constant("fill", fill));
+                b.op("Where", &[&hide, &fill, &s], vec![])
             }
             Step::Mask(mask) => {
                 form.push("add".into());

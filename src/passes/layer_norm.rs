@@ -1,17 +1,21 @@
 //! layer-norm: `d = x - mean(x, axis=-1)`, `(d / sqrt(mean(d², -1) + eps)) * gamma + beta`
 //!          → `LayerNormalization(x, gamma, beta)`, axis -1, epsilon eps, stash_type 1.
 //!
+//! Without beta (`… * gamma` alone, as Cohere, ModernBERT and MPT write
+//! it) the op gets no bias input.
+//!
 //! The normalization of `d` is the rms-norm core, so this pass reuses it
 //! (`d` may be computed twice by identical `Sub` nodes, one per use);
 //! gamma and beta follow the weight rule (proved shape `[D]`, D the last
 //! axis of x, constant or not);
 //! when rms-norm ran first and already turned `… * gamma` into a
-//! `SimplifiedLayerNormalization(d, gamma)`, that node is accepted in its
+//! `SimplifiedLayerNormalization(d, gamma)`, or a `LayerNormalization(x,
+//! gamma)` without bias precedes the beta, that node is accepted in its
 //! place and its provenance list folds into this one.
 
 use crate::graph::{Check, Graph, Miss, Target};
 use crate::pattern::{self, either_order, is_vector};
-use crate::require;
+use crate::{candidate, require};
 use crate::rewrite::{node, Match, Pass, Rewrite};
 
 use super::rms_norm::{norm_attributes, rms_core};
@@ -25,6 +29,9 @@ pub const PASS: Pass = Pass {
 };
 
 fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
+    if g.node(index).is("Mul") {
+        return without_beta(g, index);
+    }
     let out = pattern::anchor(g, index, "Add")?;
     pattern::anchor_operands(
         out,
@@ -32,55 +39,117 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
         |b| is_vector(g, b),
         |scaled, beta| {
             let mut m = Match::new(index);
-            let (d, gamma, eps) = scaled_norm(g, &mut m, scaled)?;
-            let sub = m.take(g.produced_by(d, "Sub")?);
-            let (x, mean) = (g.node(sub).input[0].as_str(), g.node(sub).input[1].as_str());
-            let mean = m.take(g.produced_by(mean, "ReduceMean")?);
-            require!(g.node(mean).input[0] == x, "the mean is not of the value it is subtracted from");
-            pattern::reduce_mean_last_axis(g, mean)?;
-            pattern::weight(g, gamma, x, "gamma")?;
-            pattern::weight(g, beta, x, "beta")?;
-            let types = [g.elem_type(gamma), g.elem_type(beta)];
-            require!(
-                types[0] == types[1] && g.elem_type(x).is_none_or(|t| Some(t) == types[0]),
-                "x, gamma and beta do not share one element type"
-            );
-            // ONNX defines LayerNormalization from opset 17; below, only
-            // ONNX Runtime's registration runs it.
-            require!(
-                g.target == Target::Ort || g.opset >= 17,
-                "needs opset 17 for LayerNormalization (the model imports opset {})",
-                g.opset
-            );
-            Ok(m.replace_with(node("LayerNormalization", &[x, gamma, beta], norm_attributes(eps))))
+            let norm = scaled_norm(g, &mut m, scaled)?;
+            let x = if norm.centered { norm.input } else { centered(g, &mut m, norm.input)? };
+            layer_normalization(g, m, x, norm.gamma, Some(beta), norm.eps)
         },
     )
     .or_else(|miss| if miss == Miss::NotCandidate { beta_not_a_vector(g, index) } else { Err(miss) })
 }
 
+/// `n(x - mean(x)) * gamma` with no beta after it (Cohere's, ModernBERT's
+/// and MPT's norms). Where the core is no normalization of a centered
+/// value, the Mul is rms-norm's to judge (or nothing): no candidate here;
+/// nor where an Add of a beta follows: that Add is the anchor.
+fn without_beta(g: &Graph, index: usize) -> Check<Rewrite> {
+    let out = pattern::anchor(g, index, "Mul")?;
+    let scaled = &out.output[0];
+    let readers = g.consumers(scaled);
+    let beta_follows = !g.is_graph_output(scaled)
+        && readers.len() == 1
+        && g.node(readers[0]).is("Add")
+        && g.node(readers[0]).input.iter().any(|b| b != scaled && is_vector(g, b));
+    candidate!(!beta_follows);
+    pattern::anchor_operands(
+        out,
+        "a gamma of rank at most 1",
+        |c| is_vector(g, c),
+        |n, gamma| {
+            let mut m = Match::new(index);
+            let core = rms_core(g, &mut m, n).map_err(|_| Miss::NotCandidate)?;
+            let x = centered(g, &mut m, core.x).map_err(|_| Miss::NotCandidate)?;
+            layer_normalization(g, m, x, gamma, None, core.eps)
+        },
+    )
+}
+
+/// The x of `d = Sub(x, ReduceMean(x))` over the last axis.
+fn centered<'a>(g: &Graph<'a>, m: &mut Match, d: &'a str) -> Check<&'a str> {
+    let sub = m.take(g.produced_by(d, "Sub")?);
+    let (x, mean) = (g.node(sub).input[0].as_str(), g.node(sub).input[1].as_str());
+    let mean = m.take(g.produced_by(mean, "ReduceMean")?);
+    require!(g.node(mean).input[0] == x, "the mean is not of the value it is subtracted from");
+    pattern::reduce_mean_last_axis(g, mean)?;
+    Ok(x)
+}
+
+/// `LayerNormalization(x, gamma[, beta])`, once gamma and beta are proved
+/// weights of x in x's element type, where the target has the op.
+fn layer_normalization<'a>(
+    g: &Graph<'a>,
+    m: Match,
+    x: &'a str,
+    gamma: &'a str,
+    beta: Option<&'a str>,
+    eps: f32,
+) -> Check<Rewrite> {
+    pattern::weight(g, gamma, x, "gamma")?;
+    if let Some(beta) = beta {
+        pattern::weight(g, beta, x, "beta")?;
+    }
+    let gamma_type = g.elem_type(gamma);
+    require!(
+        beta.is_none_or(|b| g.elem_type(b) == gamma_type) && g.elem_type(x).is_none_or(|t| Some(t) == gamma_type),
+        "x, gamma and beta do not share one element type"
+    );
+    // ONNX defines LayerNormalization from opset 17; below, only ONNX
+    // Runtime's registration runs it.
+    require!(
+        g.target == Target::Ort || g.opset >= 17,
+        "needs opset 17 for LayerNormalization (the model imports opset {})",
+        g.opset
+    );
+    let inputs: Vec<&str> = [x, gamma].into_iter().chain(beta).collect();
+    Ok(m.replace_with(node("LayerNormalization", &inputs, norm_attributes(eps))))
+}
+
 /// An Add with no operand of rank ≤ 1 is no candidate, unless one operand
-/// is the scaled norm: then the reason is beta's shape.
+/// is the scaled norm: then the reason is beta's shape. (A whole
+/// LayerNormalization read by a residual Add is no candidate either.)
 fn beta_not_a_vector(g: &Graph, index: usize) -> Check<Rewrite> {
     let out = g.node(index);
     for (scaled, beta) in [(&out.input[0], &out.input[1]), (&out.input[1], &out.input[0])] {
-        if scaled_norm(g, &mut Match::new(index), scaled).is_ok() {
+        if scaled_norm(g, &mut Match::new(index), scaled).is_ok_and(|norm| !norm.centered) {
             return Err(Miss::Declined(format!("the beta ({beta}) is not proved to have rank at most 1")));
         }
     }
     Err(Miss::NotCandidate)
 }
 
-/// `n(d) * gamma` as primitives, or as the `SimplifiedLayerNormalization`
-/// rms-norm writes for it. Returns d, gamma and eps.
-fn scaled_norm<'a>(g: &Graph<'a>, m: &mut Match, scaled: &'a str) -> Check<(&'a str, &'a str, f32)> {
+/// `n(d) * gamma`: the primitives, the `SimplifiedLayerNormalization` (or
+/// `RMSNormalization`) rms-norm writes for them, or a `LayerNormalization`
+/// without a bias (which is already centered: the beta folds into it).
+struct Scaled<'a> {
+    /// d, or x when `centered`.
+    input: &'a str,
+    centered: bool,
+    gamma: &'a str,
+    eps: f32,
+}
+
+fn scaled_norm<'a>(g: &Graph<'a>, m: &mut Match, scaled: &'a str) -> Check<Scaled<'a>> {
     let p = g.computing(scaled)?;
     let node = g.node(p);
-    if (node.is("SimplifiedLayerNormalization") || node.is("RMSNormalization")) && node.input.len() == 2 {
-        // As rms-norm writes it (either target): the last axis, in f32.
+    let fused = ["SimplifiedLayerNormalization", "RMSNormalization", "LayerNormalization"];
+    if fused.iter().any(|op| node.is(op)) && node.input.len() == 2 {
+        // As rms-norm or this pass writes it (either target): the last
+        // axis, in f32.
         require!(node.attr_int("axis").unwrap_or(-1) == -1, "the {} is not over the last axis", node.op_type());
         require!(node.attr_int("stash_type").unwrap_or(1) == 1, "the {} does not compute in f32", node.op_type());
         m.take(p);
-        return Ok((&node.input[0], &node.input[1], node.attr_float("epsilon").unwrap_or(1e-5)));
+        let eps = node.attr_float("epsilon").unwrap_or(1e-5);
+        let centered = node.is("LayerNormalization");
+        return Ok(Scaled { input: &node.input[0], centered, gamma: &node.input[1], eps });
     }
     require!(node.is("Mul"), "{scaled} is not n * gamma");
     m.take(p);
@@ -92,7 +161,7 @@ fn scaled_norm<'a>(g: &Graph<'a>, m: &mut Match, scaled: &'a str) -> Check<(&'a 
             let mut inner = Match::new(p);
             let core = rms_core(g, &mut inner, n)?;
             m.absorb(inner);
-            Ok((core.x, gamma, core.eps))
+            Ok(Scaled { input: core.x, centered: false, gamma, eps: core.eps })
         },
     )
 }

@@ -3,7 +3,7 @@
 //!          (`--target portable`: ONNX's `RMSNormalization`, from opset 23).
 //!
 //! Forms accepted (docs/fusions.md shows each):
-//! - the square as `Pow(x, 2)` or `Mul(x, x)`;
+//! - the square as `Pow(x, 2)` or `Mul(x, x)`, the root as `Sqrt(a)` or `Pow(a, 0.5)`;
 //! - the division as `Div(x, r)`, `Mul(x, Div(1, r))` or `Mul(x, Reciprocal(r))`;
 //! - eps and the weight on either side of their `Add` / `Mul`;
 //! - the same `x` reached through equal `Cast`s (T5 casts it once per use);
@@ -111,7 +111,7 @@ pub fn rms_core<'a>(g: &Graph<'a>, m: &mut Match, n: &'a str) -> Check<RmsCore<'
         return Err(Miss::Declined(format!("{n} is not x / r, x * (1 / r) or x * Reciprocal(r)")));
     };
     m.take(last);
-    let sqrt = m.take(g.produced_by(r, "Sqrt")?);
+    let sqrt = m.take(square_root(g, r)?);
     let add = m.take(g.produced_by(&g.node(sqrt).input[0], "Add")?);
     let (mean, eps) = either_order(
         g.node(add),
@@ -132,6 +132,17 @@ pub fn rms_core<'a>(g: &Graph<'a>, m: &mut Match, n: &'a str) -> Check<RmsCore<'
     same_value(g, m, x, squared)?;
     require!(g.elem_type(x).is_none_or(|t| t == eps_type), "eps ({eps}) does not have the element type of x");
     Ok(RmsCore { x, eps: eps_value as f32, elem_type: eps_type })
+}
+
+/// The node computing `r = Sqrt(a)` or `Pow(a, 0.5)` (exponent exactly 0.5).
+fn square_root(g: &Graph, r: &str) -> Check<usize> {
+    if let Ok(pow) = g.produced_by(r, "Pow") {
+        let node = g.node(pow);
+        let exponent = scalar(g, &node.input[1], &node.input[0], "the exponent of the root")?;
+        require!(exponent == 0.5, "the root's exponent is {exponent}, not 0.5");
+        return Ok(pow);
+    }
+    g.produced_by(r, "Sqrt")
 }
 
 fn is_reciprocal(g: &Graph, value: &str) -> bool {
