@@ -346,8 +346,8 @@ def near_misses_rms(base):
     weight = rms_weight(m)
     t = next(t for t in m.graph.initializer if t.name == weight)
     arr = numpy_helper.to_array(t)
-    t.CopyFrom(numpy_helper.from_array(arr.reshape(1, -1), weight))
-    save_near_miss(m, "nm_rms_weight_2d.onnx", base, "a 2-D weight")
+    t.CopyFrom(numpy_helper.from_array(np.stack([arr] * 2), weight))
+    save_near_miss(m, "nm_rms_weight_2d.onnx", base, "a [2, D] weight (a [1, D] one is the same function)")
 
 
     m = load(base)
@@ -428,8 +428,8 @@ def near_misses_ln(base):
     add = next(n for n in m.graph.node if n.op_type == "Add" and any(i.endswith("ln_1.bias") for i in n.input))
     bias = next(i for i in add.input if i.endswith("ln_1.bias"))
     t = next(t for t in m.graph.initializer if t.name == bias)
-    t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).reshape(1, -1), bias))
-    save_near_miss(m, "nm_ln_beta_2d.onnx", base, "a 2-D beta")
+    t.CopyFrom(numpy_helper.from_array(np.stack([numpy_helper.to_array(t)] * 2), bias))
+    save_near_miss(m, "nm_ln_beta_2d.onnx", base, "a [2, D] beta (a [1, D] one is the same function)")
 
     m = load(base)
     sub = first(m, "Sub")

@@ -381,6 +381,11 @@ impl<'a> Graph<'a> {
         self.outer.constants.get(value)
     }
 
+    /// True for a name this graph or an enclosing one uses for a value.
+    pub fn is_name_taken(&self, name: &str) -> bool {
+        self.defined.contains(name) || self.consts.contains_key(name) || self.outer.names.contains(name)
+    }
+
     /// True for a name defined twice (in this graph and an enclosing one,
     /// or twice in this graph): which value a reader gets is not defined.
     pub fn is_ambiguous(&self, value: &str) -> bool {

@@ -2,7 +2,7 @@
 //! last axis, weights, scalar constants. Each fails with a reason.
 
 use crate::graph::{Check, Graph, IntsArgument, Miss};
-use crate::onnx::NodeProto;
+use crate::onnx::{NodeProto, TensorProto, BFLOAT16, DOUBLE, FLOAT, FLOAT16};
 use crate::shapes::Dim;
 use crate::{candidate, require};
 
@@ -100,29 +100,83 @@ pub fn reduce_mean_last_axis(g: &Graph, index: usize) -> Check<()> {
     Ok(())
 }
 
-/// True for a value that may be a weight: rank at most 1, proved.
+/// True for a value that may be a weight: of one axis at most, leading
+/// axes of 1 aside (`[D]`, `[1, 1, D]`), proved.
 pub fn is_vector(g: &Graph, value: &str) -> bool {
-    g.shapes().rank(value).is_some_and(|r| r <= 1)
+    g.shapes().shape(value).is_some_and(|s| s.len() <= 1 || s[..s.len() - 1].iter().all(|d| d.value() == Some(1)))
 }
 
-/// A weight (scale or bias) the fused ops apply along the last axis: a
-/// value of proved shape `[D]` where the last axis of `x` is proved to be D
-/// (declared or derived shapes; a constant is read through its dims only),
-/// so the primitives broadcast it along that axis alone. A weight with no
-/// axis is accepted where the last axis of x is proved to be 1.
-pub fn weight(g: &Graph, value: &str, x: &str, what: &str) -> Check<()> {
+/// What the fused op reads for a weight: the value itself, or a constant
+/// made for it (`[D]` from a `[1, …, 1, D]` constant or a one-value one).
+pub enum Weight<'a> {
+    Value(&'a str),
+    Made(TensorProto),
+}
+
+/// A weight (scale or bias) the fused ops apply along the last axis, with
+/// `D` the proved last axis of `x` (declared or derived shapes; a constant
+/// is read through its dims only), so the primitives broadcast it along
+/// that axis alone:
+/// - a value of proved shape `[D]` (or no axis where D is proved 1), read as is;
+/// - a constant `[1, …, 1, D]` whose rank does not exceed x's: the same
+///   values as `[D]`;
+/// - a one-value constant of rank at most x's, with D a known number: the
+///   fused op gets `[D]` copies of it (its kernels take one value per element).
+pub fn weight<'a>(g: &Graph<'a>, value: &'a str, x: &str, what: &str) -> Check<Weight<'a>> {
     let shapes = g.shapes();
     let shape =
         shapes.shape(value).ok_or_else(|| Miss::Declined(format!("the {what} ({value}) has no proved shape")))?;
-    require!(shape.len() <= 1, "the {what} ({value}) has rank {}, more than 1", shape.len());
-    let n = shape.first().cloned().unwrap_or(Dim::known(1));
-    let last = shapes.shape(x).and_then(|s| s.last().cloned());
+    let x_shape = shapes.shape(x);
+    let last = x_shape.as_ref().and_then(|s| s.last().cloned());
+    let shown = |d: &Option<Dim>| d.as_ref().map_or("unknown".to_string(), Dim::to_string);
+    let n = shape.last().cloned().unwrap_or(Dim::known(1));
+    let leading_ones = shape.len() > 1 && shape[..shape.len() - 1].iter().all(|d| d.value() == Some(1));
     require!(
-        last.as_ref() == Some(&n),
-        "the {what} ({value}) has {n} values but the last axis of {x} is {}",
-        last.map_or("unknown".to_string(), |d| d.to_string())
+        shape.len() <= 1 || leading_ones,
+        "the {what} ({value}) has rank {} and is not [1, …, 1, D]",
+        shape.len()
     );
-    Ok(())
+    let rank_fits = x_shape.as_ref().is_some_and(|s| shape.len() <= s.len());
+    if last.as_ref() != Some(&n) {
+        // One value for every element of the last axis.
+        let one = g.constant(value).filter(|t| t.numel() == Some(1) && !t.is_external());
+        let d = last.as_ref().and_then(Dim::value).filter(|&d| d > 0);
+        if let (Some(t), Some(d), true) = (one, d, rank_fits) {
+            if let Some(made) = repeated(t, d) {
+                return Ok(Weight::Made(made));
+            }
+        }
+        return Err(Miss::Declined(format!(
+            "the {what} ({value}) has {n} values but the last axis of {x} is {}",
+            shown(&last)
+        )));
+    }
+    if shape.len() <= 1 {
+        return Ok(Weight::Value(value));
+    }
+    require!(rank_fits, "the {what} ({value}) of rank {} may raise the rank of {x}", shape.len());
+    let t = g.constant(value).filter(|t| !t.is_external());
+    let t = t.ok_or_else(|| Miss::Declined(format!("the {what} ({value}) is [1, …, 1, D] but not a constant")))?;
+    Ok(Weight::Made(TensorProto { dims: vec![t.dims.last().copied().unwrap_or(1)], name: None, ..t.clone() }))
+}
+
+/// `d` copies of a one-value float tensor, as a `[d]` tensor of its type.
+fn repeated(t: &TensorProto, d: i64) -> Option<TensorProto> {
+    const MAX: i64 = 1 << 20;
+    let v = t.scalar()?;
+    let bytes: Vec<u8> = match t.data_type() {
+        FLOAT => (v as f32).to_le_bytes().to_vec(),
+        DOUBLE => v.to_le_bytes().to_vec(),
+        FLOAT16 => half::f16::from_f64(v).to_le_bytes().to_vec(),
+        BFLOAT16 => half::bf16::from_f64(v).to_le_bytes().to_vec(),
+        _ => return None,
+    };
+    (d <= MAX).then(|| TensorProto {
+        dims: vec![d],
+        data_type: t.data_type,
+        raw_data: Some(bytes.repeat(d as usize).into()),
+        ..Default::default()
+    })
 }
 
 /// The `to` type of a Cast node.

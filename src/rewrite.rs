@@ -13,8 +13,9 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use crate::graph::{free_values, Check, Graph, Miss, Scope, Target};
 use crate::onnx::{
     AttributeProto, FunctionProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, StringStringEntryProto,
-    FUSED_KEY,
+    TensorProto, FUSED_KEY,
 };
+use crate::pattern::Weight;
 use crate::require;
 
 /// A fusion pass: a name, what it does, and its rule.
@@ -47,6 +48,10 @@ pub struct Rewrite {
     /// An operator set the replacement's op comes from, added to the
     /// model's imports when missing (e.g. `com.microsoft` version 1).
     pub import: Option<(&'static str, i64)>,
+    /// Constants the replacement reads that the graph does not have yet
+    /// (a weight given the shape the fused op takes), each named as the
+    /// replacement reads it; the driver makes the names unique.
+    pub constants: Vec<TensorProto>,
 }
 
 impl Rewrite {
@@ -59,11 +64,25 @@ impl Rewrite {
 pub struct Match {
     anchor: usize,
     nodes: BTreeSet<usize>,
+    constants: Vec<TensorProto>,
 }
 
 impl Match {
     pub fn new(anchor: usize) -> Self {
-        Match { anchor, nodes: BTreeSet::from([anchor]) }
+        Match { anchor, nodes: BTreeSet::from([anchor]), constants: vec![] }
+    }
+
+    /// The name the replacement reads a weight by: the value itself, or a
+    /// new constant (named after the anchor's output and `what`).
+    pub fn weight_input(&mut self, g: &Graph, weight: Weight<'_>, what: &str) -> String {
+        match weight {
+            Weight::Value(v) => v.to_string(),
+            Weight::Made(t) => {
+                let name = format!("{}_{what}", g.node(self.anchor).output[0]);
+                self.constants.push(TensorProto { name: Some(name.clone()), ..t });
+                name
+            }
+        }
     }
 
     /// How many nodes the match holds.
@@ -93,12 +112,13 @@ impl Match {
     }
 
     pub fn replace_with(self, replacement: NodeProto) -> Rewrite {
-        Rewrite { anchor: self.anchor, nodes: self.nodes, replacement, function: None, import: None }
+        let constants = self.constants;
+        Rewrite { anchor: self.anchor, nodes: self.nodes, replacement, function: None, import: None, constants }
     }
 
     /// A replacement that calls the model-local `function`.
     pub fn replace_with_call(self, replacement: NodeProto, function: FunctionProto) -> Rewrite {
-        Rewrite { anchor: self.anchor, nodes: self.nodes, replacement, function: Some(function), import: None }
+        Rewrite { function: Some(function), ..self.replace_with(replacement) }
     }
 }
 
@@ -288,6 +308,7 @@ fn run_graph(
 /// Every non-overlapping match of `pass`, anchors in dependency order.
 fn find(g: &Graph, pass: &Pass, path: &str, functions: &[FunctionProto], declined: &mut Vec<Declined>) -> Vec<Rewrite> {
     let mut claimed = HashSet::new();
+    let mut new_names = HashSet::new();
     let mut found: Vec<Rewrite> = Vec::new();
     for &anchor in g.order() {
         if claimed.contains(&anchor) {
@@ -305,8 +326,9 @@ fn find(g: &Graph, pass: &Pass, path: &str, functions: &[FunctionProto], decline
             Ok(rewrite)
         });
         match checked {
-            Ok(rewrite) if rewrite.nodes.iter().all(|n| !claimed.contains(n)) => {
+            Ok(mut rewrite) if rewrite.nodes.iter().all(|n| !claimed.contains(n)) => {
                 claimed.extend(rewrite.nodes.iter().copied());
+                name_constants(g, &mut rewrite, &mut new_names);
                 found.push(rewrite);
             }
             Ok(_) => {}
@@ -322,19 +344,44 @@ fn find(g: &Graph, pass: &Pass, path: &str, functions: &[FunctionProto], decline
     found
 }
 
-/// `Constant` nodes that feed only the match become part of it: once the
-/// match is replaced nothing would read them (unless the replacement
-/// itself does, e.g. a constant mask of an attention core).
+/// Gives the constants a rewrite adds names no value of the graph, of an
+/// enclosing graph or of another rewrite has (`base`, `base_1`, …), and
+/// has the replacement read them by those names.
+fn name_constants(g: &Graph, rewrite: &mut Rewrite, taken: &mut HashSet<String>) {
+    for t in &mut rewrite.constants {
+        let base = t.name().to_string();
+        let name = std::iter::once(base.clone())
+            .chain((1..).map(|i| format!("{base}_{i}")))
+            .find(|n| !g.is_name_taken(n) && !taken.contains(n))
+            .expect("an unused suffix exists");
+        for input in rewrite.replacement.input.iter_mut().filter(|i| **i == base) {
+            *input = name.clone();
+        }
+        taken.insert(name.clone());
+        t.name = Some(name);
+    }
+}
+
+/// Nodes that compute a constant (`Constant`, or a shape-only op of
+/// constants: `Graph::constant`) and feed only the match become part of
+/// it, and so do the constants they read in turn: once the match is
+/// replaced nothing would read them (unless the replacement itself does,
+/// e.g. a constant mask of an attention core).
 fn absorb_constants(g: &Graph, rewrite: &mut Rewrite) {
-    let inputs: Vec<&str> = rewrite.nodes.iter().flat_map(|&n| g.node(n).input.iter().map(String::as_str)).collect();
-    for value in inputs {
-        if let Some(p) = g.producer(value) {
-            if g.node(p).is("Constant")
+    let mut todo: Vec<usize> = rewrite.nodes.iter().copied().collect();
+    while let Some(n) = todo.pop() {
+        for value in &g.node(n).input {
+            let Some(p) = g.producer(value) else { continue };
+            if !rewrite.nodes.contains(&p)
+                && g.constant(value).is_some()
+                && g.node(p).subgraphs().next().is_none()
                 && !g.is_graph_output(value)
                 && !rewrite.replacement.input.iter().any(|i| i == value)
                 && g.consumers(value).iter().all(|c| rewrite.nodes.contains(c))
+                && g.node(p).output.iter().all(|o| o == value || o.is_empty())
             {
                 rewrite.nodes.insert(p);
+                todo.push(p);
             }
         }
     }
@@ -367,7 +414,8 @@ fn check_nothing_escapes(g: &Graph, rewrite: &Rewrite) -> Check<()> {
 /// The replacement reads only values that survive the rewrite: none that
 /// a removed node makes (the mask being the scores themselves, say).
 fn check_reads_survive(g: &Graph, rewrite: &Rewrite) -> Check<()> {
-    for value in rewrite.replacement.input.iter().filter(|v| !v.is_empty()) {
+    let added = |v: &str| rewrite.constants.iter().any(|t| t.name() == v);
+    for value in rewrite.replacement.input.iter().filter(|v| !v.is_empty() && !added(v)) {
         let made_inside = g.producer(value).is_some_and(|p| rewrite.nodes.contains(&p));
         require!(!made_inside, "the replacement would read {value}, which the rewrite removes");
     }
@@ -379,7 +427,8 @@ fn check_reads_survive(g: &Graph, rewrite: &Rewrite) -> Check<()> {
 fn check_unambiguous(g: &Graph, rewrite: &Rewrite) -> Check<()> {
     let nodes = rewrite.nodes.iter().map(|&n| g.node(n));
     let names = nodes.flat_map(|n| n.input.iter().chain(&n.output)).chain(&rewrite.replacement.input);
-    for name in names.filter(|v| !v.is_empty()) {
+    let added = |v: &str| rewrite.constants.iter().any(|t| t.name() == v);
+    for name in names.filter(|v| !v.is_empty() && !added(v)) {
         require!(!g.is_ambiguous(name), "{name} is defined in two scopes or twice (invalid ONNX; runtimes disagree)");
     }
     Ok(())
@@ -466,6 +515,7 @@ fn apply(graph: &mut GraphProto, rewrites: Vec<Rewrite>, pass: &'static str, pat
             removed_values.extend(old.output.iter().filter(|o| **o != anchor.output[0]).cloned());
             read_by_removed.extend(old.input.iter().cloned());
         }
+        graph.initializer.extend(rewrite.constants);
         replacements.push((rewrite.anchor, rewrite.nodes, node));
     }
     let mut replacement_at = HashMap::new();

@@ -29,6 +29,9 @@ const FORMS: &[(&str, &str)] = &[
     ("vit_ts_op17_fp16.onnx", "mul.softmax.cast.cast"),
     ("whisper_encoder_sdpa_ts_op17.onnx", "softmax"),
     ("trocr_decoder_ts_op14.onnx", "reshape_input.add.reshape_input.softmax"),
+    ("bloom_ts_op14.onnx", "mul.add.reshape_input.add.softmax.cast.cast.reshape_input"),
+    ("mpnet_ts_op14.onnx", "div.add.add.softmax"),
+    ("mpt_ts_op14.onnx", "mul.add.masked_fill.cast.softmax.cast"),
 ];
 
 #[test]

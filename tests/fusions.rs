@@ -52,6 +52,22 @@ pub const EXPORTS: &[(&str, usize, usize, usize, f32)] = &[
     // A weight that is a graph input of declared shape [32] = the last axis of x.
     ("rms_weight_graph_input.onnx", 5, 0, 2, 1e-6),
     ("external/model.onnx", 5, 0, 2, 1e-6),
+    // ALiBi added to the scores, then the mask; a Reshape on each side of the Softmax.
+    ("bloom_ts_op14.onnx", 0, 6, 2, 1e-5),
+    ("bloom_optimum.onnx", 0, 6, 2, 1e-5),
+    // A relative position bias, then the mask.
+    ("mpnet_ts_op14.onnx", 0, 0, 2, 1e-12),
+    // LayerNorms without bias; MPT also masks with masked_fill.
+    ("mpt_ts_op14.onnx", 0, 5, 2, 1e-5),
+    ("modernbert_ts_op14.onnx", 0, 5, 2, 1e-5),
+    // Position ids from the mask (CumSum).
+    ("opt_ts_op14.onnx", 0, 0, 2, 1e-5),
+    ("opt_optimum.onnx", 0, 5, 2, 1e-5),
+    // masked_fill, whose mask is expanded to the shape of the scores: the
+    // scores are read outside the core.
+    ("distilbert_ts_op14.onnx", 0, 5, 0, 1e-12),
+    // Optimum's merged decoder: both branches read the If's output names.
+    ("gpt2_optimum_merged_folder/decoder_model_merged.onnx", 0, 0, 4, 1e-5),
 ];
 
 fn is_norm(node: &NodeProto) -> bool {
@@ -239,8 +255,14 @@ const NEAR_MISSES: &[(&str, &str, usize, usize, &str)] = &[
         0,
         "the square and the numerator read different values",
     ),
-    // Equal norm weights share one initializer in torch exports: all five are 2-D.
-    ("nm_rms_weight_2d.onnx", "/model/model/layers.0/input_layernorm/Mul_1", 0, 0, "not proved to have rank at most 1"),
+    // Equal norm weights share one initializer in torch exports: all five are [2, D].
+    (
+        "nm_rms_weight_2d.onnx",
+        "/model/model/layers.0/input_layernorm/Mul_1",
+        0,
+        0,
+        "not proved to have one axis (leading axes of 1 aside)",
+    ),
     ("nm_rms_op18_no_axes.onnx", "node_mul_3", 4, 0, "reduces axes [], not the last axis alone"),
     ("nm_rms_op18_axes_not_constant.onnx", "node_mul_3", 4, 0, "the axes of ReduceMean node_mean are not a constant"),
     ("nm_rms_read_by_subgraph.onnx", "/outer/Mul", 0, 0, "/outer/mean is also read outside the matched nodes"),
@@ -254,7 +276,8 @@ const NEAR_MISSES: &[(&str, &str, usize, usize, &str)] = &[
         4,
         "the mean is not of the value it is subtracted from",
     ),
-    ("nm_ln_beta_2d.onnx", "/model/transformer/h.0/ln_1/Add_1", 5, 0, "the beta (model.transformer.h.0.ln_1.bias"),
+    // The [2, D] beta stays an Add after a LayerNormalization without bias.
+    ("nm_ln_beta_2d.onnx", "/model/transformer/h.0/ln_1/Add_1", 0, 5, "the beta (model.transformer.h.0.ln_1.bias"),
 ];
 
 fn fuse_norms(name: &str) -> (ModelProto, ModelProto, onnx_fuse::rewrite::Outcome) {

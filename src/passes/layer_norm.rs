@@ -7,7 +7,8 @@
 //! The normalization of `d` is the rms-norm core, so this pass reuses it
 //! (`d` may be computed twice by identical `Sub` nodes, one per use);
 //! gamma and beta follow the weight rule (proved shape `[D]`, D the last
-//! axis of x, constant or not);
+//! axis of x, constant or not; or constants `[1, …, 1, D]` or of one value,
+//! read as `[D]` constants made for the op);
 //! when rms-norm ran first and already turned `… * gamma` into a
 //! `SimplifiedLayerNormalization(d, gamma)`, or a `LayerNormalization(x,
 //! gamma)` without bias precedes the beta, that node is accepted in its
@@ -35,7 +36,7 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     let out = pattern::anchor(g, index, "Add")?;
     pattern::anchor_operands(
         out,
-        "a beta of rank at most 1",
+        "a beta of one axis (leading axes of 1 aside)",
         |b| is_vector(g, b),
         |scaled, beta| {
             let mut m = Match::new(index);
@@ -62,7 +63,7 @@ fn without_beta(g: &Graph, index: usize) -> Check<Rewrite> {
     candidate!(!beta_follows);
     pattern::anchor_operands(
         out,
-        "a gamma of rank at most 1",
+        "a gamma of one axis (leading axes of 1 aside)",
         |c| is_vector(g, c),
         |n, gamma| {
             let mut m = Match::new(index);
@@ -87,16 +88,14 @@ fn centered<'a>(g: &Graph<'a>, m: &mut Match, d: &'a str) -> Check<&'a str> {
 /// weights of x in x's element type, where the target has the op.
 fn layer_normalization<'a>(
     g: &Graph<'a>,
-    m: Match,
+    mut m: Match,
     x: &'a str,
     gamma: &'a str,
     beta: Option<&'a str>,
     eps: f32,
 ) -> Check<Rewrite> {
-    pattern::weight(g, gamma, x, "gamma")?;
-    if let Some(beta) = beta {
-        pattern::weight(g, beta, x, "beta")?;
-    }
+    let gamma_weight = pattern::weight(g, gamma, x, "gamma")?;
+    let beta_weight = beta.map(|beta| pattern::weight(g, beta, x, "beta")).transpose()?;
     let gamma_type = g.elem_type(gamma);
     require!(
         beta.is_none_or(|b| g.elem_type(b) == gamma_type) && g.elem_type(x).is_none_or(|t| Some(t) == gamma_type),
@@ -109,18 +108,22 @@ fn layer_normalization<'a>(
         "needs opset 17 for LayerNormalization (the model imports opset {})",
         g.opset
     );
-    let inputs: Vec<&str> = [x, gamma].into_iter().chain(beta).collect();
+    let mut inputs = vec![x.to_string(), m.weight_input(g, gamma_weight, "gamma")];
+    inputs.extend(beta_weight.map(|b| m.weight_input(g, b, "beta")));
+    let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
     Ok(m.replace_with(node("LayerNormalization", &inputs, norm_attributes(eps))))
 }
 
 /// An Add with no operand of rank ≤ 1 is no candidate, unless one operand
 /// is the scaled norm: then the reason is beta's shape. (A whole
-/// LayerNormalization read by a residual Add is no candidate either.)
+/// LayerNormalization read by a residual Add, whose other operand is no
+/// constant, is no candidate either.)
 fn beta_not_a_vector(g: &Graph, index: usize) -> Check<Rewrite> {
     let out = g.node(index);
     for (scaled, beta) in [(&out.input[0], &out.input[1]), (&out.input[1], &out.input[0])] {
-        if scaled_norm(g, &mut Match::new(index), scaled).is_ok_and(|norm| !norm.centered) {
-            return Err(Miss::Declined(format!("the beta ({beta}) is not proved to have rank at most 1")));
+        let candidate = |norm: Scaled| !norm.centered || g.constant(beta).is_some();
+        if scaled_norm(g, &mut Match::new(index), scaled).is_ok_and(candidate) {
+            return Err(Miss::Declined(format!("the beta ({beta}) is not proved to have one axis (leading axes of 1 aside)")));
         }
     }
     Err(Miss::NotCandidate)
@@ -155,7 +158,7 @@ fn scaled_norm<'a>(g: &Graph<'a>, m: &mut Match, scaled: &'a str) -> Check<Scale
     m.take(p);
     either_order(
         node,
-        "a gamma of rank at most 1",
+        "a gamma of one axis (leading axes of 1 aside)",
         |c| is_vector(g, c),
         |n, gamma| {
             let mut inner = Match::new(p);

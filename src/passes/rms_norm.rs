@@ -13,7 +13,8 @@
 //!   Casts fold only where they widen and come back (or are identities):
 //!   a chain that narrows in the middle is another function;
 //! - the weight a constant or any value of proved shape `[D]`, with D the
-//!   proved last axis of x.
+//!   proved last axis of x; or a constant `[1, …, 1, D]`, or of one value
+//!   with D a known number (the op reads a `[D]` constant made for it).
 
 use crate::graph::{Check, Graph, Miss, Target};
 use crate::onnx::{AttributeProto, BFLOAT16, FLOAT, FLOAT16};
@@ -33,7 +34,7 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     let out = pattern::anchor(g, index, "Mul")?;
     pattern::anchor_operands(
         out,
-        "a weight of rank at most 1",
+        "a weight of one axis (leading axes of 1 aside)",
         |w| is_vector(g, w),
         |y, weight| {
             let mut m = Match::new(index);
@@ -49,8 +50,9 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
                     fold_casts(g, &mut m, &core, to)?
                 }
             };
-            pattern::weight(g, weight, x, "weight")?;
-            Ok(m.replace_with(node(op_for(g)?, &[x, weight], norm_attributes(core.eps))))
+            let weight = pattern::weight(g, weight, x, "weight")?;
+            let weight = m.weight_input(g, weight, "weight");
+            Ok(m.replace_with(node(op_for(g)?, &[x, &weight], norm_attributes(core.eps))))
         },
     )
     .or_else(|miss| if miss == Miss::NotCandidate { weight_not_a_vector(g, index) } else { Err(miss) })
@@ -76,7 +78,7 @@ fn weight_not_a_vector(g: &Graph, index: usize) -> Check<Rewrite> {
     for (y, weight) in [(&out.input[0], &out.input[1]), (&out.input[1], &out.input[0])] {
         let normalized = g.produced_by(y, "Cast").map_or(y.as_str(), |c| g.node(c).input[0].as_str());
         if rms_core(g, &mut Match::new(index), normalized).is_ok() {
-            return Err(Miss::Declined(format!("the weight ({weight}) is not proved to have rank at most 1")));
+            return Err(Miss::Declined(format!("the weight ({weight}) is not proved to have one axis (leading axes of 1 aside)")));
         }
     }
     Err(Miss::NotCandidate)

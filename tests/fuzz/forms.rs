@@ -269,7 +269,20 @@ fn rms_core(
         one_value(rng, b, "eps", elem, r, 1e-5)
     };
     let added = commuted(rng, b, "Add", &mean, &eps);
-    let root = b.node("Sqrt", &[&added], vec![]);
+    let root = match rng.below(8) {
+        0 => {
+            c.note("the root as Pow(a, 0.5)");
+            let r = scalar_rank(rng, c, "the root's exponent", x_rank);
+            let half = one_value(rng, b, "half", elem, r, 0.5);
+            b.node("Pow", &[&added, &half], vec![])
+        }
+        1 => {
+            c.breaks("the root as Pow(a, 0.4)");
+            let half = one_value(rng, b, "half", elem, 0, 0.4);
+            b.node("Pow", &[&added, &half], vec![])
+        }
+        _ => b.node("Sqrt", &[&added], vec![]),
+    };
     match rng.below(3) {
         0 => b.node("Div", &[x, &root], vec![]),
         1 => {
@@ -291,21 +304,42 @@ fn rms_core(
     }
 }
 
-/// A weight (or gamma, beta) for x's last axis `last`.
-fn weight(rng: &mut Rng, c: &mut Ctx, b: &mut Builder, name: &str, elem: i32, last: &D, bias: bool) -> String {
+/// A weight (or gamma, beta) for x's last axis `last`, x of rank
+/// `x_rank` where declared.
+#[allow(clippy::too_many_arguments)]
+fn weight(
+    rng: &mut Rng,
+    c: &mut Ctx,
+    b: &mut Builder,
+    name: &str,
+    elem: i32,
+    last: &D,
+    x_rank: Option<usize>,
+    bias: bool,
+) -> String {
     let v: Vec<f64> = (0..HIDDEN).map(|i| if bias { 0.1 * i as f64 } else { 1.0 + 0.25 * i as f64 }).collect();
-    match rng.below(16) {
+    match rng.below(18) {
         0 => {
-            c.breaks(format!("the {name} is 2-D [1, D]"));
-            b.init(name, tensor(elem, &[1, HIDDEN], &v))
+            let lead = 1 + rng.below(2);
+            let dims: Vec<i64> = std::iter::repeat_n(1, lead).chain([HIDDEN]).collect();
+            if *last == D::N(HIDDEN) && x_rank.is_some_and(|r| r > lead) {
+                c.note(format!("the {name} is {dims:?} (read as [D])"));
+            } else {
+                c.breaks(format!("the {name} is {dims:?} on x of last axis {last:?}, rank {x_rank:?}"));
+            }
+            b.init(name, tensor(elem, &dims, &v))
         }
         1 => {
-            if *last == D::N(1) {
-                c.note(format!("the {name} has one value, x's last axis is 1"));
-            } else {
-                c.breaks(format!("the {name} has one value"));
+            match last {
+                D::N(n) => c.note(format!("the {name} has one value, x's last axis is {n} (read as [{n}] copies)")),
+                _ => c.breaks(format!("the {name} has one value on x of last axis {last:?}")),
             }
             b.init(name, tensor(elem, &[1], &[1.5]))
+        }
+        16 => {
+            c.breaks(format!("the {name} is [2, D]"));
+            let twice: Vec<f64> = v.iter().chain(&v).copied().collect();
+            b.init(name, tensor(elem, &[2, HIDDEN], &twice))
         }
         2 => {
             c.note(format!("the {name} is a graph input [D]"));
@@ -411,7 +445,7 @@ pub fn rms(rng: &mut Rng) -> Case {
         normalized = b.node("Cast", &[&normalized], vec![attr_int("to", to as i64)]);
         w_elem = to;
     }
-    let w = weight(rng, &mut c, &mut b, "w", w_elem, &last, false);
+    let w = weight(rng, &mut c, &mut b, "w", w_elem, &last, declared.then_some(rank), false);
     let y = commuted(rng, &mut b, "Mul", &normalized, &w);
     b.output(&y, w_elem, None);
     leak(rng, &mut c, &mut b, &inner, core_elem);
@@ -452,10 +486,25 @@ pub fn layer_norm(rng: &mut Rng) -> Case {
         rms_core(rng, &mut c, &mut b, opset, &d, elem, rank, declared)
     };
     let inner = computed_since(&b, before);
-    let gamma = weight(rng, &mut c, &mut b, "gamma", elem, &last, false);
+    let x_rank = declared.then_some(rank);
+    let gamma = weight(rng, &mut c, &mut b, "gamma", elem, &last, x_rank, false);
     let g = commuted(rng, &mut b, "Mul", &n, &gamma);
-    let beta = weight(rng, &mut c, &mut b, "beta", elem, &last, true);
-    let y = commuted(rng, &mut b, "Add", &g, &beta);
+    let y = if rng.chance(0.15) {
+        c.note("no beta (Cohere, ModernBERT)");
+        g
+    } else {
+        // A beta that breaks the rewrite leaves LayerNormalization without
+        // bias and its Add, which is the same function.
+        let mut beta_case = Ctx::new();
+        let beta = weight(rng, &mut beta_case, &mut b, "beta", elem, &last, x_rank, true);
+        for what in beta_case.what {
+            c.note(what);
+        }
+        if beta_case.expect == Expect::NoFuse {
+            c.unsure("the beta does not fold: the norm may fuse without it");
+        }
+        commuted(rng, &mut b, "Add", &g, &beta)
+    };
     b.output(&y, elem, None);
     leak(rng, &mut c, &mut b, &inner, elem);
     finish(rng, c, b, opset, elem)
@@ -562,17 +611,33 @@ pub fn attention(rng: &mut Rng) -> Case {
         let km = b.input("keep_src", FLOAT, Some(&[D::N(1), D::N(1), sym("s"), sym("t")][4 - rank..]));
         let zero = b.init("zero", tensor(FLOAT, &[], &[0.0]));
         let keep = b.node("Greater", &[&km, &zero], vec![]);
-        let r = scalar_rank(rng, &mut c, "the fill", declare.then_some(rank));
-        let f = one_value(rng, &mut b, "fill", s_elem, r, fill);
-        s = b.node("Where", &[&keep, &s, &f], vec![]);
+        let f = if rng.chance(0.3) {
+            // The fill as one value reshaped (an exporter's torch.tensor(fill)).
+            c.note("the fill reshaped from one value");
+            let one = one_value(rng, &mut b, "fill", s_elem, 0, fill);
+            let ones = b.init("fill_shape", tensor(INT64, &[rank as i64], &vec![1.0; rank]));
+            b.node("Reshape", &[&one, &ones], vec![])
+        } else {
+            let r = scalar_rank(rng, &mut c, "the fill", declare.then_some(rank));
+            one_value(rng, &mut b, "fill", s_elem, r, fill)
+        };
+        s = if rng.chance(0.4) {
+            c.note("masked_fill: Where(hide, fill, scores)");
+            let hide = b.node("Not", &[&keep], vec![]);
+            b.node("Where", &[&hide, &f, &s], vec![])
+        } else {
+            b.node("Where", &[&keep, &s, &f], vec![])
+        };
     }
-    if rng.chance(0.5) {
+    // Additive terms: a position bias, ALiBi, the mask, in a row.
+    for i in 0..[0, 1, 1, 2][rng.below(4)] {
         if rng.chance(0.08) {
             c.breaks("the mask is the scores themselves");
             s = b.node("Add", &[&s, &scores], vec![]);
         } else {
-            c.ort_only("an additive mask");
-            let m = b.input("m", s_elem, Some(&[D::N(1), D::N(1), sym("s"), sym("t")][4 - rank..]));
+            c.ort_only(format!("additive term {i}"));
+            let lead = if i == 0 { D::N(1) } else { D::N(2) };
+            let m = b.input(&format!("m{i}"), s_elem, Some(&[D::N(1), lead, sym("s"), sym("t")][4 - rank..]));
             s = commuted(rng, &mut b, "Add", &s, &m);
         }
     }
@@ -610,6 +675,22 @@ pub fn attention(rng: &mut Rng) -> Case {
         let r = scalar_rank(rng, &mut c, "the NaN guard's 0", declare.then_some(rank));
         let z = one_value(rng, &mut b, "nan_zero", elem, r, 0.0);
         p = b.node("Where", &[&nan, &z, &p], vec![]);
+    }
+    match rng.below(10) {
+        0 => {
+            c.note("an inference Dropout after the Softmax");
+            let ratio = b.init("ratio", tensor(FLOAT, &[], &[0.5]));
+            let training = b.init("training", tensor(BOOL, &[], &[0.0]));
+            let inputs: &[&str] = if opset >= 12 && rng.chance(0.5) { &[&p, &ratio, &training] } else { &[&p] };
+            p = b.node("Dropout", inputs, vec![]);
+        }
+        1 if opset >= 12 => {
+            c.breaks("a Dropout in training mode");
+            let ratio = b.init("ratio", tensor(FLOAT, &[], &[0.5]));
+            let training = b.init("training", tensor(BOOL, &[], &[1.0]));
+            p = b.node("Dropout", &[&p, &ratio, &training], vec![]);
+        }
+        _ => {}
     }
     let inner = computed_since(&b, before);
     let out = if rng.chance(0.05) {
@@ -752,7 +833,26 @@ fn finish(rng: &mut Rng, mut c: Ctx, b: Builder, opset: i64, elem: i32) -> Case 
         }
         _ => b.model(opset),
     };
+    let mut model = model;
+    if rng.chance(0.3) {
+        // Ground rule 10: the order of a node list carries no meaning.
+        c.note("node lists shuffled");
+        shuffle(rng, model.graph.as_mut().expect("a graph"));
+    }
     Case { what: c.what, expect: c.expect, portable: c.portable, model }
+}
+
+/// Permutes the node list of a graph and of every body in it.
+fn shuffle(rng: &mut Rng, g: &mut onnx_fuse::onnx::GraphProto) {
+    for node in &mut g.node {
+        for body in node.subgraphs_mut() {
+            shuffle(rng, body);
+        }
+    }
+    for i in (1..g.node.len()).rev() {
+        let j = rng.below(i + 1);
+        g.node.swap(i, j);
+    }
 }
 
 /// A body's initializer that gives an outer value's name a second

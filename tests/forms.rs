@@ -1,0 +1,238 @@
+//! The forms the spec admits beside the plain chains, each beside the
+//! near-miss that must not fuse: weights `[1, …, 1, D]` and of one value,
+//! `Pow(a, 0.5)` for the root, LayerNorm without beta, masked_fill, a fill
+//! reshaped from one value, several additive terms, inference Dropout.
+
+mod common;
+
+use common::build::*;
+use common::*;
+use onnx_fuse::onnx::{ModelProto, BOOL, FLOAT, INT64};
+
+const X: &[i64] = &[2, 3, 4];
+
+fn dims(d: &[i64]) -> Vec<D> {
+    d.iter().map(|&n| D::N(n)).collect()
+}
+
+/// `x / root(mean(x², -1) + eps) * weight` (opset 14: axes as an attribute),
+/// the root written by `root`, optionally centered first (a LayerNorm
+/// without beta). Returns the model with input x of shape `x_dims`.
+fn norm(x_dims: &[D], weight: onnx_fuse::onnx::TensorProto, root_exponent: Option<f64>, centered: bool) -> ModelProto {
+    let mut b = Builder::default();
+    b.input("x", FLOAT, Some(x_dims));
+    let x = if centered {
+        let mean = b.node("ReduceMean", &["x"], vec![attr_ints("axes", &[-1])]);
+        b.node("Sub", &["x", &mean], vec![])
+    } else {
+        "x".to_string()
+    };
+    let two = b.init("two", tensor(FLOAT, &[], &[2.0]));
+    let sq = b.node("Pow", &[&x, &two], vec![]);
+    let m = b.node("ReduceMean", &[&sq], vec![attr_ints("axes", &[-1])]);
+    let eps = b.init("eps", tensor(FLOAT, &[], &[1e-5]));
+    let a = b.node("Add", &[&m, &eps], vec![]);
+    let r = match root_exponent {
+        None => b.node("Sqrt", &[&a], vec![]),
+        Some(e) => {
+            let e = b.init("half", tensor(FLOAT, &[], &[e]));
+            b.node("Pow", &[&a, &e], vec![])
+        }
+    };
+    let n = b.node("Div", &[&x, &r], vec![]);
+    let w = b.init("weight", weight);
+    b.node_to("Mul", &[&n, &w], &["y"], vec![]);
+    b.output("y", FLOAT, None);
+    b.model(14)
+}
+
+fn ramp(n: usize) -> Vec<f64> {
+    (0..n).map(|i| 0.5 + i as f64 / 4.0).collect()
+}
+
+/// The one fused node of a model, and the model.
+fn fused_one(model: &ModelProto, op: &str) -> ModelProto {
+    let (fused, outcome) = fuse_model(model, &["layer-norm", "rms-norm"]);
+    assert_eq!(outcome.fused.len(), 1, "{:?}", outcome.declined);
+    assert_eq!(fused.graph.as_ref().unwrap().node.len(), 1);
+    assert_eq!(fused.graph.as_ref().unwrap().node[0].op_type(), op);
+    assert_equivalent(model, &fused, "forms");
+    fused
+}
+
+fn declined(model: &ModelProto) -> Vec<String> {
+    let (_, outcome) = fuse_model(model, &["layer-norm", "rms-norm"]);
+    assert_eq!(outcome.fused.len(), 0, "must not fuse");
+    outcome.declined.into_iter().map(|d| d.reason).collect()
+}
+
+/// The `[D]` constant the fused node reads as its weight.
+fn weight_read(fused: &ModelProto, input: usize) -> onnx_fuse::onnx::TensorProto {
+    let g = fused.graph.as_ref().unwrap();
+    let name = &g.node[0].input[input];
+    g.initializer.iter().find(|t| t.name() == name).unwrap_or_else(|| panic!("no initializer {name}")).clone()
+}
+
+#[test]
+fn a_weight_of_shape_1_1_d_is_read_as_d() {
+    for centered in [false, true] {
+        let model = norm(&dims(X), tensor(FLOAT, &[1, 1, 4], &ramp(4)), None, centered);
+        let op = if centered { "LayerNormalization" } else { "SimplifiedLayerNormalization" };
+        let fused = fused_one(&model, op);
+        let w = weight_read(&fused, 1);
+        assert_eq!(w.dims, [4]);
+        assert_eq!(w.values(), Some(ramp(4)));
+        // The [1, 1, 4] initializer nothing reads any more is gone.
+        assert_eq!(fused.graph.as_ref().unwrap().initializer.len(), 1);
+        // A second run changes nothing.
+        let (again, outcome) = fuse_model(&fused, &["default"]);
+        assert!(outcome.fused.is_empty() && again == fused);
+    }
+}
+
+#[test]
+fn a_weight_of_shape_2_d_or_of_higher_rank_than_x_is_not() {
+    let why = declined(&norm(&dims(X), tensor(FLOAT, &[2, 4], &ramp(8)), None, false));
+    assert!(why.iter().any(|r| r.contains("is not proved to have one axis")), "{why:?}");
+    let why = declined(&norm(&dims(X), tensor(FLOAT, &[1, 1, 1, 4], &ramp(4)), None, false));
+    assert!(why.iter().any(|r| r.contains("may raise the rank of x")), "{why:?}");
+}
+
+#[test]
+fn a_weight_of_one_value_becomes_d_copies_where_d_is_known() {
+    let model = norm(&dims(X), tensor(FLOAT, &[1], &[1.5]), None, false);
+    let fused = fused_one(&model, "SimplifiedLayerNormalization");
+    let w = weight_read(&fused, 1);
+    assert_eq!((w.dims.as_slice(), w.values()), (&[4][..], Some(vec![1.5; 4])));
+    // With a symbolic last axis, no [D] constant can be made.
+    let x = [D::N(2), D::N(3), sym("d")];
+    let why = declined(&norm(&x, tensor(FLOAT, &[1], &[1.5]), None, false));
+    assert!(why.iter().any(|r| r.contains("has 1 values but the last axis of x is d")), "{why:?}");
+}
+
+#[test]
+fn the_root_may_be_pow_one_half_but_no_other_power() {
+    fused_one(&norm(&dims(X), tensor(FLOAT, &[4], &ramp(4)), Some(0.5), false), "SimplifiedLayerNormalization");
+    let why = declined(&norm(&dims(X), tensor(FLOAT, &[4], &ramp(4)), Some(0.4), false));
+    assert!(why.iter().any(|r| r.contains("the root's exponent is 0.4")), "{why:?}");
+}
+
+#[test]
+fn a_layer_norm_without_beta_is_layer_normalization_without_bias() {
+    let model = norm(&dims(X), tensor(FLOAT, &[4], &ramp(4)), None, true);
+    let fused = fused_one(&model, "LayerNormalization");
+    let node = &fused.graph.as_ref().unwrap().node[0];
+    assert_eq!(node.input, ["x", "weight"]);
+    assert_eq!(fused_list(node).len(), 8, "Mul, Div, Sqrt, Add, ReduceMean, Pow, Sub, ReduceMean");
+    // Centered over axis 0: an RMSNorm of the difference at most.
+    let mut broken = model.clone();
+    let g = broken.graph.as_mut().unwrap();
+    g.node[0].attribute = vec![attr_ints("axes", &[0])];
+    let (fused, _) = fuse_model(&broken, &["layer-norm", "rms-norm"]);
+    assert_eq!(count_op(&fused, "LayerNormalization"), 0);
+    assert_eq!(count_op(&fused, "SimplifiedLayerNormalization"), 1);
+}
+
+/// `softmax(steps(q·k)) · v` with `q, k, v` of shape (2, 2, 3, 3); `steps`
+/// writes what comes between the MatMul and the Softmax.
+fn core(steps: impl Fn(&mut Builder, String) -> String, after: impl Fn(&mut Builder, String) -> String) -> ModelProto {
+    let mut b = Builder::default();
+    for v in ["q", "k", "v"] {
+        b.input(v, FLOAT, Some(&dims(&[2, 2, 3, 3])));
+    }
+    b.input("hide", BOOL, Some(&dims(&[2, 1, 1, 3])));
+    b.input("bias", FLOAT, Some(&dims(&[1, 2, 3, 3])));
+    b.input("mask", FLOAT, Some(&dims(&[2, 1, 1, 3])));
+    let s = b.node("MatMul", &["q", "k"], vec![]);
+    let s = steps(&mut b, s);
+    let p = b.node("Softmax", &[&s], vec![attr_int("axis", -1)]);
+    let p = after(&mut b, p);
+    b.node_to("MatMul", &[&p, "v"], &["out"], vec![]);
+    b.output("out", FLOAT, None);
+    b.model(14)
+}
+
+fn attention(model: &ModelProto) -> (usize, Vec<String>, ModelProto) {
+    let (fused, outcome) = fuse_model(model, &["attention"]);
+    (outcome.fused.len(), outcome.declined.into_iter().map(|d| d.reason).collect(), fused)
+}
+
+fn fill_through_reshape(b: &mut Builder, value: f64) -> String {
+    let one = b.init(&format!("fill{value}"), tensor(FLOAT, &[], &[value]));
+    let shape = b.init(&format!("shape{value}"), tensor(INT64, &[4], &[1.0, 1.0, 1.0, 1.0]));
+    b.node("Reshape", &[&one, &shape], vec![])
+}
+
+#[test]
+fn masked_fill_with_a_reshaped_fill_is_a_core() {
+    let model = core(
+        |b, s| {
+            let fill = fill_through_reshape(b, -3.4e38);
+            b.node("Where", &["hide", &fill, &s], vec![])
+        },
+        |_, p| p,
+    );
+    let (n, why, fused) = attention(&model);
+    assert_eq!(n, 1, "{why:?}");
+    let node = &fused.graph.as_ref().unwrap().node[0];
+    assert_eq!(node.overload(), "masked_fill.softmax");
+    assert_eq!(node.input, ["q", "k", "v", "hide"]);
+    let f = fused.functions.iter().find(|f| f.overload() == "masked_fill.softmax").unwrap();
+    assert_eq!(f.input, ["q", "k", "v", "hide"]);
+    assert_equivalent(&model, &fused, "forms");
+    // A fill of -100 (through a Reshape too) leaves hidden keys weight.
+    let model = core(
+        |b, s| {
+            let fill = fill_through_reshape(b, -100.0);
+            b.node("Where", &["hide", &fill, &s], vec![])
+        },
+        |_, p| p,
+    );
+    let (n, why, _) = attention(&model);
+    assert_eq!(n, 0);
+    assert!(why.iter().any(|r| r.contains("the Where fill is -100, not at most -1e4")), "{why:?}");
+}
+
+#[test]
+fn several_additive_terms_are_inputs_in_their_order() {
+    let model = core(
+        |b, s| {
+            let s = b.node("Add", &[&s, "bias"], vec![]);
+            b.node("Add", &["mask", &s], vec![])
+        },
+        |_, p| p,
+    );
+    let (n, why, fused) = attention(&model);
+    assert_eq!(n, 1, "{why:?}");
+    let node = &fused.graph.as_ref().unwrap().node[0];
+    assert_eq!(node.overload(), "add.add.softmax");
+    assert_eq!(node.input, ["q", "k", "v", "bias", "mask"]);
+    let f = fused.functions.iter().find(|f| f.overload() == "add.add.softmax").unwrap();
+    assert_eq!(f.input, ["q", "k", "v", "mask", "mask_2"]);
+    assert_equivalent(&model, &fused, "forms");
+}
+
+#[test]
+fn an_inference_dropout_is_no_step_and_a_training_one_no_core() {
+    let dropout = |training: Option<f64>| {
+        move |b: &mut Builder, p: String| {
+            let ratio = b.init("ratio", tensor(FLOAT, &[], &[0.5]));
+            match training {
+                None => b.node("Dropout", &[&p, &ratio], vec![]),
+                Some(t) => {
+                    let t = b.init("training", tensor(BOOL, &[], &[t]));
+                    b.node("Dropout", &[&p, &ratio, &t], vec![])
+                }
+            }
+        }
+    };
+    for training in [None, Some(0.0)] {
+        let model = core(|_, s| s, dropout(training));
+        let (n, why, fused) = attention(&model);
+        assert_eq!(n, 1, "{training:?}: {why:?}");
+        assert_eq!(fused.graph.as_ref().unwrap().node[0].overload(), "softmax");
+        assert_equivalent(&model, &fused, "forms");
+    }
+    let (n, _, _) = attention(&core(|_, s| s, dropout(Some(1.0))));
+    assert_eq!(n, 0, "a Dropout in training mode is random");
+}
