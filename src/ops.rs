@@ -138,7 +138,7 @@ pub const SAME_SHAPE_AS_FIRST_INPUT: &[&str] = &[
     "Cast", "Softmax", "LogSoftmax", "Relu", "Neg", "Sqrt", "Reciprocal", "Exp", "Erf", "Tanh", "Sigmoid", "IsNaN",
     "Not", "Identity", "Dropout", "LayerNormalization", "SimplifiedLayerNormalization", "CastLike", "Cos", "Sin",
     "Abs", "Log", "Floor", "Ceil", "Round", "Sign", "Gelu", "Softplus", "HardSigmoid", "LeakyRelu", "Elu", "Selu",
-    "Mish", "HardSwish", "Clip", "IsInf",
+    "Mish", "HardSwish", "Clip", "IsInf", "CumSum", "Trilu", "ScatterND", "ScatterElements", "BitwiseNot",
 ];
 
 /// Elementwise ops whose inputs broadcast (numpy rules) to the output.

@@ -131,11 +131,7 @@ pub fn weight<'a>(g: &Graph<'a>, value: &'a str, x: &str, what: &str) -> Check<W
     let shown = |d: &Option<Dim>| d.as_ref().map_or("unknown".to_string(), Dim::to_string);
     let n = shape.last().cloned().unwrap_or(Dim::known(1));
     let leading_ones = shape.len() > 1 && shape[..shape.len() - 1].iter().all(|d| d.value() == Some(1));
-    require!(
-        shape.len() <= 1 || leading_ones,
-        "the {what} ({value}) has rank {} and is not [1, …, 1, D]",
-        shape.len()
-    );
+    require!(shape.len() <= 1 || leading_ones, "the {what} ({value}) has rank {} and is not [1, …, 1, D]", shape.len());
     let rank_fits = x_shape.as_ref().is_some_and(|s| shape.len() <= s.len());
     if last.as_ref() != Some(&n) {
         // One value for every element of the last axis.

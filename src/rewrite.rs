@@ -261,27 +261,63 @@ fn run_graph(
     path: &str,
     outcome: &mut Outcome,
 ) {
-    // Bodies first: what they stop reading may free an outer match.
-    // (The scope needs a view of the whole graph: only built when a body needs it.)
-    if graph.node.iter().any(|n| n.subgraphs().next().is_some()) {
-        let view = context.view(graph, outer);
-        let mut scope = view.scope_for_subgraphs();
-        let holders = (0..graph.node.len()).filter(|&i| graph.node[i].subgraphs().next().is_some());
-        let mut hidden: HashMap<usize, HashSet<String>> = holders.map(|i| (i, view.hidden_from_bodies_of(i))).collect();
-        drop(view);
-        for (i, node) in graph.node.iter_mut().enumerate() {
-            let Some(names) = hidden.remove(&i) else { continue };
-            scope.hide(names);
-            let holder = display_name(node);
-            for attribute in node.attribute.iter_mut() {
-                let name = attribute.name().to_string();
-                let bodies = attribute.g.iter_mut().chain(attribute.graphs.iter_mut());
-                for (i, body) in bodies.enumerate() {
-                    run_graph(body, context, &scope, passes, &body_path(path, &holder, &name, i), outcome);
-                }
+    // Bodies first: what they stop reading may free an outer match. Once
+    // the outer graph changed, the bodies again: a name it no longer has
+    // shadows nothing in them any more, so a second run finds nothing new.
+    let has_bodies = graph.node.iter().any(|n| n.subgraphs().next().is_some());
+    loop {
+        if has_bodies {
+            run_bodies(graph, context, outer, passes, path, outcome);
+        }
+        if !fixed_point(graph, context, outer, passes, path, outcome) || !has_bodies {
+            break;
+        }
+        // The bodies' reasons are recorded anew.
+        let inside = format!("{path}/");
+        outcome.declined.retain(|d| !d.graph.starts_with(&inside));
+    }
+}
+
+/// Runs the passes in every body of `graph`, each with what the graph
+/// makes visible to it.
+fn run_bodies(
+    graph: &mut GraphProto,
+    context: Context,
+    outer: &Scope,
+    passes: &[&Pass],
+    path: &str,
+    outcome: &mut Outcome,
+) {
+    let view = context.view(graph, outer);
+    let mut scope = view.scope_for_subgraphs();
+    let holders = (0..graph.node.len()).filter(|&i| graph.node[i].subgraphs().next().is_some());
+    let mut hidden: HashMap<usize, HashSet<String>> = holders.map(|i| (i, view.hidden_from_bodies_of(i))).collect();
+    drop(view);
+    for (i, node) in graph.node.iter_mut().enumerate() {
+        let Some(names) = hidden.remove(&i) else { continue };
+        scope.hide(names);
+        let holder = display_name(node);
+        for attribute in node.attribute.iter_mut() {
+            let name = attribute.name().to_string();
+            let bodies = attribute.g.iter_mut().chain(attribute.graphs.iter_mut());
+            for (i, body) in bodies.enumerate() {
+                run_graph(body, context, &scope, passes, &body_path(path, &holder, &name, i), outcome);
             }
         }
     }
+}
+
+/// Runs the passes over `graph` itself until none matches; true when
+/// anything was fused.
+fn fixed_point(
+    graph: &mut GraphProto,
+    context: Context,
+    outer: &Scope,
+    passes: &[&Pass],
+    path: &str,
+    outcome: &mut Outcome,
+) -> bool {
+    let mut any = false;
     loop {
         let mut changed = false;
         for pass in passes {
@@ -298,8 +334,9 @@ fn run_graph(
             }
         }
         if !changed {
-            break;
+            return any;
         }
+        any = true;
         // A later round only ever repeats reasons already recorded.
         outcome.declined.retain(|d| d.graph != path);
     }

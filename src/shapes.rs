@@ -125,6 +125,12 @@ impl<'g, 'a> Shapes<'g, 'a> {
     fn derive(&self, value: &str) -> Option<Vec<Dim>> {
         let g = self.g;
         if let Some(declared) = g.declared_shape(value) {
+            // A declared number stands; a symbol or an unknown axis yields to
+            // a number the ops prove (spec, ground rule 11), and an unknown
+            // one to whatever they prove.
+            let from_ops = || self.derive_from_ops(value).filter(|d| d.len() == declared.dim.len());
+            let mut once: Option<Option<Vec<Dim>>> = None;
+            let mut derived = |i: usize| once.get_or_insert_with(from_ops).as_ref().map(|d| d[i].clone());
             return Some(
                 declared
                     .dim
@@ -132,12 +138,20 @@ impl<'g, 'a> Shapes<'g, 'a> {
                     .enumerate()
                     .map(|(i, d)| match &d.value {
                         Some(DimValue::DimValue(n)) => Dim::known(*n),
-                        Some(DimValue::DimParam(p)) if !p.is_empty() => Dim::atom(format!("${p}")),
-                        _ => Dim::atom(format!("{value}#{i}")),
+                        Some(DimValue::DimParam(p)) if !p.is_empty() => {
+                            derived(i).filter(|d| d.value().is_some()).unwrap_or_else(|| Dim::atom(format!("${p}")))
+                        }
+                        _ => derived(i).unwrap_or_else(|| Dim::atom(format!("{value}#{i}"))),
                     })
                     .collect(),
             );
         }
+        self.derive_from_ops(value)
+    }
+
+    /// The shape of `value` from constants and the ops that compute it.
+    fn derive_from_ops(&self, value: &str) -> Option<Vec<Dim>> {
+        let g = self.g;
         if let Some(t) = g.constant(value) {
             return Some(t.dims.iter().map(|&d| Dim::known(d)).collect());
         }
@@ -270,13 +284,48 @@ impl<'g, 'a> Shapes<'g, 'a> {
                 vec![Dim::known((end - start).max(0))]
             }
             "Size" => vec![],
-            "Range" | "NonZero" => opaque(if node.op_type() == "Range" { 1 } else { 2 }),
+            "Range" => vec![self.range_length(node).unwrap_or_else(|| Dim::atom(format!("{value}#0")))],
+            "NonZero" => opaque(2),
+            "Einsum" => self.einsum(node)?,
+            "Tile" => {
+                let x = input(0)?;
+                let repeats = self.shape_tensor(&node.input[1])?;
+                if repeats.len() != x.len() {
+                    return None;
+                }
+                x.iter()
+                    .zip(repeats)
+                    .enumerate()
+                    .map(|(i, (d, r))| r.map(|r| d.mul(&r)).unwrap_or_else(|| Dim::atom(format!("{value}#{i}"))))
+                    .collect()
+            }
+            "Slice" => {
+                let x = input(0)?;
+                let Some((starts, ends, axes, steps)) = g.slice_arguments(node) else { return Some(opaque(x.len())) };
+                let mut out = x.clone();
+                if starts.len() != ends.len() || axes.len() != starts.len() || steps.len() != starts.len() {
+                    return None;
+                }
+                for (((&start, &end), &axis), &step) in starts.iter().zip(&ends).zip(&axes).zip(&steps) {
+                    let axis = normalize(axis, x.len())?;
+                    out[axis] = slice_length(&x[axis], start, end, step)
+                        .unwrap_or_else(|| Dim::atom(format!("{value}#{axis}")));
+                }
+                out
+            }
             "Concat" => {
                 let parts: Vec<Vec<Dim>> = (0..node.input.len()).map(input).collect::<Option<_>>()?;
                 let rank = parts.first()?.len();
                 let axis = normalize(node.attr_int("axis")?, rank)?;
-                let mut out = parts[0].clone();
-                let total: Option<i64> = parts.iter().map(|p| p.get(axis).and_then(Dim::value)).sum();
+                if parts.iter().any(|p| p.len() != rank) {
+                    return None;
+                }
+                // The other axes agree in every part (or the model fails):
+                // a number any part proves is the axis.
+                let mut out: Vec<Dim> = (0..rank)
+                    .map(|i| parts.iter().map(|p| &p[i]).find(|d| d.value().is_some()).unwrap_or(&parts[0][i]).clone())
+                    .collect();
+                let total: Option<i64> = parts.iter().map(|p| p[axis].value()).try_fold(0i64, |t, d| t.checked_add(d?));
                 out[axis] = total.map_or_else(|| Dim::atom(format!("{value}#{axis}")), Dim::known);
                 out
             }
@@ -317,9 +366,53 @@ impl<'g, 'a> Shapes<'g, 'a> {
                     .collect();
                 broadcast(value, &[input(0)?, target])
             }
-            "Slice" | "Trilu" | "Tile" | "Pad" => opaque(input(0)?.len()),
+            "Pad" => opaque(input(0)?.len()),
             _ => return None,
         })
+    }
+
+    /// The length of `Range(start, limit, delta)`: `limit` for the common
+    /// `Range(0, n, 1)` (n a dimension, say), else computed from numbers.
+    fn range_length(&self, node: &crate::onnx::NodeProto) -> Option<Dim> {
+        let g = self.g;
+        let (start, delta) = (g.scalar(node.input.first()?)?, g.scalar(node.input.get(2)?)?);
+        let limit = self.scalar(node.input.get(1)?)?;
+        if start == 0.0 && delta == 1.0 {
+            return Some(limit);
+        }
+        let limit = limit.value()? as f64;
+        let n = ((limit - start) / delta).ceil().max(0.0);
+        (n.is_finite() && n < i64::MAX as f64).then(|| Dim::known(n as i64))
+    }
+
+    /// An Einsum's output axes, from the letters of an explicit equation
+    /// (`bhqd,bhkd->bhqk`); an equation with `...` or without `->` is not read.
+    fn einsum(&self, node: &crate::onnx::NodeProto) -> Option<Vec<Dim>> {
+        let equation = node.attr("equation")?.s.as_deref()?;
+        let equation: String = std::str::from_utf8(equation).ok()?.chars().filter(|c| !c.is_whitespace()).collect();
+        let (inputs, output) = equation.split_once("->")?;
+        if equation.contains('.') {
+            return None;
+        }
+        let mut letters: HashMap<char, Dim> = HashMap::new();
+        let terms: Vec<&str> = inputs.split(',').collect();
+        if terms.len() != node.input.len() {
+            return None;
+        }
+        for (term, input) in terms.iter().zip(&node.input) {
+            let shape = self.shape(input)?;
+            if shape.len() != term.chars().count() {
+                return None;
+            }
+            for (letter, d) in term.chars().zip(shape) {
+                // A letter's axes broadcast (1 against n); a number wins.
+                let entry = letters.entry(letter).or_insert_with(|| d.clone());
+                if entry.value() == Some(1) || (entry.value().is_none() && d.value().is_some_and(|n| n != 1)) {
+                    *entry = d;
+                }
+            }
+        }
+        output.chars().map(|l| letters.get(&l).cloned()).collect()
     }
 
     /// The shape of one output of a Split: sizes given (attribute before
@@ -433,6 +526,33 @@ pub fn slice_indices(start: i64, end: i64, step: i64, len: i64) -> Vec<i64> {
         i += step;
     }
     out
+}
+
+/// How many indices `slice_indices` selects, without listing them.
+fn slice_count(start: i64, end: i64, step: i64, len: i64) -> i64 {
+    if step == 0 {
+        return 0;
+    }
+    let resolve = |v: i64| if v < 0 { v.saturating_add(len) } else { v };
+    let (lo, hi) = if step > 0 { (0, len) } else { (-1, len - 1) };
+    let (start, end) = (i128::from(resolve(start).clamp(lo, hi)), i128::from(resolve(end).clamp(lo, hi)));
+    let (span, step) = if step > 0 { (end - start, i128::from(step)) } else { (start - end, -i128::from(step)) };
+    if span <= 0 {
+        0
+    } else {
+        ((span + step - 1) / step) as i64
+    }
+}
+
+/// The length `Slice(start, end, step)` leaves of an axis of length `len`:
+/// computed where `len` is a number; the whole axis for `0..` (an end at or
+/// past i64::MAX / 2, as exporters write "to the end") with step 1.
+fn slice_length(len: &Dim, start: i64, end: i64, step: i64) -> Option<Dim> {
+    match len.value() {
+        Some(n) => Some(Dim::known(slice_count(start, end, step, n))),
+        None if start == 0 && end >= i64::MAX / 2 && step == 1 => Some(len.clone()),
+        None => None,
+    }
 }
 
 fn normalize(axis: i64, rank: usize) -> Option<usize> {

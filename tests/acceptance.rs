@@ -227,3 +227,38 @@ fn a_body_that_redefines_a_visible_outer_name_is_not_fused() {
     let shadowed = outcome.declined.iter().filter(|d| d.reason.contains("shadowed is defined in two scopes"));
     assert_eq!(shadowed.count(), 2, "{:?}", outcome.declined);
 }
+
+#[test]
+fn a_run_on_its_own_output_changes_nothing_whatever_the_first_run_removed() {
+    // The outer RMSNorm's Sqrt output is named again inside the branch
+    // (true shadowing): the branch's norm is unprovable until the outer
+    // fusion removes the name, and then it is fused in the same run.
+    let mut b = Builder::default();
+    b.input("x", FLOAT, Some(&[D::N(2), D::N(4)]));
+    b.input("c", BOOL, Some(&[]));
+    let y = rms_norm(&mut b, "x", FLOAT, &[1.0, 2.0, 3.0, 4.0]);
+    let outer_sqrt = b.graph.node.iter().find(|n| n.op_type() == "Sqrt").unwrap().output[0].clone();
+    let mut body = Builder::default();
+    let neg = body.node("Neg", &["x"], vec![]);
+    let z = rms_norm(&mut body, &neg, FLOAT, &[1.0, 0.5, 0.25, 2.0]);
+    let inner_sqrt = body.graph.node.iter().find(|n| n.op_type() == "Sqrt").unwrap().output[0].clone();
+    assert_ne!(inner_sqrt, outer_sqrt);
+    for n in body.graph.node.iter_mut() {
+        for v in n.input.iter_mut().chain(n.output.iter_mut()) {
+            if *v == inner_sqrt {
+                *v = outer_sqrt.clone();
+            }
+        }
+    }
+    body.output(&z, FLOAT, None);
+    let body = GraphProto { name: Some("branch".into()), ..body.graph };
+    b.node_to("If", &["c"], &["r"], vec![attr_graph("then_branch", body.clone()), attr_graph("else_branch", body)]);
+    b.output(&y, FLOAT, None);
+    b.output("r", FLOAT, None);
+    let model = b.model(14);
+    let (once, outcome) = fuse_model(&model, &["default"]);
+    assert_eq!(outcome.fused.len(), 3, "{:?}", outcome.declined);
+    let (twice, outcome) = fuse_model(&once, &["default"]);
+    assert!(outcome.fused.is_empty(), "a second run fused {:?}", outcome.fused);
+    assert_eq!(once, twice);
+}

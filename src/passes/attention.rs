@@ -55,9 +55,16 @@ enum Step {
     Cast(i32),
     /// `Where(keep, s, fill)`, or with `fill_first` `Where(hide, fill, s)`
     /// (`masked_fill`): the condition names the keys hidden.
-    Where { keep: String, fill: TensorProto, fill_first: bool },
+    Where {
+        keep: String,
+        fill: TensorProto,
+        fill_first: bool,
+    },
     Mask(String),
-    Reshape { shape: Side, allowzero: bool },
+    Reshape {
+        shape: Side,
+        allowzero: bool,
+    },
     Softmax,
     NanGuard(TensorProto),
 }
@@ -387,7 +394,10 @@ fn reshapes_give_back_shapes(
                 *last = k;
             }
         }
-        require!(start.is_some() && start == end, "the Reshape pair around the {what} is not proved to give back its shape");
+        require!(
+            start.is_some() && start == end,
+            "the Reshape pair around the {what} is not proved to give back its shape"
+        );
         Ok(())
     };
     match (reshapes(before).as_slice(), reshapes(after).as_slice()) {

@@ -16,8 +16,8 @@
 
 use crate::graph::{Check, Graph, Miss, Target};
 use crate::pattern::{self, either_order, is_vector};
-use crate::{candidate, require};
 use crate::rewrite::{node, Match, Pass, Rewrite};
+use crate::{candidate, require};
 
 use super::rms_norm::{norm_attributes, rms_core};
 
@@ -123,7 +123,9 @@ fn beta_not_a_vector(g: &Graph, index: usize) -> Check<Rewrite> {
     for (scaled, beta) in [(&out.input[0], &out.input[1]), (&out.input[1], &out.input[0])] {
         let candidate = |norm: Scaled| !norm.centered || g.constant(beta).is_some();
         if scaled_norm(g, &mut Match::new(index), scaled).is_ok_and(candidate) {
-            return Err(Miss::Declined(format!("the beta ({beta}) is not proved to have one axis (leading axes of 1 aside)")));
+            return Err(Miss::Declined(format!(
+                "the beta ({beta}) is not proved to have one axis (leading axes of 1 aside)"
+            )));
         }
     }
     Err(Miss::NotCandidate)

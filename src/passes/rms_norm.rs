@@ -78,7 +78,9 @@ fn weight_not_a_vector(g: &Graph, index: usize) -> Check<Rewrite> {
     for (y, weight) in [(&out.input[0], &out.input[1]), (&out.input[1], &out.input[0])] {
         let normalized = g.produced_by(y, "Cast").map_or(y.as_str(), |c| g.node(c).input[0].as_str());
         if rms_core(g, &mut Match::new(index), normalized).is_ok() {
-            return Err(Miss::Declined(format!("the weight ({weight}) is not proved to have one axis (leading axes of 1 aside)")));
+            return Err(Miss::Declined(format!(
+                "the weight ({weight}) is not proved to have one axis (leading axes of 1 aside)"
+            )));
         }
     }
     Err(Miss::NotCandidate)
