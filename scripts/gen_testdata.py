@@ -685,6 +685,31 @@ def near_misses_complex():
     save_near_miss(m, "nm_cmul_gather_axis0.onnx", base, "a Gather on axis 0")
 
 
+def onnx_shapes():
+    """What ONNX's own shape inference (with data propagation) knows of every
+    value of every model in testdata: testdata/shapes/NAME.json maps each
+    value whose shape it infers to its dims (numbers, "$symbol", or null).
+    tests/toolkit.rs holds onnx-fuse's shapes against them."""
+    import glob
+    out_dir = os.path.join(OUT, "shapes")
+    os.makedirs(out_dir, exist_ok=True)
+    for path in sorted(glob.glob(os.path.join(OUT, "*.onnx")) + glob.glob(os.path.join(OUT, "*", "*.onnx"))):
+        name = os.path.relpath(path, OUT)
+        if name.startswith("fuzz"):
+            continue
+        model = onnx.load(path, load_external_data=False)
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+        shapes = {}
+        for v in inferred.graph.value_info:
+            t = v.type.tensor_type
+            if v.type.HasField("tensor_type") and t.HasField("shape"):
+                shapes[v.name] = [d.dim_value if d.HasField("dim_value") else
+                                  "$" + d.dim_param if d.HasField("dim_param") else None for d in t.shape.dim]
+        with open(os.path.join(out_dir, name.replace("/", "__") + ".json"), "w") as f:
+            json.dump(shapes, f, sort_keys=True, separators=(",", ":"))
+            f.write("\n")
+
+
 def inputs_npz():
     """User-given inputs for verify: one 7-token row for the Llama export
     (its traced causal mask fixes the sequence length at 7)."""
@@ -779,6 +804,8 @@ def main():
         complex_models()
         near_misses_complex()
         inputs_npz()
+    if want("shapes"):
+        onnx_shapes()
     path = os.path.join(OUT, "MANIFEST.json")
     old = json.load(open(path)) if os.path.exists(path) else {}
     old.update(MANIFEST)

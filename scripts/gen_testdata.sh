@@ -2,7 +2,7 @@
 # Regenerates testdata/ with the exporters pinned below, in a virtual
 # environment of its own (.venv, not committed). No weights are downloaded:
 # every model is built from a config in gen_testdata.py.
-# Usage: scripts/gen_testdata.sh [NAME.onnx ... | complex | near-misses]  (no argument: everything)
+# Usage: scripts/gen_testdata.sh [NAME.onnx ... | complex | near-misses | shapes]  (no argument: everything)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 venv="$root/.venv"

@@ -259,14 +259,37 @@ impl<'g, 'a> Shapes<'g, 'a> {
                 .map(|(i, d)| d.unwrap_or_else(|| Dim::atom(format!("{value}#{i}"))))
                 .collect(),
             "Conv" => {
-                // Batch, then the weight's output channels; the spatial axes
-                // depend on pads and strides and are left opaque.
+                // Batch, the weight's output channels, then each spatial
+                // axis from its size, kernel, pads, stride and dilation
+                // where those are numbers.
                 let (x, w) = (input(0)?, input(1)?);
                 if x.len() != w.len() || x.len() < 3 {
                     return None;
                 }
-                let spatial = (2..x.len()).map(|i| Dim::atom(format!("{value}#{i}")));
+                let spatial = (2..x.len()).map(|i| {
+                    conv_length(node, i - 2, x.len() - 2, &x[i], &w[i])
+                        .unwrap_or_else(|| Dim::atom(format!("{value}#{i}")))
+                });
                 [x[0].clone(), w[0].clone()].into_iter().chain(spatial).collect()
+            }
+            "Flatten" => {
+                let x = input(0)?;
+                let rank = x.len() as i64;
+                let axis = node.attr_int("axis").unwrap_or(1);
+                let axis = if axis < 0 { axis + rank } else { axis };
+                if !(0..=rank).contains(&axis) {
+                    return None;
+                }
+                let product = |dims: &[Dim]| dims.iter().fold(Dim::known(1), |p, d| p.mul(d));
+                vec![product(&x[..axis as usize]), product(&x[axis as usize..])]
+            }
+            "GatherND" => {
+                // indices[:-1] + data[batch_dims + indices[-1]:]
+                let (data, indices) = (input(0)?, input(1)?);
+                let batch = usize::try_from(node.attr_int("batch_dims").unwrap_or(0)).ok()?;
+                let depth = usize::try_from(indices.last()?.value()?).ok()?;
+                let rest = data.get(batch.checked_add(depth)?..)?;
+                [&indices[..indices.len() - 1], rest].concat()
             }
             "Gemm" => {
                 let (a, b) = (input(0)?, input(1)?);
@@ -526,6 +549,38 @@ pub fn slice_indices(start: i64, end: i64, step: i64, len: i64) -> Vec<i64> {
         i += step;
     }
     out
+}
+
+/// A Conv output's spatial axis `i` (of `n`) from the input's length and
+/// the kernel's, where all are numbers: `auto_pad` SAME_* gives
+/// ceil(len / stride); otherwise floor((len + pads - dilation·(k-1) - 1) / stride) + 1.
+fn conv_length(node: &crate::onnx::NodeProto, i: usize, n: usize, len: &Dim, kernel: &Dim) -> Option<Dim> {
+    let (len, kernel) = (len.value()?, kernel.value()?);
+    let at = |name: &str, default: i64| node.attr_ints(name).map_or(Some(default), |v| v.get(i).copied());
+    let (stride, dilation) = (at("strides", 1)?, at("dilations", 1)?);
+    if stride <= 0 || dilation <= 0 || len <= 0 || kernel <= 0 {
+        return None;
+    }
+    if let Some(k) = node.attr_ints("kernel_shape") {
+        if k.get(i) != Some(&kernel) {
+            return None;
+        }
+    }
+    let auto_pad = node.attr("auto_pad").and_then(|a| a.s.as_deref()).unwrap_or(b"NOTSET");
+    let out = match auto_pad {
+        b"SAME_UPPER" | b"SAME_LOWER" => len.checked_add(stride - 1)? / stride,
+        b"NOTSET" | b"VALID" => {
+            let pads = match (auto_pad, node.attr_ints("pads")) {
+                (b"VALID", _) | (_, None) => 0,
+                (_, Some(p)) if p.len() == 2 * n => p[i].checked_add(p[i + n])?,
+                _ => return None,
+            };
+            let reach = dilation.checked_mul(kernel - 1)?.checked_add(1)?;
+            len.checked_add(pads)?.checked_sub(reach)?.div_euclid(stride).checked_add(1)?
+        }
+        _ => return None,
+    };
+    (out > 0).then(|| Dim::known(out))
 }
 
 /// How many indices `slice_indices` selects, without listing them.

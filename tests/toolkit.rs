@@ -155,3 +155,120 @@ fn constants_reached_through_shape_only_ops_are_constants() {
     assert!(g.constant(&widened).is_none());
     assert!(g.constant(&to_double).is_none());
 }
+
+/// onnx-fuse's shapes against ONNX's own inference with data propagation
+/// (`testdata/shapes/`, written by `scripts/gen_testdata.sh shapes`): for
+/// every value of every export whose rank ONNX knows, onnx-fuse knows the
+/// rank too; where ONNX knows the last axis, so does onnx-fuse; and no
+/// axis both know as a number differs.
+#[test]
+fn shapes_know_what_onnx_shape_inference_knows() {
+    let mut problems = vec![];
+    let mut compared = 0;
+    let dir = common::testdata("shapes");
+    let mut files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    files.sort();
+    for file in &files {
+        let name = file.file_stem().unwrap().to_str().unwrap().replace("__", "/");
+        let model = common::load(&name);
+        let onnx: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
+        let scope = Scope::default();
+        let g = Graph::new(model.graph.as_ref().unwrap(), model.default_opset(), &scope);
+        let shapes = g.shapes();
+        for (value, dims) in &onnx {
+            let dims: Vec<Option<i64>> = dims.as_array().unwrap().iter().map(|d| d.as_i64()).collect();
+            compared += 1;
+            let Some(ours) = shapes.shape(value) else {
+                problems.push(format!("{name} {value}: ONNX knows rank {}, onnx-fuse does not", dims.len()));
+                continue;
+            };
+            if ours.len() != dims.len() {
+                problems.push(format!("{name} {value}: rank {} here, {} for ONNX", ours.len(), dims.len()));
+                continue;
+            }
+            for (i, (theirs, ours)) in dims.iter().zip(&ours).enumerate() {
+                if let (Some(a), Some(b)) = (theirs, ours.value()) {
+                    if *a != b {
+                        problems.push(format!("{name} {value}: axis {i} is {b} here, {a} for ONNX"));
+                    }
+                }
+            }
+            if let Some(last) = dims.last().copied().flatten() {
+                if ours.last().and_then(|d| d.value()) != Some(last) {
+                    problems.push(format!("{name} {value}: ONNX knows the last axis is {last}, onnx-fuse does not"));
+                }
+            }
+        }
+    }
+    assert!(files.len() >= 90 && compared > 30_000, "{} files, {compared} values", files.len());
+    assert!(
+        problems.is_empty(),
+        "{} problems, e.g.:\n{}",
+        problems.len(),
+        problems[..problems.len().min(12)].join("\n")
+    );
+}
+
+#[test]
+fn position_ids_from_the_mask_keep_their_shape_into_the_embedding() {
+    // OPT: positions = CumSum(mask, 1) · mask − 1, then Gather(table, positions).
+    let mut b = Builder::default();
+    let mask = b.input("mask", INT64, Some(&[sym("batch"), sym("seq")]));
+    let one = b.init("one", tensor(INT64, &[], &[1.0]));
+    let table = b.init("table", tensor(FLOAT, &[64, 32], &vec![0.0; 64 * 32]));
+    let sum = b.node("CumSum", &[&mask, &one], vec![]);
+    let masked = b.node("Mul", &[&sum, &mask], vec![]);
+    let positions = b.node("Sub", &[&masked, &one], vec![]);
+    let embedded = b.node("Gather", &[&table, &positions], vec![]);
+    assert_eq!(shape(&b, 14, &embedded).unwrap(), ["batch", "seq", "32"]);
+    // Range(0, seq, 1) has seq elements; a Slice to the end keeps an axis.
+    let zero = b.init("zero", tensor(INT64, &[], &[0.0]));
+    let s = b.node("Shape", &[&mask], vec![]);
+    let seq = b.node("Gather", &[&s, &one], vec![attr_int("axis", 0)]);
+    let range = b.node("Range", &[&zero, &seq, &one], vec![]);
+    assert_eq!(shape(&b, 14, &range).unwrap(), ["seq"]);
+    let (starts, ends, axes) = (b.init("st", ints(&[1])), b.init("en", ints(&[i64::MAX])), b.init("ax", ints(&[0])));
+    let sliced = b.node("Slice", &[&embedded, &starts, &ends, &axes], vec![]);
+    let whole = b.init("st0", ints(&[0]));
+    let kept = b.node("Slice", &[&embedded, &whole, &ends, &axes], vec![]);
+    let (two, last) = (b.init("two", ints(&[2])), b.init("last", ints(&[-1])));
+    let part = b.node("Slice", &[&embedded, &two, &ends, &last], vec![]);
+    assert_eq!(shape(&b, 14, &kept).unwrap(), ["batch", "seq", "32"]);
+    assert_eq!(shape(&b, 14, &part).unwrap(), ["batch", "seq", "30"]);
+    assert_eq!(shape(&b, 14, &sliced).unwrap()[1..], ["seq", "32"], "a symbolic axis sliced from 1 is unknown");
+}
+
+#[test]
+fn a_declared_symbol_yields_to_a_derived_number() {
+    let mut b = Builder::default();
+    let x = b.input("x", FLOAT, Some(&[sym("b"), D::N(64)]));
+    let y = b.node("Relu", &[&x], vec![]);
+    b.graph.value_info.push(common::build::value_info(&y, FLOAT, Some(&[sym("b"), sym("hidden")])));
+    let z = b.node("Relu", &[&x], vec![]);
+    b.graph.value_info.push(common::build::value_info(&z, FLOAT, Some(&[D::Unknown, D::Unknown])));
+    assert_eq!(shape(&b, 14, &y).unwrap(), ["b", "64"]);
+    assert_eq!(shape(&b, 14, &z).unwrap(), ["b", "64"]);
+}
+
+#[test]
+fn conv_flatten_tile_and_einsum_shapes() {
+    let mut b = Builder::default();
+    let x = b.input("x", FLOAT, Some(&[sym("n"), D::N(3), D::N(16), D::N(15)]));
+    let w = b.init("w", tensor(FLOAT, &[8, 3, 4, 3], &vec![0.0; 8 * 3 * 4 * 3]));
+    let conv = b.node("Conv", &[&x, &w], vec![attr_ints("strides", &[4, 2]), attr_ints("pads", &[0, 1, 0, 1])]);
+    assert_eq!(shape(&b, 17, &conv).unwrap(), ["n", "8", "4", "8"]);
+    let flat = b.node("Flatten", &[&conv], vec![attr_int("axis", 2)]);
+    assert_eq!(shape(&b, 17, &flat).unwrap(), ["8·n", "32"]);
+    let reps = b.init("reps", ints(&[1, 2, 1, 3]));
+    let tiled = b.node("Tile", &[&conv, &reps], vec![]);
+    assert_eq!(shape(&b, 17, &tiled).unwrap(), ["n", "16", "4", "24"]);
+    let q = b.input("q", FLOAT, Some(&[sym("b"), D::N(2), sym("s"), D::N(8)]));
+    let k = b.input("k", FLOAT, Some(&[sym("b"), D::N(2), sym("t"), D::N(8)]));
+    let mut eq = attr_int("unused", 0);
+    eq.name = Some("equation".into());
+    eq.r#type = Some(onnx_fuse::onnx::AttributeType::String as i32);
+    eq.s = Some(bytes::Bytes::from_static(b"bhqd,bhkd->bhqk"));
+    let scores = b.node("Einsum", &[&q, &k], vec![eq]);
+    assert_eq!(shape(&b, 17, &scores).unwrap(), ["b", "2", "s", "t"]);
+}
