@@ -451,8 +451,8 @@ impl<'a> Graph<'a> {
 
     /// Whether `a` and `b` are provably one value: the same name, or outputs
     /// of identical deterministic nodes (same op, attributes and output
-    /// position) whose inputs are in turn one value, or `Identity` of such a
-    /// value. Exporters write e.g.
+    /// position) whose inputs are in turn one value, or `Identity` (or an
+    /// inference `Dropout`) of such a value. Exporters write e.g.
     /// `Sub(x, mean)` or `Cast(x)` once per use. Returns the nodes that
     /// compute `b` apart from `a` (none when the names are equal).
     pub fn same_value(&self, a: &str, b: &str) -> Option<Vec<usize>> {
@@ -466,9 +466,9 @@ impl<'a> Graph<'a> {
         if depth == 0 || self.is_ambiguous(a) || self.is_ambiguous(b) {
             return None;
         }
-        // Identity(v) is v.
-        if let Some(p) = self.producer(b).filter(|&p| self.node(p).is("Identity") && self.node(p).input.len() == 1) {
-            let mut nodes = self.twins(a, &self.node(p).input[0], depth - 1)?;
+        // Identity(v) (or an inference Dropout of v) is v.
+        if let Some((p, v)) = self.producer(b).and_then(|p| Some((p, self.identity_input(p)?))) {
+            let mut nodes = self.twins(a, v, depth - 1)?;
             nodes.push(p);
             return Some(nodes);
         }

@@ -127,7 +127,7 @@ pub fn weight<'a>(g: &Graph<'a>, value: &'a str, x: &str, what: &str) -> Check<W
     let shape =
         shapes.shape(value).ok_or_else(|| Miss::Declined(format!("the {what} ({value}) has no proved shape")))?;
     let x_shape = shapes.shape(x);
-    let last = x_shape.as_ref().and_then(|s| s.last().cloned());
+    let last = shapes.last_axis(x);
     let shown = |d: &Option<Dim>| d.as_ref().map_or("unknown".to_string(), Dim::to_string);
     let n = shape.last().cloned().unwrap_or(Dim::known(1));
     let leading_ones = shape.len() > 1 && shape[..shape.len() - 1].iter().all(|d| d.value() == Some(1));

@@ -104,6 +104,43 @@ impl<'g, 'a> Shapes<'g, 'a> {
         self.shape(value).map(|s| s.len())
     }
 
+    /// The last axis of `value`, also where its rank cannot be told: numpy
+    /// broadcasting aligns trailing axes, so an operand whose last axis is a
+    /// number other than 1 gives the result that axis whatever the other
+    /// operands' ranks; an embedding `Gather` keeps the table's last axis
+    /// whatever its indices' rank.
+    pub fn last_axis(&self, value: &str) -> Option<Dim> {
+        self.last_axis_at(value, 0)
+    }
+
+    fn last_axis_at(&self, value: &str, depth: usize) -> Option<Dim> {
+        if let Some(shape) = self.shape(value) {
+            return shape.last().cloned();
+        }
+        if depth >= MAX_DEPTH {
+            return None;
+        }
+        let g = self.g;
+        let node = g.node(g.producer(value)?);
+        if !crate::onnx::is_default_domain(node.domain()) || node.output.first().map(String::as_str) != Some(value) {
+            return None;
+        }
+        let last = |i: usize| node.input.get(i).filter(|v| !v.is_empty()).and_then(|v| self.last_axis_at(v, depth + 1));
+        match node.op_type() {
+            op if ops::SAME_SHAPE_AS_FIRST_INPUT.contains(&op) => last(0),
+            op if ops::BROADCASTING.contains(&op) => {
+                (0..node.input.len()).filter_map(last).find(|d| d.value().is_some_and(|n| n != 1))
+            }
+            "MatMul" => self.rank(&node.input[1]).filter(|&r| r >= 2).and_then(|_| last(1)),
+            "Gather" => {
+                let data = self.shape(&node.input[0])?;
+                let axis = normalize(node.attr_int("axis").unwrap_or(0), data.len())?;
+                (axis + 1 < data.len()).then(|| data[data.len() - 1].clone())
+            }
+            _ => None,
+        }
+    }
+
     /// The symbolic shape of `value`, when its rank can be told.
     pub fn shape(&self, value: &str) -> Option<Vec<Dim>> {
         if let Some(known) = self.memo.shapes.borrow().get(value) {

@@ -272,3 +272,26 @@ fn conv_flatten_tile_and_einsum_shapes() {
     let scores = b.node("Einsum", &[&q, &k], vec![eq]);
     assert_eq!(shape(&b, 17, &scores).unwrap(), ["b", "2", "s", "t"]);
 }
+
+#[test]
+fn a_last_axis_is_known_where_the_rank_is_not() {
+    // An embedding Gather over indices of unknown rank, added to a value of
+    // unknown rank: the table's last axis is the sum's.
+    let mut b = Builder::default();
+    let ids = b.input("ids", INT64, None);
+    let other = b.input("other", FLOAT, None);
+    let table = b.init("table", tensor(FLOAT, &[64, 32], &vec![0.0; 64 * 32]));
+    let embedded = b.node("Gather", &[&table, &ids], vec![]);
+    let sum = b.node("Add", &[&other, &embedded], vec![]);
+    let cast = b.node("Cast", &[&sum], vec![attr_int("to", FLOAT as i64)]);
+    let unknown = b.node("Add", &[&other, &ids], vec![]);
+    let model = b.model(14);
+    let scope = Scope::default();
+    let g = Graph::new(model.graph.as_ref().unwrap(), 14, &scope);
+    let shapes = g.shapes();
+    assert_eq!(shapes.rank(&sum), None);
+    for v in [&embedded, &sum, &cast] {
+        assert_eq!(shapes.last_axis(v).and_then(|d| d.value()), Some(32), "{v}");
+    }
+    assert_eq!(shapes.last_axis(&unknown), None);
+}
