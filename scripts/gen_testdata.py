@@ -74,6 +74,8 @@ def configs():
                            eos_token_id=2),
         "bloom": t.BloomConfig(vocab_size=64, hidden_size=32, n_layer=2, n_head=4, layer_norm_epsilon=1e-5),
         "mpt": t.MptConfig(vocab_size=64, d_model=32, n_heads=4, n_layers=2, expansion_ratio=2, max_seq_len=64),
+        # LayerNorm with neither weight nor bias.
+        "olmo": t.OlmoConfig(**SMALL, pad_token_id=0, bos_token_id=1, eos_token_id=2),
     }
 
 
@@ -782,6 +784,7 @@ def main():
         ("opt_ts_op14.onnx", lambda n: export_torch(n, "opt", opset=14)),
         ("bloom_ts_op14.onnx", lambda n: export_torch(n, "bloom", opset=14)),
         ("mpt_ts_op14.onnx", lambda n: export_torch(n, "mpt", opset=14)),
+        ("olmo_ts_op14.onnx", lambda n: export_torch(n, "olmo", opset=14)),
         ("opt_optimum.onnx", lambda n: export_optimum(n, "opt", "text-generation", opset=14)),
         ("bloom_optimum.onnx", lambda n: export_optimum(n, "bloom", "text-generation", opset=14)),
     ]

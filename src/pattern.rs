@@ -138,7 +138,7 @@ pub fn weight<'a>(g: &Graph<'a>, value: &'a str, x: &str, what: &str) -> Check<W
         let one = g.constant(value).filter(|t| t.numel() == Some(1) && !t.is_external());
         let d = last.as_ref().and_then(Dim::value).filter(|&d| d > 0);
         if let (Some(t), Some(d), true) = (one, d, rank_fits) {
-            if let Some(made) = repeated(t, d) {
+            if let Some(made) = t.scalar().and_then(|v| filled(t.data_type(), d, v)) {
                 return Ok(Weight::Made(made));
             }
         }
@@ -156,11 +156,11 @@ pub fn weight<'a>(g: &Graph<'a>, value: &'a str, x: &str, what: &str) -> Check<W
     Ok(Weight::Made(TensorProto { dims: vec![t.dims.last().copied().unwrap_or(1)], name: None, ..t.clone() }))
 }
 
-/// `d` copies of a one-value float tensor, as a `[d]` tensor of its type.
-fn repeated(t: &TensorProto, d: i64) -> Option<TensorProto> {
+/// A `[d]` tensor of float type `elem` holding `v` (exact in that type)
+/// `d` times; none for other types or more than 2^20 elements.
+pub fn filled(elem: i32, d: i64, v: f64) -> Option<TensorProto> {
     const MAX: i64 = 1 << 20;
-    let v = t.scalar()?;
-    let bytes: Vec<u8> = match t.data_type() {
+    let bytes: Vec<u8> = match elem {
         FLOAT => (v as f32).to_le_bytes().to_vec(),
         DOUBLE => v.to_le_bytes().to_vec(),
         FLOAT16 => half::f16::from_f64(v).to_le_bytes().to_vec(),
@@ -169,7 +169,7 @@ fn repeated(t: &TensorProto, d: i64) -> Option<TensorProto> {
     };
     (d <= MAX).then(|| TensorProto {
         dims: vec![d],
-        data_type: t.data_type,
+        data_type: Some(elem),
         raw_data: Some(bytes.repeat(d as usize).into()),
         ..Default::default()
     })

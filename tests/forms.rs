@@ -133,6 +133,26 @@ fn a_layer_norm_without_beta_is_layer_normalization_without_bias() {
     assert_eq!(count_op(&fused, "SimplifiedLayerNormalization"), 1);
 }
 
+#[test]
+fn a_layer_norm_without_gamma_gets_a_scale_of_ones_where_d_is_known() {
+    // OLMo: (x - mean) / sqrt(var + eps), nothing after it.
+    let mut model = norm(&dims(X), tensor(FLOAT, &[4], &ramp(4)), None, true);
+    let g = model.graph.as_mut().unwrap();
+    g.node.pop();
+    g.initializer.retain(|t| t.name() != "weight");
+    let last = g.node.last().unwrap().output[0].clone();
+    g.output[0].name = Some(last.clone());
+    let fused = fused_one(&model, "LayerNormalization");
+    let ones = weight_read(&fused, 1);
+    assert_eq!((ones.dims.as_slice(), ones.values()), (&[4][..], Some(vec![1.0; 4])));
+    assert_eq!(fused.graph.as_ref().unwrap().node[0].output, [last]);
+    // A symbolic last axis: no scale can be made.
+    let mut symbolic = model.clone();
+    symbolic.graph.as_mut().unwrap().input[0] = value_info("x", FLOAT, Some(&[D::N(2), D::N(3), sym("d")]));
+    let why = declined(&symbolic);
+    assert!(why.iter().any(|r| r.contains("a LayerNorm without gamma: the last axis and type of x")), "{why:?}");
+}
+
 /// `softmax(steps(q·k)) · v` with `q, k, v` of shape (2, 2, 3, 3); `steps`
 /// writes what comes between the MatMul and the Softmax.
 fn core(steps: impl Fn(&mut Builder, String) -> String, after: impl Fn(&mut Builder, String) -> String) -> ModelProto {

@@ -60,6 +60,8 @@ pub const EXPORTS: &[(&str, usize, usize, usize, f32)] = &[
     // LayerNorms without bias; MPT also masks with masked_fill.
     ("mpt_ts_op14.onnx", 0, 5, 2, 1e-5),
     ("modernbert_ts_op14.onnx", 0, 5, 2, 1e-5),
+    // LayerNorms with neither weight nor bias: a scale of ones is made.
+    ("olmo_ts_op14.onnx", 0, 5, 2, 1e-5),
     // Position ids from the mask (CumSum).
     ("opt_ts_op14.onnx", 0, 5, 2, 1e-5),
     ("opt_optimum.onnx", 0, 5, 2, 1e-5),

@@ -2,7 +2,8 @@
 //!          → `LayerNormalization(x, gamma, beta)`, axis -1, epsilon eps, stash_type 1.
 //!
 //! Without beta (`… * gamma` alone, as Cohere, ModernBERT and MPT write
-//! it) the op gets no bias input.
+//! it) the op gets no bias input; without gamma either (OLMo) it gets a
+//! `[D]` scale of ones.
 //!
 //! The normalization of `d` is the rms-norm core, so this pass reuses it
 //! (`d` may be computed twice by identical `Sub` nodes, one per use);
@@ -30,8 +31,9 @@ pub const PASS: Pass = Pass {
 };
 
 fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
-    if g.node(index).is("Mul") {
-        return without_beta(g, index);
+    if g.node(index).is("Mul") || g.node(index).is("Div") {
+        return without_beta(g, index)
+            .or_else(|miss| if miss == Miss::NotCandidate { without_gamma(g, index) } else { Err(miss) });
     }
     let out = pattern::anchor(g, index, "Add")?;
     pattern::anchor_operands(
@@ -72,6 +74,40 @@ fn without_beta(g: &Graph, index: usize) -> Check<Rewrite> {
             layer_normalization(g, m, x, gamma, None, core.eps)
         },
     )
+}
+
+/// `n(x - mean(x))` alone, with neither gamma nor beta (OLMo's
+/// non-parametric LayerNorm): `LayerNormalization(x, ones)`, a `[D]` scale
+/// of ones made for it, which multiplies exactly. Where a Mul or Add of a
+/// weight-shaped operand alone reads the normalized value, that node is the
+/// anchor instead.
+fn without_gamma(g: &Graph, index: usize) -> Check<Rewrite> {
+    let last = g.node(index);
+    candidate!(last.input.len() == 2);
+    let n = &last.output[0];
+    let readers = g.consumers(n);
+    let scaled_after = !g.is_graph_output(n)
+        && readers.len() == 1
+        && (g.node(readers[0]).is("Mul") || g.node(readers[0]).is("Add"))
+        && g.node(readers[0]).input.iter().any(|w| w != n && is_vector(g, w));
+    candidate!(!scaled_after);
+    let mut m = Match::new(index);
+    let core = rms_core(g, &mut m, n).map_err(|_| Miss::NotCandidate)?;
+    let x = centered(g, &mut m, core.x).map_err(|_| Miss::NotCandidate)?;
+    let d = g.shapes().last_axis(x).and_then(|d| d.value());
+    let elem = g.elem_type(x);
+    let ones = d.zip(elem).and_then(|(d, elem)| pattern::filled(elem, d, 1.0));
+    let ones = ones.ok_or_else(|| {
+        Miss::Declined(format!("a LayerNorm without gamma: the last axis and type of {x} are not known numbers"))
+    })?;
+    require!(elem == Some(core.elem_type), "x and eps do not share one element type");
+    require!(
+        g.target == Target::Ort || g.opset >= 17,
+        "needs opset 17 for LayerNormalization (the model imports opset {})",
+        g.opset
+    );
+    let gamma = m.weight_input(g, pattern::Weight::Made(ones), "gamma");
+    Ok(m.replace_with(node("LayerNormalization", &[x, &gamma], norm_attributes(core.eps))))
 }
 
 /// The x of `d = Sub(x, ReduceMean(x))` over the last axis.

@@ -492,6 +492,16 @@ pub fn layer_norm(rng: &mut Rng) -> Case {
     };
     let inner = computed_since(&b, before);
     let x_rank = declared.then_some(rank);
+    if rng.chance(0.1) {
+        // OLMo: neither gamma nor beta; a scale of ones needs a known D.
+        c.note("neither gamma nor beta");
+        if !matches!(last, D::N(_)) {
+            c.breaks(format!("no gamma on x of last axis {last:?}"));
+        }
+        b.output(&n, elem, None);
+        leak(rng, &mut c, &mut b, &inner, elem);
+        return finish(rng, c, b, opset, elem);
+    }
     let gamma = weight(rng, &mut c, &mut b, "gamma", elem, &last, x_rank, false);
     let g = commuted(rng, &mut b, "Mul", &n, &gamma);
     let y = if rng.chance(0.15) {
