@@ -502,7 +502,17 @@ pub fn layer_norm(rng: &mut Rng) -> Case {
         leak(rng, &mut c, &mut b, &inner, elem);
         return finish(rng, c, b, opset, elem);
     }
-    let gamma = weight(rng, &mut c, &mut b, "gamma", elem, &last, x_rank, false);
+    // A gamma that breaks the rewrite leaves LayerNormalization with a
+    // scale of ones (where D is known) and its Mul: the same function.
+    let mut gamma_case = Ctx::new();
+    let gamma = weight(rng, &mut gamma_case, &mut b, "gamma", elem, &last, x_rank, false);
+    for what in gamma_case.what {
+        c.note(what);
+    }
+    if gamma_case.expect == Expect::NoFuse {
+        c.unsure("the gamma does not fold: the norm may fuse without it");
+        c.aside.push(gamma.clone());
+    }
     let g = commuted(rng, &mut b, "Mul", &n, &gamma);
     let y = if rng.chance(0.15) {
         c.note("no beta (Cohere, ModernBERT)");
