@@ -785,6 +785,8 @@ def main():
         ("bloom_ts_op14.onnx", lambda n: export_torch(n, "bloom", opset=14)),
         ("mpt_ts_op14.onnx", lambda n: export_torch(n, "mpt", opset=14)),
         ("olmo_ts_op14.onnx", lambda n: export_torch(n, "olmo", opset=14)),
+        # 3-D scores viewed as 4-D once, against a 4-D v.
+        ("bloom_dynamo_op18.onnx", lambda n: export_torch(n, "bloom", opset=18, dynamo=True)),
         ("opt_optimum.onnx", lambda n: export_optimum(n, "opt", "text-generation", opset=14)),
         ("bloom_optimum.onnx", lambda n: export_optimum(n, "bloom", "text-generation", opset=14)),
     ]

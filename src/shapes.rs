@@ -58,6 +58,11 @@ impl Dim {
     }
 }
 
+/// The product of dimensions (1 for none).
+pub fn product(dims: &[Dim]) -> Dim {
+    dims.iter().fold(Dim::known(1), |p, d| p.mul(d))
+}
+
 impl std::fmt::Display for Dim {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mut parts: Vec<String> = self.atoms.iter().map(|a| a.trim_start_matches('$').to_string()).collect();
@@ -252,7 +257,7 @@ impl<'g, 'a> Shapes<'g, 'a> {
                     let known: Option<Vec<&Dim>> =
                         out.iter().enumerate().filter(|(i, _)| *i != hole).map(|(_, d)| d.as_ref()).collect();
                     let known = known.map(|k| k.into_iter().fold(Dim::known(1), |p, d| p.mul(d)));
-                    let total = x.as_ref().map(|x| x.iter().fold(Dim::known(1), |p, d| p.mul(d)));
+                    let total = x.as_deref().map(product);
                     out[hole] = total.zip(known).and_then(|(t, k)| t.div(&k));
                 }
                 out.into_iter()
@@ -317,7 +322,6 @@ impl<'g, 'a> Shapes<'g, 'a> {
                 if !(0..=rank).contains(&axis) {
                     return None;
                 }
-                let product = |dims: &[Dim]| dims.iter().fold(Dim::known(1), |p, d| p.mul(d));
                 vec![product(&x[..axis as usize]), product(&x[axis as usize..])]
             }
             "GatherND" => {

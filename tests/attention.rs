@@ -31,6 +31,7 @@ const FORMS: &[(&str, &str)] = &[
     ("trocr_decoder_ts_op14.onnx", "reshape_input.add.reshape_input.softmax"),
     ("bloom_ts_op14.onnx", "mul.add.reshape_input.add.softmax.cast.cast.reshape_input"),
     ("mpnet_ts_op14.onnx", "div.add.add.softmax"),
+    ("bloom_dynamo_op18.onnx", "mul.add.reshape_allowzero.add.softmax"),
     ("mpt_ts_op14.onnx", "mul.add.masked_fill.cast.softmax.cast"),
 ];
 

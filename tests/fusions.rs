@@ -55,6 +55,8 @@ pub const EXPORTS: &[(&str, usize, usize, usize, f32)] = &[
     // ALiBi added to the scores, then the mask; a Reshape on each side of the Softmax.
     ("bloom_ts_op14.onnx", 0, 6, 2, 1e-5),
     ("bloom_optimum.onnx", 0, 6, 2, 1e-5),
+    // dynamo: one Reshape of the 3-D scores to 4-D; the exporter writes LayerNormalization.
+    ("bloom_dynamo_op18.onnx", 0, 0, 2, 1e-5),
     // A relative position bias, then the mask.
     ("mpnet_ts_op14.onnx", 0, 5, 2, 1e-12),
     // LayerNorms without bias; MPT also masks with masked_fill.

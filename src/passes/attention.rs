@@ -33,7 +33,7 @@ use crate::onnx::{
 };
 use crate::pattern::{self, cast_to};
 use crate::rewrite::{Match, Pass, Rewrite};
-use crate::shapes::Shapes;
+use crate::shapes::{product, Shapes};
 use crate::{candidate, require};
 
 pub const PASS: Pass = Pass {
@@ -369,7 +369,8 @@ fn scores_chain<'a>(g: &Graph<'a>, m: &mut Match, value: &'a str, depth: usize) 
 /// both before the softmax (3-D heads folded into the batch, reshaped to
 /// 4-D around the mask), both after it, or one on each side (BLOOM: the
 /// scores reshaped to 4-D for the mask, the probabilities back to 3-D), where
-/// the softmax's last axis must be the last axis it started from. Proved
+/// the softmax's last axis must be the last axis it started from; or one
+/// alone that only regroups the axes before the last two. Proved
 /// with symbolic shapes, since exports compute these shapes at run time.
 /// The last Reshape feeds the final MatMul through steps that keep its
 /// shape, so its last axis is v's second to last (a run where they differ
@@ -409,6 +410,20 @@ fn reshapes_give_back_shapes(
                 start.is_some() && start == view,
                 "the Reshape before the softmax is not proved to keep the last axis"
             );
+            Ok(())
+        }
+        ([one], []) | ([], [one]) => {
+            // A lone view that regroups only the axes before the last two
+            // (BLOOM via dynamo: 3-D scores, then 4-D against a 4-D v).
+            let (start, view) = (shapes.shape(&g.node(*one).input[0]), shapes.shape(&g.node(*one).output[0]));
+            let regroups = start.zip(view).is_some_and(|(start, view)| {
+                let (n, m) = (start.len(), view.len());
+                n >= 2
+                    && m >= 2
+                    && start[n - 2..] == view[m - 2..]
+                    && product(&start[..n - 2]) == product(&view[..m - 2])
+            });
+            require!(regroups, "the Reshape around the softmax is not proved to regroup only the leading axes");
             Ok(())
         }
         (b, a) => {

@@ -32,8 +32,13 @@ pub const PASS: Pass = Pass {
 
 fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     if g.node(index).is("Mul") || g.node(index).is("Div") {
-        return without_beta(g, index)
-            .or_else(|miss| if miss == Miss::NotCandidate { without_gamma(g, index) } else { Err(miss) });
+        return without_beta(g, index).or_else(|miss| {
+            if miss == Miss::NotCandidate {
+                without_gamma(g, index)
+            } else {
+                Err(miss)
+            }
+        });
     }
     let out = pattern::anchor(g, index, "Add")?;
     pattern::anchor_operands(
@@ -151,14 +156,14 @@ fn layer_normalization<'a>(
 }
 
 /// An Add with no operand of rank ≤ 1 is no candidate, unless one operand
-/// is the scaled norm: then the reason is beta's shape. (A whole
-/// LayerNormalization read by a residual Add, whose other operand is no
-/// constant, is no candidate either.)
+/// is the scaled norm: then the reason is beta's shape. (A fused norm read
+/// by a residual Add, whose other operand is no constant, is no candidate
+/// either.)
 fn beta_not_a_vector(g: &Graph, index: usize) -> Check<Rewrite> {
     let out = g.node(index);
     for (scaled, beta) in [(&out.input[0], &out.input[1]), (&out.input[1], &out.input[0])] {
-        let candidate = |norm: Scaled| !norm.centered || g.constant(beta).is_some();
-        if scaled_norm(g, &mut Match::new(index), scaled).is_ok_and(candidate) {
+        let primitives = g.producer(scaled).is_some_and(|p| g.node(p).is("Mul"));
+        if (primitives || g.constant(beta).is_some()) && scaled_norm(g, &mut Match::new(index), scaled).is_ok() {
             return Err(Miss::Declined(format!(
                 "the beta ({beta}) is not proved to have one axis (leading axes of 1 aside)"
             )));
