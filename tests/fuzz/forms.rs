@@ -372,6 +372,32 @@ fn weight(
     }
 }
 
+/// A LayerNorm's gamma or beta. One that breaks the rewrite leaves the
+/// norm to fuse without it (a scale of ones where D is known, no bias),
+/// beside its Mul or Add: the same function.
+#[allow(clippy::too_many_arguments)]
+fn norm_weight(
+    rng: &mut Rng,
+    c: &mut Ctx,
+    b: &mut Builder,
+    name: &str,
+    elem: i32,
+    last: &D,
+    x_rank: Option<usize>,
+    bias: bool,
+) -> String {
+    let mut own = Ctx::new();
+    let w = weight(rng, &mut own, b, name, elem, last, x_rank, bias);
+    for what in own.what {
+        c.note(what);
+    }
+    if own.expect == Expect::NoFuse {
+        c.unsure(format!("the {name} does not fold: the norm may fuse without it"));
+        c.aside.push(w.clone());
+    }
+    w
+}
+
 /// The values nodes since `before` compute (not Constants: a constant that
 /// something else reads too simply stays).
 fn computed_since(b: &Builder, before: usize) -> Vec<String> {
@@ -502,33 +528,13 @@ pub fn layer_norm(rng: &mut Rng) -> Case {
         leak(rng, &mut c, &mut b, &inner, elem);
         return finish(rng, c, b, opset, elem);
     }
-    // A gamma that breaks the rewrite leaves LayerNormalization with a
-    // scale of ones (where D is known) and its Mul: the same function.
-    let mut gamma_case = Ctx::new();
-    let gamma = weight(rng, &mut gamma_case, &mut b, "gamma", elem, &last, x_rank, false);
-    for what in gamma_case.what {
-        c.note(what);
-    }
-    if gamma_case.expect == Expect::NoFuse {
-        c.unsure("the gamma does not fold: the norm may fuse without it");
-        c.aside.push(gamma.clone());
-    }
+    let gamma = norm_weight(rng, &mut c, &mut b, "gamma", elem, &last, x_rank, false);
     let g = commuted(rng, &mut b, "Mul", &n, &gamma);
     let y = if rng.chance(0.15) {
         c.note("no beta (Cohere, ModernBERT)");
         g
     } else {
-        // A beta that breaks the rewrite leaves LayerNormalization without
-        // bias and its Add, which is the same function.
-        let mut beta_case = Ctx::new();
-        let beta = weight(rng, &mut beta_case, &mut b, "beta", elem, &last, x_rank, true);
-        for what in beta_case.what {
-            c.note(what);
-        }
-        if beta_case.expect == Expect::NoFuse {
-            c.unsure("the beta does not fold: the norm may fuse without it");
-            c.aside.push(beta.clone());
-        }
+        let beta = norm_weight(rng, &mut c, &mut b, "beta", elem, &last, x_rank, true);
         commuted(rng, &mut b, "Add", &g, &beta)
     };
     b.output(&y, elem, None);
