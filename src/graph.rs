@@ -660,9 +660,9 @@ pub fn free_values(body: &GraphProto) -> HashSet<String> {
     used
 }
 
-/// The nodes of `g` in an order in which each comes after every node of
-/// `g` whose output it reads, as an input or through what its bodies
-/// capture (spec, ground rule 10: the list's own order means nothing).
+/// The indices of `nodes` in an order in which each comes after every node
+/// of the list whose output it reads, as an input or through what its
+/// bodies capture (spec, ground rule 10: the list's own order means nothing).
 /// Of the nodes ready at each step the earliest in the list goes first, so
 /// a list already in order keeps it. On a cycle, the index of a node on it.
 pub fn node_order(nodes: &[NodeProto]) -> Result<Vec<usize>, usize> {

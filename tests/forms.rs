@@ -172,6 +172,18 @@ fn core(steps: impl Fn(&mut Builder, String) -> String, after: impl Fn(&mut Buil
     b.model(14)
 }
 
+/// The scores, read outside the core too by `op` (a graph output).
+fn scores_also_read_by(op: &'static str) -> ModelProto {
+    core(
+        move |b, s| {
+            let read = b.node(op, &[&s], vec![]);
+            b.output(&read, if op == "Shape" { INT64 } else { FLOAT }, None);
+            s
+        },
+        |_, p| p,
+    )
+}
+
 fn attention(model: &ModelProto) -> (usize, Vec<String>, ModelProto) {
     let (fused, outcome) = fuse_model(model, &["attention"]);
     (outcome.fused.len(), outcome.declined.into_iter().map(|d| d.reason).collect(), fused)
@@ -211,6 +223,22 @@ fn masked_fill_with_a_reshaped_fill_is_a_core() {
     let (n, why, _) = attention(&model);
     assert_eq!(n, 0);
     assert!(why.iter().any(|r| r.contains("the Where fill is -100, not at most -1e4")), "{why:?}");
+}
+
+#[test]
+fn scores_whose_shape_alone_is_read_elsewhere_keep_their_matmul() {
+    let model = scores_also_read_by("Shape");
+    let (n, why, fused) = attention(&model);
+    assert_eq!(n, 1, "{why:?}");
+    let ops: Vec<&str> = fused.graph.as_ref().unwrap().node.iter().map(|n| n.op_type()).collect();
+    assert_eq!(ops, ["MatMul", "Shape", "AttentionCore"], "the MatMul stays for the Shape");
+    let core = &fused.graph.as_ref().unwrap().node[2];
+    assert_eq!(fused_list(core), ["MatMul n3_MatMul", "Softmax n2_Softmax"], "the kept MatMul n0 is not listed");
+    assert_equivalent(&model, &fused, "forms");
+    // Any other reader needs the scores' values: no core.
+    let (n, why, _) = attention(&scores_also_read_by("Neg"));
+    assert_eq!(n, 0);
+    assert!(why.iter().any(|r| r.contains("is also read outside the matched nodes")), "{why:?}");
 }
 
 #[test]

@@ -111,7 +111,12 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
 
     let (scores, before) = scores_chain(g, &mut m, &g.node(softmax).input[0], 0)?;
     let (q, k) = (g.node(scores).input[0].as_str(), g.node(scores).input[1].as_str());
-    m.take(scores);
+    // Scores whose shape alone is read elsewhere (DistilBERT expands its
+    // mask to Shape(scores)) keep their MatMul for that reader; the core
+    // computes q·k again (ONNX Runtime merges the two when it inlines).
+    if !m.only_shape_read_outside(g, &g.node(scores).output[0]) || m.only_read_inside(g, &g.node(scores).output[0]) {
+        m.take(scores);
+    }
 
     let count = |steps: &[(usize, Step)], f: fn(&Step) -> bool| steps.iter().filter(|(_, s)| f(s)).count();
     require!(count(&before, |s| matches!(s, Step::Scale(..) | Step::Divisor(_))) <= 1, "more than one scale");
