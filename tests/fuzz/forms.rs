@@ -611,6 +611,13 @@ pub fn attention(rng: &mut Rng) -> Case {
     let mut s = b.node("MatMul", &[&q, &k], vec![]);
     let mut s_elem = elem;
     let scores = s.clone();
+    if rng.chance(0.06) {
+        // DistilBERT: the mask expanded to Shape(scores); the MatMul stays.
+        c.note("the scores' shape is read elsewhere");
+        let shape = b.node("Shape", &[&scores], vec![]);
+        b.output(&shape, INT64, None);
+        c.aside.push(shape);
+    }
     if rng.chance(0.7) {
         if rng.chance(0.08) {
             c.breaks("the scale has two values");
