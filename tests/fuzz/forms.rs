@@ -518,6 +518,11 @@ pub fn layer_norm(rng: &mut Rng) -> Case {
     };
     let inner = computed_since(&b, before);
     let x_rank = declared.then_some(rank);
+    if matches!(last, D::N(_)) {
+        // Read elsewhere too, the normalized value still fuses as
+        // LayerNormalization with a scale of ones, its Mul and Add after it.
+        c.aside.push(n.clone());
+    }
     if rng.chance(0.1) {
         // OLMo: neither gamma nor beta; a scale of ones needs a known D.
         c.note("neither gamma nor beta");
@@ -611,7 +616,8 @@ pub fn attention(rng: &mut Rng) -> Case {
     let mut s = b.node("MatMul", &[&q, &k], vec![]);
     let mut s_elem = elem;
     let scores = s.clone();
-    if rng.chance(0.06) {
+    let shape_read = rng.chance(0.06);
+    if shape_read {
         // DistilBERT: the mask expanded to Shape(scores); the MatMul stays.
         c.note("the scores' shape is read elsewhere");
         let shape = b.node("Shape", &[&scores], vec![]);
@@ -673,7 +679,12 @@ pub fn attention(rng: &mut Rng) -> Case {
     // Additive terms: a position bias, ALiBi, the mask, in a row.
     for i in 0..[0, 1, 1, 2][rng.below(4)] {
         if rng.chance(0.08) {
-            c.breaks("the mask is the scores themselves");
+            if shape_read {
+                // The MatMul stays for its Shape reader: the core may read it.
+                c.note("the mask is the scores themselves, whose MatMul stays");
+            } else {
+                c.breaks("the mask is the scores themselves");
+            }
             s = b.node("Add", &[&s, &scores], vec![]);
         } else {
             c.ort_only(format!("additive term {i}"));
