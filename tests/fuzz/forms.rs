@@ -540,6 +540,10 @@ pub fn layer_norm(rng: &mut Rng) -> Case {
         g
     } else {
         let beta = norm_weight(rng, &mut c, &mut b, "beta", elem, &last, x_rank, true);
+        if c.aside.contains(&gamma) {
+            // Past a gamma that stays outside, the beta does too.
+            c.aside.push(beta.clone());
+        }
         commuted(rng, &mut b, "Add", &g, &beta)
     };
     b.output(&y, elem, None);
