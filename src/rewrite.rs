@@ -109,7 +109,8 @@ impl Match {
     /// True when every reader of `value` outside the match (it is not a
     /// graph output) reads only its shape: a `Shape` node.
     pub fn only_shape_read_outside(&self, g: &Graph, value: &str) -> bool {
-        !g.is_graph_output(value) && g.consumers(value).iter().all(|&c| self.nodes.contains(&c) || g.node(c).is("Shape"))
+        !g.is_graph_output(value)
+            && g.consumers(value).iter().all(|&c| self.nodes.contains(&c) || g.node(c).is("Shape"))
     }
 
     /// Adds every node of a sub-match.

@@ -296,6 +296,12 @@ fn scores_chain<'a>(g: &Graph<'a>, m: &mut Match, value: &'a str, depth: usize) 
             (mm, list)
         })
     };
+    // An Identity or an inference Dropout computes nothing: no step.
+    if let Some(input) = g.identity_input(p) {
+        return scores_chain(g, m, input, depth + 1).inspect(|_| {
+            m.take(p);
+        });
+    }
     let binary = node.input.len() == 2;
     match node.op_type() {
         _ if !crate::onnx::is_default_domain(node.domain()) => {}
@@ -356,12 +362,6 @@ fn scores_chain<'a>(g: &Graph<'a>, m: &mut Match, value: &'a str, depth: usize) 
         }
         "Reshape" if binary => {
             return step(scores_chain(g, m, &node.input[0], depth + 1), reshape(g, node)).inspect(|_| {
-                m.take(p);
-            });
-        }
-        _ if g.identity_input(p).is_some() => {
-            let input = g.identity_input(p).expect("checked");
-            return scores_chain(g, m, input, depth + 1).inspect(|_| {
                 m.take(p);
             });
         }
