@@ -685,7 +685,7 @@ pub fn attention(rng: &mut Rng) -> Case {
         if rng.chance(0.08) {
             if shape_read {
                 // The MatMul stays for its Shape reader: the core may read it.
-                c.note("the mask is the scores themselves, whose MatMul stays");
+                c.ort_only("the mask is the scores themselves, whose MatMul stays");
             } else {
                 c.breaks("the mask is the scores themselves");
             }
