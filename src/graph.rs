@@ -231,10 +231,10 @@ impl<'a> Graph<'a> {
                     .enumerate()
                     .map(|(i, &d)| if d == 0 && !allowzero { t.dims.get(i).copied().unwrap_or(-2) } else { d })
                     .collect();
-                let known: i64 = dims.iter().filter(|&&d| d != -1).product();
                 if dims.iter().any(|&d| d < -1) || dims.iter().filter(|&&d| d == -1).count() > 1 {
                     return None;
                 }
+                let known = dims.iter().filter(|&&d| d != -1).try_fold(1i64, |p, &d| p.checked_mul(d))?;
                 if let Some(hole) = dims.iter().position(|&d| d == -1) {
                     if known == 0 || n % known != 0 {
                         return None;

@@ -38,15 +38,16 @@ impl Dim {
         self.atoms.is_empty().then_some(self.coef)
     }
 
-    fn mul(&self, other: &Dim) -> Dim {
+    /// The product; none where the coefficient overflows (unknown).
+    fn mul(&self, other: &Dim) -> Option<Dim> {
         let mut atoms = [self.atoms.clone(), other.atoms.clone()].concat();
         atoms.sort();
-        Dim { coef: self.coef * other.coef, atoms }
+        Some(Dim { coef: self.coef.checked_mul(other.coef)?, atoms })
     }
 
     /// Exact division, when `other` divides `self` as a monomial.
     fn div(&self, other: &Dim) -> Option<Dim> {
-        if other.coef == 0 || self.coef % other.coef != 0 {
+        if self.coef.checked_rem(other.coef)? != 0 {
             return None;
         }
         let mut atoms = self.atoms.clone();
@@ -54,13 +55,13 @@ impl Dim {
             let i = atoms.iter().position(|x| x == a)?;
             atoms.remove(i);
         }
-        Some(Dim { coef: self.coef / other.coef, atoms })
+        Some(Dim { coef: self.coef.checked_div(other.coef)?, atoms })
     }
 }
 
-/// The product of dimensions (1 for none).
-pub fn product(dims: &[Dim]) -> Dim {
-    dims.iter().fold(Dim::known(1), |p, d| p.mul(d))
+/// The product of dimensions (1 for none); none where it overflows.
+pub fn product(dims: &[Dim]) -> Option<Dim> {
+    dims.iter().try_fold(Dim::known(1), |p, d| p.mul(d))
 }
 
 impl std::fmt::Display for Dim {
@@ -256,8 +257,8 @@ impl<'g, 'a> Shapes<'g, 'a> {
                 if let (Some(hole), true) = (hole, target.iter().all(Option::is_some)) {
                     let known: Option<Vec<&Dim>> =
                         out.iter().enumerate().filter(|(i, _)| *i != hole).map(|(_, d)| d.as_ref()).collect();
-                    let known = known.map(|k| k.into_iter().fold(Dim::known(1), |p, d| p.mul(d)));
-                    let total = x.as_deref().map(product);
+                    let known = known.and_then(|k| k.into_iter().try_fold(Dim::known(1), |p, d| p.mul(d)));
+                    let total = x.as_deref().and_then(product);
                     out[hole] = total.zip(known).and_then(|(t, k)| t.div(&k));
                 }
                 out.into_iter()
@@ -322,7 +323,8 @@ impl<'g, 'a> Shapes<'g, 'a> {
                 if !(0..=rank).contains(&axis) {
                     return None;
                 }
-                vec![product(&x[..axis as usize]), product(&x[axis as usize..])]
+                let part = |dims: &[Dim], i: usize| product(dims).unwrap_or_else(|| Dim::atom(format!("{value}#{i}")));
+                vec![part(&x[..axis as usize], 0), part(&x[axis as usize..], 1)]
             }
             "GatherND" => {
                 // indices[:-1] + data[batch_dims + indices[-1]:]
@@ -360,7 +362,7 @@ impl<'g, 'a> Shapes<'g, 'a> {
                 x.iter()
                     .zip(repeats)
                     .enumerate()
-                    .map(|(i, (d, r))| r.map(|r| d.mul(&r)).unwrap_or_else(|| Dim::atom(format!("{value}#{i}"))))
+                    .map(|(i, (d, r))| r.and_then(|r| d.mul(&r)).unwrap_or_else(|| Dim::atom(format!("{value}#{i}"))))
                     .collect()
             }
             "Slice" => {
@@ -561,7 +563,7 @@ impl<'g, 'a> Shapes<'g, 'a> {
                 let i = g.scalar(&node.input[1])? as i64;
                 data.get(normalize(i, data.len())?).cloned().flatten()
             }
-            "Mul" => Some(self.scalar(&node.input[0])?.mul(&self.scalar(&node.input[1])?)),
+            "Mul" => self.scalar(&node.input[0])?.mul(&self.scalar(&node.input[1])?),
             "Div" => self.scalar(&node.input[0])?.div(&self.scalar(&node.input[1])?),
             "Cast" | "Identity" => self.scalar(&node.input[0]),
             "Squeeze" | "Reshape" => match self.shape_tensor(&node.input[0])?.as_slice() {
@@ -587,7 +589,9 @@ pub fn slice_indices(start: i64, end: i64, step: i64, len: i64) -> Vec<i64> {
     let mut out = Vec::new();
     while (step > 0 && i < end) || (step < 0 && i > end) {
         out.push(i);
-        i += step;
+        // Past the end of i64 is past the end of the axis.
+        let Some(next) = i.checked_add(step) else { break };
+        i = next;
     }
     out
 }

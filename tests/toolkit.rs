@@ -295,3 +295,49 @@ fn a_last_axis_is_known_where_the_rank_is_not() {
     }
     assert_eq!(shapes.last_axis(&unknown), None);
 }
+
+#[test]
+fn extreme_integers_in_shape_arguments_give_unknown_shapes_not_panics() {
+    // Debug builds check integer overflow: every value here must derive
+    // without one (an overflow means "unknown").
+    let extremes = [i64::MIN, i64::MIN + 1, -1, 0, 1, i64::MAX - 1, i64::MAX];
+    for &a in &extremes {
+        for &c in &extremes {
+            let mut b = Builder::default();
+            let x = b.input("x", FLOAT, Some(&[D::N(i64::MAX / 2), D::N(3), sym("s")]));
+            let target = b.init("target", ints(&[a, c, -1]));
+            let reshaped = b.node("Reshape", &[&x, &target], vec![]);
+            let (starts, ends, axes, steps) = (
+                b.init("st", ints(&[a])),
+                b.init("en", ints(&[c])),
+                b.init("ax", ints(&[0])),
+                b.init("sp", ints(&[c])),
+            );
+            let sliced = b.node("Slice", &[&x, &starts, &ends, &axes, &steps], vec![]);
+            let shape_of = b.node("Shape", &[&x], vec![]);
+            let sliced_shape = b.node("Slice", &[&shape_of, &starts, &ends, &axes, &steps], vec![]);
+            let expand_to = b.init("to", ints(&[a, c, 2]));
+            let expanded = b.node("Expand", &[&x, &expand_to], vec![]);
+            let reps = b.init("reps", ints(&[a, c, 2]));
+            let tiled = b.node("Tile", &[&x, &reps], vec![]);
+            let (start, limit, delta) = (
+                b.init("r0", tensor(INT64, &[], &[a as f64])),
+                b.init("r1", tensor(INT64, &[], &[c as f64])),
+                b.init("r2", tensor(INT64, &[], &[c as f64])),
+            );
+            let range = b.node("Range", &[&start, &limit, &delta], vec![]);
+            let small = b.init("small", tensor(FLOAT, &[2], &[1.0, 2.0]));
+            let small_target = b.init("small_target", ints(&[a, c, -1]));
+            let reshaped_constant = b.node("Reshape", &[&small, &small_target], vec![]);
+            let conv_w = b.init("w", tensor(FLOAT, &[1, 1, 1], &[1.0]));
+            let conv = b.node("Conv", &[&x, &conv_w], vec![attr_ints("strides", &[c]), attr_ints("pads", &[a, c])]);
+            let flat = b.node("Flatten", &[&tiled], vec![attr_int("axis", 2)]);
+            let by_sliced_shape = b.node("Reshape", &[&x, &sliced_shape], vec![]);
+            let values =
+                [&reshaped, &sliced, &sliced_shape, &expanded, &tiled, &range, &reshaped_constant, &conv, &flat];
+            for v in values.into_iter().chain([&by_sliced_shape]) {
+                let _ = shape(&b, 18, v);
+            }
+        }
+    }
+}
