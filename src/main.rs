@@ -207,12 +207,7 @@ fn main() -> ExitCode {
     // gets one line and exit code 1, not a backtrace: the hook stays silent
     // and remembers the message for the line below.
     std::panic::set_hook(Box::new(|info| {
-        let message = info
-            .payload()
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| info.payload().downcast_ref::<String>().cloned())
-            .unwrap_or_default();
+        let message = onnx_fuse::run::panic_message(info.payload());
         let place = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
         LAST_PANIC.with(|p| *p.borrow_mut() = format!("{message}{place}"));
     }));

@@ -24,6 +24,30 @@ impl std::fmt::Display for Usage {
 
 impl std::error::Error for Usage {}
 
+/// The message a panic carries.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_default()
+}
+
+/// A panic as an error naming it a bug.
+fn internal_error(payload: &(dyn std::any::Any + Send)) -> anyhow::Error {
+    anyhow::anyhow!("internal error: {} (please report it with the model that caused it)", panic_message(payload))
+}
+
+/// Debug builds panic on the model named by `ONNX_FUSE_PANIC_ON` (tests of
+/// what a bug does to a folder run); release builds have no such hook.
+fn fault_for_tests(name: &str) {
+    #[cfg(debug_assertions)]
+    if std::env::var("ONNX_FUSE_PANIC_ON").is_ok_and(|n| n == name) {
+        panic!("a fault injected for tests in {name}");
+    }
+    let _ = name;
+}
+
 fn usage(why: String) -> anyhow::Error {
     Usage(why).into()
 }
@@ -252,16 +276,34 @@ pub fn fuse_folder(
                             .filter(|e| e.file.as_deref() == Some(name.as_str()))
                             .cloned()
                             .collect();
-                        let result = io::load(path, settings.load).and_then(|loaded| {
-                            fuse_loaded(loaded, &target(path), settings, ExternalData::InPlace, &expectations, progress)
-                        });
+                        // A bug that panics on one model fails that model, reported
+                        // like any error; the other models go on.
+                        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            fault_for_tests(&name);
+                            io::load(path, settings.load).and_then(|loaded| {
+                                fuse_loaded(
+                                    loaded,
+                                    &target(path),
+                                    settings,
+                                    ExternalData::InPlace,
+                                    &expectations,
+                                    progress,
+                                )
+                            })
+                        }))
+                        .unwrap_or_else(|payload| Err(internal_error(payload.as_ref())));
                         done.push((path.clone(), result));
                     }
                     done
                 })
             })
             .collect();
-        handles.into_iter().flat_map(|h| h.join().unwrap_or_default()).collect()
+        // A worker that died anyway takes the run down with it (main's one
+        // line, exit 1): never a model silently missing from the report.
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_else(|payload| std::panic::resume_unwind(payload)))
+            .collect()
     });
     let mut files = Vec::new();
     let mut errors = Vec::new();

@@ -191,3 +191,25 @@ fn the_report_ends_with_a_before_after_table() {
     assert!(table.contains(&"transmuter.AttentionCore           0       2"), "{table:?}");
     assert!(table.contains(&"Softmax                            2       0"), "{table:?}");
 }
+
+/// A bug that panics on one model of a folder fails that model, reported
+/// with its name and exit code 1; the other models are fused and written.
+/// (The fault is injected through `ONNX_FUSE_PANIC_ON`, which only debug
+/// builds read.)
+#[test]
+fn a_model_that_panics_fails_alone_and_is_reported() {
+    let dir = tempdir();
+    let (out, report) = (dir.path().join("fused"), dir.path().join("r.json"));
+    let input = testdata("t5_optimum_folder");
+    let args = ["-q", s(&input), "-o", s(&out), "--report-json", s(&report)];
+    let r = bin().args(args).env("ONNX_FUSE_PANIC_ON", "decoder_model.onnx").output().unwrap();
+    assert_eq!(r.status.code(), Some(1), "{}", stderr(&r));
+    assert!(stderr(&r).contains("decoder_model.onnx") && stderr(&r).contains("internal error"), "{}", stderr(&r));
+    let report = json(&report);
+    let errors = report["errors"].as_array().unwrap();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(errors[0].to_string().contains("a fault injected for tests"), "{errors:?}");
+    let fused: Vec<String> = counts(&report).into_iter().map(|(name, ..)| name).collect();
+    assert_eq!(fused, ["decoder_with_past_model.onnx", "encoder_model.onnx"]);
+    assert!(out.join("encoder_model.onnx").exists() && !out.join("decoder_model.onnx").exists());
+}
