@@ -110,7 +110,7 @@ pub fn is_vector(g: &Graph, value: &str) -> bool {
 /// made for it (`[D]` from a `[1, …, 1, D]` constant or a one-value one).
 pub enum Weight<'a> {
     Value(&'a str),
-    Made(TensorProto),
+    Made(Box<TensorProto>),
 }
 
 /// A weight (scale or bias) the fused ops apply along the last axis, with
@@ -139,7 +139,7 @@ pub fn weight<'a>(g: &Graph<'a>, value: &'a str, x: &str, what: &str) -> Check<W
         let d = last.as_ref().and_then(Dim::value).filter(|&d| d > 0);
         if let (Some(t), Some(d), true) = (one, d, rank_fits) {
             if let Some(made) = t.scalar().and_then(|v| filled(t.data_type(), d, v)) {
-                return Ok(Weight::Made(made));
+                return Ok(Weight::Made(Box::new(made)));
             }
         }
         return Err(Miss::Declined(format!(
@@ -153,7 +153,7 @@ pub fn weight<'a>(g: &Graph<'a>, value: &'a str, x: &str, what: &str) -> Check<W
     require!(rank_fits, "the {what} ({value}) of rank {} may raise the rank of {x}", shape.len());
     let t = g.constant(value).filter(|t| !t.is_external());
     let t = t.ok_or_else(|| Miss::Declined(format!("the {what} ({value}) is [1, …, 1, D] but not a constant")))?;
-    Ok(Weight::Made(TensorProto { dims: vec![t.dims.last().copied().unwrap_or(1)], name: None, ..t.clone() }))
+    Ok(Weight::Made(Box::new(TensorProto { dims: vec![t.dims.last().copied().unwrap_or(1)], name: None, ..t.clone() })))
 }
 
 /// A `[d]` tensor of float type `elem` holding `v` (exact in that type)

@@ -79,7 +79,7 @@ impl Match {
             Weight::Value(v) => v.to_string(),
             Weight::Made(t) => {
                 let name = format!("{}_{what}", g.node(self.anchor).output[0]);
-                self.constants.push(TensorProto { name: Some(name.clone()), ..t });
+                self.constants.push(TensorProto { name: Some(name.clone()), ..*t });
                 name
             }
         }

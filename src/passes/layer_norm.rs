@@ -111,7 +111,7 @@ fn without_gamma(g: &Graph, index: usize) -> Check<Rewrite> {
         "needs opset 17 for LayerNormalization (the model imports opset {})",
         g.opset
     );
-    let gamma = m.weight_input(g, pattern::Weight::Made(ones), "gamma");
+    let gamma = m.weight_input(g, pattern::Weight::Made(Box::new(ones)), "gamma");
     Ok(m.replace_with(node("LayerNormalization", &[x, &gamma], norm_attributes(core.eps))))
 }
 
