@@ -92,6 +92,29 @@ struct VerifyArgs {
 }
 
 impl VerifyArgs {
+    /// The verification options given, by flag, where they change anything.
+    fn given(&self) -> Vec<&'static str> {
+        let flags = [
+            (self.ort_lib.is_some(), "--ort-lib"),
+            (self.rtol.is_some(), "--rtol"),
+            (self.atol.is_some(), "--atol"),
+            (self.seed != 0, "--seed"),
+            (!self.dim.is_empty(), "--dim"),
+            (self.inputs.is_some(), "--inputs"),
+        ];
+        flags.into_iter().filter(|(given, _)| *given).map(|(_, flag)| flag).collect()
+    }
+
+    /// A `--dim` given twice is a usage error, even with one value.
+    fn check_dims(&self) -> Result<(), Usage> {
+        for (i, (name, _)) in self.dim.iter().enumerate() {
+            if self.dim[..i].iter().any(|(earlier, _)| earlier == name) {
+                return Err(Usage(format!("--dim {name} is given twice")));
+            }
+        }
+        Ok(())
+    }
+
     fn options(&self) -> verify::Options {
         verify::Options {
             library: self.ort_lib.clone(),
@@ -284,6 +307,10 @@ fn fuse(args: FuseArgs) -> Result<Done> {
             .into());
         }
     }
+    if let (false, [flag, ..]) = (args.verify, args.verify_args.given().as_slice()) {
+        return Err(Usage(format!("{flag} is an option of --verify, which is not given")).into());
+    }
+    args.verify_args.check_dims()?;
     let settings = Settings {
         reports: args.report_json.iter().map(|j| Role::new(j, "--report-json")).collect(),
         pipeline,
@@ -359,6 +386,7 @@ fn compare(a: &Path, b: &Path, args: &VerifyArgs, json: Option<&Path>, options: 
     let reads: Vec<Role> = io::reads(&original).into_iter().chain(io::reads(&rewritten)).collect();
     let writes: Vec<Role> = json.iter().map(|j| Role::new(j, "--report-json")).collect();
     io::check_run(&reads, &writes).map_err(Usage)?;
+    args.check_dims()?;
     verify::check_options(&original.model, &args.options()).map_err(Usage)?;
     let progress = Progress::new(false);
     progress.step("verifying through ONNX Runtime".into());

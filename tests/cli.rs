@@ -28,6 +28,30 @@ fn usage_errors_exit_2() {
 }
 
 #[test]
+fn verification_options_need_verify_and_a_dim_is_given_once() {
+    let dir = tempdir();
+    let out = dir.path().join("out.onnx");
+    let model = testdata("llama_ts_op14.onnx");
+    let (model, out) = (model.to_str().unwrap(), out.to_str().unwrap());
+    let cases: [(&[&str], &str); 4] = [
+        (&["--rtol", "0.1"], "--rtol is an option of --verify, which is not given"),
+        (&["--dim", "batch=2"], "--dim is an option of --verify, which is not given"),
+        (&["--verify", "--dim", "batch=2", "--dim", "batch=3"], "--dim batch is given twice"),
+        (&["--verify", "--dim", "batch=2", "--dim", "batch=2"], "--dim batch is given twice"),
+    ];
+    for (extra, why) in cases {
+        let args: Vec<&str> = [model, "-o", out].iter().chain(extra).copied().collect();
+        let r = run(&args);
+        assert_eq!(r.status.code(), Some(2), "{extra:?}: {}", stderr(&r));
+        assert!(stderr(&r).contains(why) && stderr(&r).lines().count() == 1, "{extra:?}: {}", stderr(&r));
+        assert!(!std::path::Path::new(out).exists(), "{extra:?}: nothing written");
+    }
+    let r = run(&["verify", model, model, "--dim", "seq=4", "--dim", "seq=5"]);
+    assert_eq!(r.status.code(), Some(2), "{}", stderr(&r));
+    assert!(stderr(&r).contains("--dim seq is given twice"), "{}", stderr(&r));
+}
+
+#[test]
 fn report_lists_counts_and_replaced_nodes() {
     let dir = tempdir();
     let out = dir.path().join("out.onnx");
