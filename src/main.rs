@@ -276,6 +276,29 @@ fn one_line(message: &str) -> String {
     message.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
+/// Two expectations of one pass (and file) that no count meets together:
+/// two different exact counts, or a minimum above an exact count.
+fn check_expectations_agree(expectations: &[Expectation]) -> Result<(), Usage> {
+    let flag = |e: &Expectation| {
+        let file = e.file.as_deref().map(|f| format!("{f}:")).unwrap_or_default();
+        let dash = if e.kind == "min" { "-min" } else { "" };
+        format!("--expect{dash} {file}{}={}", e.pass, e.expected)
+    };
+    for (i, e) in expectations.iter().enumerate() {
+        for f in expectations[..i].iter().filter(|f| (&f.pass, &f.file) == (&e.pass, &e.file)) {
+            let exact_below =
+                |exact: &Expectation, other: &Expectation| exact.kind == "exact" && exact.expected < other.expected;
+            let clash = (e.kind == "exact" && f.kind == "exact" && e.expected != f.expected)
+                || (f.kind == "min" && exact_below(e, f))
+                || (e.kind == "min" && exact_below(f, e));
+            if clash {
+                return Err(Usage(format!("{} contradicts {}: no count meets both", flag(f), flag(e))));
+            }
+        }
+    }
+    Ok(())
+}
+
 fn fuse(args: FuseArgs) -> Result<Done> {
     let pipeline = passes::pipeline(&args.passes, &args.disable).map_err(|e| Usage(e.to_string()))?;
     if args.list_passes {
@@ -295,6 +318,11 @@ fn fuse(args: FuseArgs) -> Result<Done> {
                     .map_err(|e| Usage(format!("--expect{}: {e}", if kind == "min" { "-min" } else { "" })))?,
             );
         }
+    }
+    check_expectations_agree(&expectations)?;
+    if output.as_os_str() == "-" {
+        // A model is written atomically to a file; standard output is none.
+        return Err(Usage("-o -: onnx-fuse writes the model to a file, not to standard output".into()).into());
     }
     let folder = input.is_dir();
     if !folder {

@@ -28,6 +28,36 @@ fn usage_errors_exit_2() {
 }
 
 #[test]
+fn contradictory_expectations_and_an_output_of_dash_are_usage_errors() {
+    let dir = tempdir();
+    let out = dir.path().join("out.onnx");
+    let model = testdata("llama_ts_op14.onnx");
+    let (model, out) = (model.to_str().unwrap(), out.to_str().unwrap());
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["-o", out, "--expect", "rms-norm=5", "--expect", "rms-norm=4"],
+            "--expect rms-norm=5 contradicts --expect rms-norm=4",
+        ),
+        (&["-o", out, "--expect", "rms-norm=5", "--expect-min", "rms-norm=6"], "contradicts --expect-min rms-norm=6"),
+        (
+            &["-o", out, "--expect-min", "total=8", "--expect", "total=7"],
+            "--expect total=7 contradicts --expect-min total=8",
+        ),
+        (&["-o", "-"], "-o -: onnx-fuse writes the model to a file, not to standard output"),
+    ];
+    for (extra, why) in cases {
+        let args: Vec<&str> = [model].iter().chain(extra).copied().collect();
+        let r = run(&args);
+        assert_eq!(r.status.code(), Some(2), "{extra:?}: {}", stderr(&r));
+        assert!(stderr(&r).contains(why) && stderr(&r).lines().count() == 1, "{extra:?}: {}", stderr(&r));
+        assert!(!std::path::Path::new(out).exists() && !std::path::Path::new("-").exists(), "{extra:?}");
+    }
+    // Agreeing ones are fine: an exact count at or above a minimum.
+    let r = run(&[model, "-o", out, "-q", "--expect", "rms-norm=5", "--expect-min", "rms-norm=5,total=7"]);
+    assert!(r.status.success(), "{}", stderr(&r));
+}
+
+#[test]
 fn verification_options_need_verify_and_a_dim_is_given_once() {
     let dir = tempdir();
     let out = dir.path().join("out.onnx");
