@@ -285,3 +285,20 @@ fn inputs_can_come_from_an_npz_file() {
         stderr(&r)
     );
 }
+
+#[test]
+fn an_npz_with_no_array_is_a_usage_error() {
+    let dir = tempdir();
+    // An empty zip archive: its end-of-central-directory record alone.
+    let empty = dir.path().join("empty.npz");
+    let mut bytes = b"PK\x05\x06".to_vec();
+    bytes.extend([0u8; 18]);
+    std::fs::write(&empty, bytes).unwrap();
+    let model = testdata("llama_ts_op14.onnx");
+    let out = dir.path().join("o.onnx");
+    let r =
+        run(&["--verify", "--inputs", empty.to_str().unwrap(), model.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    assert_eq!(r.status.code(), Some(2), "{}", stderr(&r));
+    assert!(stderr(&r).contains("empty.npz: the .npz holds no array"), "{}", stderr(&r));
+    assert!(!out.exists());
+}

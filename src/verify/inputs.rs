@@ -154,6 +154,10 @@ pub fn check_options(model: &ModelProto, options: &Options) -> std::result::Resu
         let mut archive =
             npyz::npz::NpzArchive::open(path).map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
         let names: Vec<String> = archive.array_names().map(str::to_string).collect();
+        if names.is_empty() {
+            // Nothing in it would be used: every input would be made up.
+            return Err(format!("{}: the .npz holds no array (--inputs gives the model's inputs)", path.display()));
+        }
         for name in names {
             if !inputs.iter().any(|i| i.name() == name) {
                 let known: Vec<&str> = inputs.iter().map(|i| i.name()).collect();
