@@ -103,7 +103,12 @@ pub fn reduce_mean_last_axis(g: &Graph, index: usize) -> Check<()> {
 /// True for a value that may be a weight: of one axis at most, leading
 /// axes of 1 aside (`[D]`, `[1, 1, D]`), proved.
 pub fn is_vector(g: &Graph, value: &str) -> bool {
-    g.shapes().shape(value).is_some_and(|s| s.len() <= 1 || s[..s.len() - 1].iter().all(|d| d.value() == Some(1)))
+    g.shapes().shape(value).is_some_and(|s| one_axis(&s))
+}
+
+/// At most one axis other than leading axes of 1.
+fn one_axis(shape: &[Dim]) -> bool {
+    shape.len() <= 1 || shape[..shape.len() - 1].iter().all(|d| d.value() == Some(1))
 }
 
 /// What the fused op reads for a weight: the value itself, or a constant
@@ -130,8 +135,7 @@ pub fn weight<'a>(g: &Graph<'a>, value: &'a str, x: &str, what: &str) -> Check<W
     let last = shapes.last_axis(x);
     let shown = |d: &Option<Dim>| d.as_ref().map_or("unknown".to_string(), Dim::to_string);
     let n = shape.last().cloned().unwrap_or(Dim::known(1));
-    let leading_ones = shape.len() > 1 && shape[..shape.len() - 1].iter().all(|d| d.value() == Some(1));
-    require!(shape.len() <= 1 || leading_ones, "the {what} ({value}) has rank {} and is not [1, …, 1, D]", shape.len());
+    require!(one_axis(&shape), "the {what} ({value}) has rank {} and is not [1, …, 1, D]", shape.len());
     let rank_fits = x_shape.as_ref().is_some_and(|s| shape.len() <= s.len());
     if last.as_ref() != Some(&n) {
         // One value for every element of the last axis.

@@ -114,7 +114,9 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     // Scores whose shape alone is read elsewhere (DistilBERT expands its
     // mask to Shape(scores)) keep their MatMul for that reader; the core
     // computes q·k again (ONNX Runtime merges the two when it inlines).
-    if !m.only_shape_read_outside(g, &g.node(scores).output[0]) || m.only_read_inside(g, &g.node(scores).output[0]) {
+    let s = &g.node(scores).output[0];
+    let kept_for_its_shape = m.only_shape_read_outside(g, s) && !m.only_read_inside(g, s);
+    if !kept_for_its_shape {
         m.take(scores);
     }
 

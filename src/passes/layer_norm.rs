@@ -61,13 +61,7 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
 /// nor where an Add of a beta follows: that Add is the anchor.
 fn without_beta(g: &Graph, index: usize) -> Check<Rewrite> {
     let out = pattern::anchor(g, index, "Mul")?;
-    let scaled = &out.output[0];
-    let readers = g.consumers(scaled);
-    let beta_follows = !g.is_graph_output(scaled)
-        && readers.len() == 1
-        && g.node(readers[0]).is("Add")
-        && g.node(readers[0]).input.iter().any(|b| b != scaled && is_vector(g, b));
-    candidate!(!beta_follows);
+    candidate!(!weighted_after(g, &out.output[0], &["Add"]));
     pattern::anchor_operands(
         out,
         "a gamma of one axis (leading axes of 1 aside)",
@@ -90,12 +84,7 @@ fn without_gamma(g: &Graph, index: usize) -> Check<Rewrite> {
     let last = g.node(index);
     candidate!(last.input.len() == 2);
     let n = &last.output[0];
-    let readers = g.consumers(n);
-    let scaled_after = !g.is_graph_output(n)
-        && readers.len() == 1
-        && (g.node(readers[0]).is("Mul") || g.node(readers[0]).is("Add"))
-        && g.node(readers[0]).input.iter().any(|w| w != n && is_vector(g, w));
-    candidate!(!scaled_after);
+    candidate!(!weighted_after(g, n, &["Mul", "Add"]));
     let mut m = Match::new(index);
     let core = rms_core(g, &mut m, n).map_err(|_| Miss::NotCandidate)?;
     let x = centered(g, &mut m, core.x).map_err(|_| Miss::NotCandidate)?;
@@ -113,6 +102,16 @@ fn without_gamma(g: &Graph, index: usize) -> Check<Rewrite> {
     );
     let gamma = m.weight_input(g, pattern::Weight::Made(Box::new(ones)), "gamma");
     Ok(m.replace_with(node("LayerNormalization", &[x, &gamma], norm_attributes(core.eps))))
+}
+
+/// True when `value` is read alone by one of `ops` with a weight-shaped
+/// other operand: that node, a gamma's Mul or a beta's Add, is the anchor.
+fn weighted_after(g: &Graph, value: &str, ops: &[&str]) -> bool {
+    let readers = g.consumers(value);
+    !g.is_graph_output(value)
+        && readers.len() == 1
+        && ops.iter().any(|op| g.node(readers[0]).is(op))
+        && g.node(readers[0]).input.iter().any(|w| w != value && is_vector(g, w))
 }
 
 /// The x of `d = Sub(x, ReduceMean(x))` over the last axis.
