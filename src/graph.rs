@@ -101,6 +101,8 @@ pub struct Graph<'a> {
     /// The nodes in dependency order (`node_order`): whatever the list's
     /// order, every derivation and every pass visits producers first.
     order: Vec<usize>,
+    /// Each node's place in `order`.
+    position: Vec<usize>,
     producer: HashMap<&'a str, usize>,
     consumers: HashMap<&'a str, Vec<usize>>,
     outputs: HashSet<&'a str>,
@@ -142,6 +144,7 @@ impl<'a> Graph<'a> {
             opset_implied: false,
             // A cycle is refused on load; a view of one keeps the list's order.
             order: node_order(&proto.node).unwrap_or_else(|_| (0..proto.node.len()).collect()),
+            position: vec![0; proto.node.len()],
             producer: HashMap::new(),
             consumers: HashMap::new(),
             outputs: proto.output.iter().map(|o| o.name()).collect(),
@@ -164,6 +167,7 @@ impl<'a> Graph<'a> {
         let own_names = proto.input.iter().map(|i| i.name()).chain(proto.initializer.iter().map(|t| t.name()));
         g.ambiguous.extend(own_names.filter(|n| outer.is_visible(n)));
         for i in std::mem::take(&mut g.order) {
+            g.position[i] = g.order.len();
             g.order.push(i);
             let node = &proto.node[i];
             if let Some(why) = crate::ops::malformed(node, opset) {
@@ -316,6 +320,30 @@ impl<'a> Graph<'a> {
     /// The node indices in dependency order: producers before readers.
     pub fn order(&self) -> &[usize] {
         &self.order
+    }
+
+    /// True when `value` is computed from the outputs of node `from`, their
+    /// values and not only their shape (`Shape` and `Size` read no value).
+    pub fn computed_from(&self, value: &str, from: usize) -> bool {
+        let floor = self.position(from);
+        let mut todo: Vec<usize> = self.producer(value).into_iter().collect();
+        let mut seen = HashSet::new();
+        while let Some(n) = todo.pop() {
+            if n == from {
+                return true;
+            }
+            let shape_only = self.node(n).is("Shape") || self.node(n).is("Size");
+            if self.position(n) < floor || shape_only || !seen.insert(n) {
+                continue;
+            }
+            todo.extend(values_read_by(self.node(n)).iter().filter_map(|v| self.producer(v)));
+        }
+        false
+    }
+
+    /// Where node `index` comes in `order`: a node's producers come before it.
+    pub fn position(&self, index: usize) -> usize {
+        self.position[index]
     }
 
     pub fn is_empty(&self) -> bool {
@@ -635,6 +663,13 @@ fn constant_value(node: &NodeProto) -> Option<Cow<'_, TensorProto>> {
         }
         _ => return None,
     })
+}
+
+/// The values a node reads: its inputs and what its bodies capture.
+pub fn values_read_by(node: &NodeProto) -> Vec<String> {
+    let mut values: Vec<String> = node.input.iter().filter(|v| !v.is_empty()).cloned().collect();
+    values.extend(node.subgraphs().flat_map(free_values));
+    values
 }
 
 /// Names a graph body reads but does not define (at any depth): the values

@@ -1,16 +1,19 @@
 //! The one place that changes graphs.
 //!
 //! A pass is a rule: a pure function from a graph view and an anchor node to
-//! a [`Rewrite`] (or the reason it does not apply). The driver here runs the
-//! rules of the pipeline over every graph and subgraph body to a fixed
-//! point, keeps matches from overlapping, refuses any match whose inner
-//! values escape, and applies the rest: removes the matched nodes, puts the
-//! replacement at the anchor's position under the anchor's output name,
-//! names it uniquely and stamps its provenance (`transmuter.fused`).
+//! a [`Rewrite`] (or the reason it does not apply): the replacement and what
+//! it reads, never a list of nodes. The driver here derives the nodes it
+//! replaces (everything its outputs are computed from, back to what it
+//! reads), runs the rules of the pipeline over every graph and subgraph
+//! body to a fixed point, keeps matches from overlapping, refuses any match
+//! whose inner values escape, and applies the rest: removes the matched
+//! nodes, puts the replacement at the anchor's position under the anchor's
+//! output name (and the names it takes over), names it uniquely and stamps
+//! its provenance (`transmuter.fused`).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
-use crate::graph::{free_values, Check, Graph, Miss, Scope, Target};
+use crate::graph::{free_values, values_read_by, Check, Graph, Miss, Scope, Target};
 use crate::onnx::{
     AttributeProto, FunctionProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, StringStringEntryProto,
     TensorProto, FUSED_KEY,
@@ -30,16 +33,26 @@ pub struct Pass {
     pub rule: fn(&Graph, usize) -> Check<Rewrite>,
 }
 
-/// What a rule proved: the nodes to remove and the node that replaces them.
+/// What a rule proved: the node that replaces the match, and what it reads.
+/// The driver derives which nodes it replaces (`matched_nodes`).
 #[derive(Debug, Clone)]
 pub struct Rewrite {
     /// The node whose output the replacement takes over.
     pub anchor: usize,
-    /// Every matched node, the anchor included.
+    /// Every matched node, the anchor included: derived by the driver from
+    /// the anchor, the replacement's inputs and `kept`.
     pub nodes: BTreeSet<usize>,
     /// The replacement: op, domain, inputs, attributes. The driver sets its
-    /// name, its output and its metadata.
+    /// name, its outputs and its metadata.
     pub replacement: NodeProto,
+    /// Further outputs of the replacement: (slot, the value of the match it
+    /// takes over). Output 0 always takes over the anchor's output.
+    pub takes_over: Vec<(usize, String)>,
+    /// Values the match stops at although the replacement does not read
+    /// them: their producers stay for other readers.
+    pub kept: Vec<Kept>,
+    /// The replacement's place in the node list (set by the driver).
+    pub place: usize,
     /// A model-local function the replacement calls (for ops no runtime
     /// has a kernel for). The driver adds it once per (domain, name,
     /// overload), with the model's opset imports, imports its domain and
@@ -54,22 +67,50 @@ pub struct Rewrite {
     pub constants: Vec<TensorProto>,
 }
 
+/// A value a match reads from a node it leaves in place.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Kept {
+    /// The value stays when anything outside the match reads it (a
+    /// Transpose shared with another reader); otherwise its producer is
+    /// matched as usual.
+    Shared(String),
+    /// The value stays when the only readers outside the match read its
+    /// shape (`Shape` nodes); any other outside reader makes it escape.
+    ForItsShape(String),
+}
+
+impl Kept {
+    fn value(&self) -> &str {
+        match self {
+            Kept::Shared(v) | Kept::ForItsShape(v) => v,
+        }
+    }
+}
+
 impl Rewrite {
     pub fn importing(self, domain: &'static str, version: i64) -> Self {
         Rewrite { import: Some((domain, version)), ..self }
     }
+
+    /// The replacement's output `slot` takes over `value`, a value the
+    /// rewrite removes that is read elsewhere too.
+    pub fn taking_over(mut self, slot: usize, value: &str) -> Self {
+        self.takes_over.push((slot, value.to_string()));
+        self
+    }
 }
 
-/// Accumulates the nodes a rule walks through, anchored at one node.
+/// What a rule builds its rewrite on: the anchor, the values it leaves in
+/// place, the constants it makes.
 pub struct Match {
     anchor: usize,
-    nodes: BTreeSet<usize>,
+    kept: Vec<Kept>,
     constants: Vec<TensorProto>,
 }
 
 impl Match {
     pub fn new(anchor: usize) -> Self {
-        Match { anchor, nodes: BTreeSet::from([anchor]), constants: vec![] }
+        Match { anchor, kept: vec![], constants: vec![] }
     }
 
     /// The name the replacement reads a weight by: the value itself, or a
@@ -85,42 +126,30 @@ impl Match {
         }
     }
 
-    /// How many nodes the match holds.
-    pub fn len(&self) -> usize {
-        self.nodes.len()
+    /// `value` stays (see `Kept`).
+    pub fn keep(&mut self, kept: Kept) {
+        self.kept.push(kept);
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.nodes.is_empty()
-    }
-
-    /// Adds a node to the match; returns it for chaining.
-    pub fn take(&mut self, node: usize) -> usize {
-        self.nodes.insert(node);
-        node
-    }
-
-    /// True when every reader of `value` is already in the match (and it is
-    /// not a graph output), so the node producing it can join.
-    pub fn only_read_inside(&self, g: &Graph, value: &str) -> bool {
-        !g.is_graph_output(value) && g.consumers(value).iter().all(|c| self.nodes.contains(c))
-    }
-
-    /// True when every reader of `value` outside the match (it is not a
-    /// graph output) reads only its shape: a `Shape` node.
-    pub fn only_shape_read_outside(&self, g: &Graph, value: &str) -> bool {
-        !g.is_graph_output(value)
-            && g.consumers(value).iter().all(|&c| self.nodes.contains(&c) || g.node(c).is("Shape"))
-    }
-
-    /// Adds every node of a sub-match.
-    pub fn absorb(&mut self, other: Match) {
-        self.nodes.extend(other.nodes);
+    /// True when the nodes a replacement reading `inputs` would replace
+    /// are all that read `value` (and it is no graph output).
+    pub fn alone_reads(&self, g: &Graph, value: &str, inputs: &[&str]) -> bool {
+        let (_, nodes) = matched(g, vec![self.anchor], inputs, &self.kept);
+        !g.is_graph_output(value) && g.consumers(value).iter().all(|c| nodes.contains(c))
     }
 
     pub fn replace_with(self, replacement: NodeProto) -> Rewrite {
-        let constants = self.constants;
-        Rewrite { anchor: self.anchor, nodes: self.nodes, replacement, function: None, import: None, constants }
+        Rewrite {
+            anchor: self.anchor,
+            nodes: BTreeSet::new(),
+            replacement,
+            takes_over: vec![],
+            kept: self.kept,
+            place: self.anchor,
+            function: None,
+            import: None,
+            constants: self.constants,
+        }
     }
 
     /// A replacement that calls the model-local `function`.
@@ -128,6 +157,92 @@ impl Match {
         Rewrite { function: Some(function), ..self.replace_with(replacement) }
     }
 }
+
+/// The nodes a rewrite replaces, derived from what it computes and reads:
+/// every node its outputs depend on, back to the values the replacement
+/// reads (and those `kept`), less whatever those values are computed from
+/// (it must survive). Constants are left to `absorb_constants`.
+/// Also returns the nodes walked on the way (the matched ones and those
+/// the inputs are computed from), which the checks of names cover.
+fn matched_nodes(g: &Graph, rewrite: &Rewrite) -> (BTreeSet<usize>, BTreeSet<usize>) {
+    let outputs = rewrite.takes_over.iter().map(|(_, v)| v.as_str());
+    let roots = std::iter::once(rewrite.anchor).chain(outputs.filter_map(|v| g.producer(v))).collect();
+    let inputs: Vec<&str> = rewrite.replacement.input.iter().map(String::as_str).collect();
+    matched(g, roots, &inputs, &rewrite.kept)
+}
+
+fn matched(g: &Graph, roots: Vec<usize>, inputs: &[&str], kept: &[Kept]) -> (BTreeSet<usize>, BTreeSet<usize>) {
+    let mut stops: HashSet<&str> = inputs.iter().copied().filter(|v| !v.is_empty()).collect();
+    stops.extend(kept.iter().map(Kept::value));
+    // A node before the producers of all inputs computed at run time
+    // computes nothing from them: it is either what they are computed
+    // from, or a side value (a Dropout's ratio) left as it is. An input
+    // from outside the graph's nodes may be read anywhere.
+    let computed = inputs.iter().filter(|v| !v.is_empty() && g.constant(v).is_none());
+    let floor = computed.map(|v| g.producer(v).map(|p| g.position(p))).min().flatten().unwrap_or(0);
+    let mut nodes = BTreeSet::new();
+    walk_back(g, &mut nodes, roots, &stops, floor);
+    // A kept value joins when nothing else needs its producer.
+    loop {
+        let joining: Vec<&str> = kept.iter().filter(|k| joins(g, &nodes, k)).map(Kept::value).collect();
+        if joining.is_empty() {
+            break;
+        }
+        for value in joining {
+            stops.remove(value);
+            walk_back(g, &mut nodes, g.producer(value).into_iter().collect(), &stops, floor);
+        }
+    }
+    // What the replacement's inputs are computed from survives: walk back
+    // from them, no further than the earliest matched node.
+    let walked = nodes.clone();
+    let earliest = nodes.iter().map(|&n| g.position(n)).min().unwrap_or(0);
+    let mut todo: Vec<usize> = inputs.iter().filter_map(|v| g.producer(v)).collect();
+    let mut seen = HashSet::new();
+    while let Some(n) = todo.pop() {
+        if g.position(n) < earliest || !seen.insert(n) {
+            continue;
+        }
+        nodes.remove(&n);
+        todo.extend(values_read_by(g.node(n)).iter().filter_map(|v| g.producer(v)));
+    }
+    (walked, nodes)
+}
+
+/// Whether a kept value's producer joins the match: it is reached, and no
+/// reader outside the match needs it.
+fn joins(g: &Graph, nodes: &BTreeSet<usize>, kept: &Kept) -> bool {
+    let value = kept.value();
+    let Some(p) = g.producer(value) else { return false };
+    let readers = g.consumers(value);
+    if nodes.contains(&p) || !readers.iter().any(|c| nodes.contains(c)) {
+        return false;
+    }
+    let outside = || readers.iter().filter(|c| !nodes.contains(c));
+    match kept {
+        Kept::Shared(_) => !g.is_graph_output(value) && outside().next().is_none(),
+        Kept::ForItsShape(_) => {
+            g.is_graph_output(value) || outside().next().is_none() || !outside().all(|&c| g.node(c).is("Shape"))
+        }
+    }
+}
+
+/// Adds `from` and every node they depend on to `nodes`, through values
+/// that are neither `stops` nor constants, down to position `floor`.
+fn walk_back(g: &Graph, nodes: &mut BTreeSet<usize>, from: Vec<usize>, stops: &HashSet<&str>, floor: usize) {
+    let mut todo = from;
+    while let Some(n) = todo.pop() {
+        if g.position(n) < floor || !nodes.insert(n) {
+            continue;
+        }
+        for value in g.node(n).input.iter().filter(|v| !v.is_empty() && !stops.contains(v.as_str())) {
+            if g.constant(value).is_none() {
+                todo.extend(g.producer(value).filter(|p| !nodes.contains(p)));
+            }
+        }
+    }
+}
+
 
 /// Builds a replacement node in the default domain.
 pub fn node(op_type: &str, inputs: &[&str], attributes: Vec<AttributeProto>) -> NodeProto {
@@ -361,10 +476,11 @@ fn find(g: &Graph, pass: &Pass, path: &str, functions: &[FunctionProto], decline
         // A rule reads the inputs an op requires without checking them: the
         // view hides nodes that lack one (`Graph::malformed`).
         let checked = (pass.rule)(g, anchor).and_then(|mut rewrite| {
+            let (walked, nodes) = matched_nodes(g, &rewrite);
+            rewrite.nodes = nodes;
             absorb_constants(g, &mut rewrite);
             check_nothing_escapes(g, &rewrite)?;
-            check_reads_survive(g, &rewrite)?;
-            check_unambiguous(g, &rewrite)?;
+            check_unambiguous(g, &rewrite, &walked.union(&rewrite.nodes).copied().collect())?;
             let earlier = functions.iter().chain(found.iter().filter_map(|r| r.function.as_ref()));
             check_function_identity(earlier, &rewrite)?;
             Ok(rewrite)
@@ -372,6 +488,7 @@ fn find(g: &Graph, pass: &Pass, path: &str, functions: &[FunctionProto], decline
         match checked {
             Ok(mut rewrite) if rewrite.nodes.iter().all(|n| !claimed.contains(n)) => {
                 claimed.extend(rewrite.nodes.iter().copied());
+                rewrite.place = placement(g, &rewrite);
                 name_constants(g, &mut rewrite, &mut new_names);
                 found.push(rewrite);
             }
@@ -432,18 +549,24 @@ fn absorb_constants(g: &Graph, rewrite: &mut Rewrite) {
 }
 
 /// Spec, ground rule 2: no value made inside the match, other than the
-/// anchor's output, is read outside it.
+/// anchor's output, is read outside it; a value a replacement output takes
+/// over may be.
 fn check_nothing_escapes(g: &Graph, rewrite: &Rewrite) -> Check<()> {
     let anchor = g.node(rewrite.anchor);
     require!(
-        anchor.output.len() == 1 || anchor.output[1..].iter().all(|o| o.is_empty() || unused(g, o)),
-        "the anchor {} has more than one used output",
+        rewrite.nodes.contains(&rewrite.anchor),
+        "the replacement reads a value computed from the anchor {}",
         display_name(anchor)
     );
+    let taken_over = |v: &str| v == anchor.output[0] || rewrite.takes_over.iter().any(|(_, t)| t == v);
+    for (_, value) in &rewrite.takes_over {
+        let made_inside = g.producer(value).is_some_and(|p| rewrite.nodes.contains(&p));
+        require!(made_inside, "the replacement would take over {value}, which the rewrite does not remove");
+    }
     for &n in &rewrite.nodes {
-        for value in g.node(n).output.iter().filter(|o| !o.is_empty()) {
-            if n == rewrite.anchor && *value == anchor.output[0] {
-                continue;
+        for value in g.node(n).output.iter().filter(|o| !o.is_empty() && !taken_over(o)) {
+            if n == rewrite.anchor {
+                require!(unused(g, value), "the anchor {} has more than one used output", display_name(anchor));
             }
             require!(!g.is_graph_output(value), "{value} is also a graph output");
             require!(
@@ -455,21 +578,10 @@ fn check_nothing_escapes(g: &Graph, rewrite: &Rewrite) -> Check<()> {
     Ok(())
 }
 
-/// The replacement reads only values that survive the rewrite: none that
-/// a removed node makes (the mask being the scores themselves, say).
-fn check_reads_survive(g: &Graph, rewrite: &Rewrite) -> Check<()> {
-    let added = |v: &str| rewrite.constants.iter().any(|t| t.name() == v);
-    for value in rewrite.replacement.input.iter().filter(|v| !v.is_empty() && !added(v)) {
-        let made_inside = g.producer(value).is_some_and(|p| rewrite.nodes.contains(&p));
-        require!(!made_inside, "the replacement would read {value}, which the rewrite removes");
-    }
-    Ok(())
-}
-
 /// Spec, ground rule 8: a name defined in two scopes (or twice) makes a
 /// match unprovable, since runtimes disagree on which value it names.
-fn check_unambiguous(g: &Graph, rewrite: &Rewrite) -> Check<()> {
-    let nodes = rewrite.nodes.iter().map(|&n| g.node(n));
+fn check_unambiguous(g: &Graph, rewrite: &Rewrite, walked: &BTreeSet<usize>) -> Check<()> {
+    let nodes = walked.iter().map(|&n| g.node(n));
     let names = nodes.flat_map(|n| n.input.iter().chain(&n.output)).chain(&rewrite.replacement.input);
     let added = |v: &str| rewrite.constants.iter().any(|t| t.name() == v);
     for name in names.filter(|v| !v.is_empty() && !added(v)) {
@@ -538,13 +650,20 @@ fn apply(graph: &mut GraphProto, rewrites: Vec<Rewrite>, pass: &'static str, pat
     let mut names: HashSet<String> = graph.node.iter().map(|n| n.name().to_string()).collect();
     let mut removed_values = HashSet::new();
     let mut read_by_removed = HashSet::new();
-    let mut replacements = Vec::new();
+    let mut replacement_at: HashMap<usize, Vec<(bool, NodeProto)>> = HashMap::new();
+    let mut removed = HashSet::new();
     for rewrite in rewrites {
         let anchor = &graph.node[rewrite.anchor];
         let replaced = provenance(graph, &rewrite);
         let mut node = rewrite.replacement.clone();
         node.name = Some(unique_name(&mut names, anchor.name(), node.op_type()));
         node.output = vec![anchor.output[0].clone()];
+        for (slot, value) in &rewrite.takes_over {
+            if node.output.len() <= *slot {
+                node.output.resize(slot + 1, String::new());
+            }
+            node.output[*slot] = value.clone();
+        }
         node.metadata_props = anchor.metadata_props.iter().filter(|p| p.key() != FUSED_KEY).cloned().collect();
         node.metadata_props.push(StringStringEntryProto::new(FUSED_KEY, replaced.join(", ")));
         fused.push(Fused {
@@ -556,24 +675,25 @@ fn apply(graph: &mut GraphProto, rewrites: Vec<Rewrite>, pass: &'static str, pat
         });
         for &n in &rewrite.nodes {
             let old = &graph.node[n];
-            removed_values.extend(old.output.iter().filter(|o| **o != anchor.output[0]).cloned());
+            removed_values.extend(old.output.iter().filter(|o| !node.output.contains(o)).cloned());
             read_by_removed.extend(old.input.iter().cloned());
         }
         graph.initializer.extend(rewrite.constants);
-        replacements.push((rewrite.anchor, rewrite.nodes, node));
-    }
-    let mut replacement_at = HashMap::new();
-    let mut removed = HashSet::new();
-    for (anchor, nodes, node) in replacements {
-        removed.extend(nodes);
-        replacement_at.insert(anchor, node);
+        removed.extend(rewrite.nodes);
+        // One placed before a reader goes before one anchored there.
+        let slot = replacement_at.entry(rewrite.place).or_default();
+        slot.push((rewrite.place == rewrite.anchor, node));
+        slot.sort_by_key(|(at_anchor, _)| *at_anchor);
     }
     let old = std::mem::take(&mut graph.node);
-    graph.node = old
-        .into_iter()
-        .enumerate()
-        .filter_map(|(i, n)| replacement_at.remove(&i).or((!removed.contains(&i)).then_some(n)))
-        .collect();
+    let mut kept = Vec::with_capacity(old.len());
+    for (i, n) in old.into_iter().enumerate() {
+        kept.extend(replacement_at.remove(&i).into_iter().flatten().map(|(_, node)| node));
+        if !removed.contains(&i) {
+            kept.push(n);
+        }
+    }
+    graph.node = kept;
     // What the removed nodes leave behind: type annotations of values that
     // no longer exist, and initializers nothing reads any more.
     graph.value_info.retain(|vi| !removed_values.contains(vi.name()));
@@ -582,6 +702,19 @@ fn apply(graph: &mut GraphProto, rewrites: Vec<Rewrite>, pass: &'static str, pat
     graph
         .initializer
         .retain(|t| !read_by_removed.contains(t.name()) || still_read.contains(t.name()) || inputs.contains(t.name()));
+}
+
+/// Where in the node list the replacement goes: at the anchor, or before
+/// an earlier reader of a value it takes over (a sorted list stays
+/// sorted), where everything it reads is computed before that.
+fn placement(g: &Graph, rewrite: &Rewrite) -> usize {
+    let outside = |v: &String| g.consumers(v).iter().copied().filter(|c| !rewrite.nodes.contains(c));
+    let first_reader = rewrite.takes_over.iter().flat_map(|(_, v)| outside(v)).min();
+    let last_input = rewrite.replacement.input.iter().filter_map(|v| g.producer(v)).max();
+    match first_reader {
+        Some(r) if r < rewrite.anchor && last_input.is_none_or(|p| p < r) => r,
+        _ => rewrite.anchor,
+    }
 }
 
 /// Every value something in the graph reads: node inputs, subgraph bodies'

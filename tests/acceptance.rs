@@ -12,27 +12,6 @@ use onnx_fuse::graph::Target;
 use onnx_fuse::onnx::{GraphProto, ModelProto, OperatorSetIdProto, BOOL, FLOAT, FUSED_KEY};
 use onnx_fuse::{passes, rewrite};
 
-/// Every `.onnx` in testdata and its folders.
-fn exports() -> Vec<String> {
-    let mut names = vec![];
-    for entry in std::fs::read_dir(testdata("")).unwrap() {
-        let entry = entry.unwrap();
-        let name = entry.file_name().into_string().unwrap();
-        if name.ends_with(".onnx") {
-            names.push(name);
-        } else if entry.path().is_dir() && name != "fuzz" {
-            for inner in std::fs::read_dir(entry.path()).unwrap() {
-                let inner = inner.unwrap().file_name().into_string().unwrap();
-                if inner.ends_with(".onnx") {
-                    names.push(format!("{name}/{inner}"));
-                }
-            }
-        }
-    }
-    names.sort();
-    names
-}
-
 /// Reverses, rotates or scrambles the node list of every graph and body
 /// (a small LCG: the same seed, the same order).
 fn shuffle(g: &mut GraphProto, seed: &mut u64) {

@@ -32,7 +32,7 @@ use crate::onnx::{
     TRANSMUTER_DOMAIN,
 };
 use crate::pattern::{self, cast_to};
-use crate::rewrite::{Match, Pass, Rewrite};
+use crate::rewrite::{Kept, Match, Pass, Rewrite};
 use crate::shapes::{product, Shapes};
 use crate::{candidate, require};
 
@@ -69,6 +69,17 @@ enum Step {
     NanGuard(TensorProto),
 }
 
+impl Step {
+    /// The value computed at run time the step reads besides the scores.
+    fn side_input(&self) -> Option<&str> {
+        match self {
+            Step::Divisor(d) | Step::Where { keep: d, .. } | Step::Mask(d) => Some(d),
+            Step::Reshape { shape: Side::Input(d), .. } => Some(d),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 enum Side {
     Constant(TensorProto),
@@ -84,7 +95,7 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     // Back from the probabilities to the Softmax. A MatMul whose input is
     // not a softmax is no attention core: not a candidate at all.
     let mut after = Vec::new();
-    let mut value = probs;
+    let (mut value, mut walked) = (probs, 0);
     let softmax = loop {
         // A value from outside makes no candidate; one from a malformed node is a reason.
         let Some(p) = g.producer(value) else {
@@ -92,33 +103,30 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
         };
         let node = g.node(p);
         if node.is("Softmax") {
-            break m.take(p);
+            break p;
         }
-        candidate!(after.len() < 6 && m.len() < 16);
+        // At most 16 nodes from the Softmax to the anchor.
+        candidate!(after.len() < 6 && walked < 15);
+        walked += 1;
         // Identity (unoptimized dynamo exports) and an inference Dropout
         // compute nothing: no step.
         if let Some(input) = g.identity_input(p) {
-            m.take(p);
             value = input;
             continue;
         }
-        let (step, input) = probs_step(g, &mut m, p)?;
-        after.push((m.take(p), step));
+        let (step, input) = probs_step(g, p)?;
+        after.push((p, step));
         value = input;
     };
     after.reverse();
     softmax_over_last_axis(g, &shapes, softmax)?;
 
-    let (scores, before) = scores_chain(g, &mut m, &g.node(softmax).input[0], 0)?;
+    let (scores, before) = scores_chain(g, &g.node(softmax).input[0], 0)?;
     let (q, k) = (g.node(scores).input[0].as_str(), g.node(scores).input[1].as_str());
     // Scores whose shape alone is read elsewhere (DistilBERT expands its
     // mask to Shape(scores)) keep their MatMul for that reader; the core
     // computes q·k again (ONNX Runtime merges the two when it inlines).
-    let s = &g.node(scores).output[0];
-    let kept_for_its_shape = m.only_shape_read_outside(g, s) && !m.only_read_inside(g, s);
-    if !kept_for_its_shape {
-        m.take(scores);
-    }
+    m.keep(Kept::ForItsShape(g.node(scores).output[0].clone()));
 
     let count = |steps: &[(usize, Step)], f: fn(&Step) -> bool| steps.iter().filter(|(_, s)| f(s)).count();
     require!(count(&before, |s| matches!(s, Step::Scale(..) | Step::Divisor(_))) <= 1, "more than one scale");
@@ -128,6 +136,22 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     require!(count(&after, |s| matches!(s, Step::NanGuard(_))) <= 1, "more than one NaN guard");
     reshapes_give_back_shapes(g, &shapes, &before, &after, v)?;
 
+    // What the core reads besides q and k is not computed from the steps
+    // it replaces, nor from the scores unless they stay for their Shape
+    // readers: it would compute twice what it replaces.
+    let s = &g.node(scores).output[0];
+    let steps_nodes: Vec<usize> = before.iter().map(|(n, _)| *n).chain([softmax]).collect();
+    let core: Vec<usize> = steps_nodes.iter().copied().chain(after.iter().map(|(n, _)| *n)).collect();
+    let readers = g.consumers(s);
+    let scores_stay = !g.is_graph_output(s)
+        && readers.iter().any(|&r| g.node(r).is("Shape"))
+        && readers.iter().all(|&r| g.node(r).is("Shape") || core.contains(&r));
+    let side = before.iter().chain(&after).filter_map(|(_, step)| step.side_input());
+    for value in std::iter::once(v).chain(side) {
+        let from_steps = steps_nodes.iter().any(|&n| g.computed_from(value, n));
+        require!(!from_steps, "{value} is computed from the steps between the two MatMuls");
+        require!(scores_stay || !g.computed_from(value, scores), "{value} is computed from the scores q·k");
+    }
     let steps: Vec<Step> =
         before.into_iter().map(|(_, s)| s).chain([Step::Softmax]).chain(after.into_iter().map(|(_, s)| s)).collect();
     match g.target {
@@ -191,9 +215,8 @@ fn onnx_attention(g: &Graph, shapes: &Shapes, mut m: Match, [q, k, v]: [&str; 3]
         "the key's Transpose does not swap exactly its last two axes"
     );
     let key = g.node(transpose).input[0].as_str();
-    if m.only_read_inside(g, k) {
-        m.take(transpose);
-    }
+    // The key's Transpose stays where something else reads it too.
+    m.keep(Kept::Shared(k.to_string()));
 
     // Attention broadcasts nothing but key/value heads (GQA, repeated): the
     // MatMuls' broadcasting must be exactly that.
@@ -226,7 +249,7 @@ fn is_float(to: Option<i32>) -> bool {
 }
 
 /// A step after the Softmax, and the value it reads.
-fn probs_step<'a>(g: &Graph<'a>, m: &mut Match, p: usize) -> Check<(Step, &'a str)> {
+fn probs_step<'a>(g: &Graph<'a>, p: usize) -> Check<(Step, &'a str)> {
     let node = g.node(p);
     if node.is("Cast") {
         require!(is_float(cast_to(node)), "the Cast after the Softmax is not to a float type");
@@ -245,7 +268,6 @@ fn probs_step<'a>(g: &Graph<'a>, m: &mut Match, p: usize) -> Check<(Step, &'a st
             "the NaN guard does not write 0"
         );
         let zero = g.constant(&node.input[1]).expect("a constant, proved above");
-        m.take(isnan);
         return Ok((Step::NanGuard(attribute_tensor(zero)), guarded));
     }
     Err(Miss::NotCandidate)
@@ -288,7 +310,7 @@ fn softmax_over_last_axis(g: &Graph, shapes: &Shapes, softmax: usize) -> Check<(
 /// Back from the Softmax's input to the MatMul of q and k, through the
 /// steps the spec allows. An Add is tried both ways round: which operand is
 /// the scores is what leads back to the MatMul.
-fn scores_chain<'a>(g: &Graph<'a>, m: &mut Match, value: &'a str, depth: usize) -> Check<(usize, Vec<(usize, Step)>)> {
+fn scores_chain<'a>(g: &Graph<'a>, value: &'a str, depth: usize) -> Check<(usize, Vec<(usize, Step)>)> {
     require!(depth < 8, "no MatMul within 8 steps before the Softmax");
     let p = g.computing(value)?;
     let node = g.node(p);
@@ -300,9 +322,7 @@ fn scores_chain<'a>(g: &Graph<'a>, m: &mut Match, value: &'a str, depth: usize) 
     };
     // An Identity or an inference Dropout computes nothing: no step.
     if let Some(input) = g.identity_input(p) {
-        return scores_chain(g, m, input, depth + 1).inspect(|_| {
-            m.take(p);
-        });
+        return scores_chain(g, input, depth + 1);
     }
     let binary = node.input.len() == 2;
     match node.op_type() {
@@ -314,10 +334,8 @@ fn scores_chain<'a>(g: &Graph<'a>, m: &mut Match, value: &'a str, depth: usize) 
             pattern::scalar(g, &node.input[c], &node.input[s], "the Mul scale")?;
             let scale = g.constant(&node.input[c]).expect("a constant, proved above");
             let found =
-                step(scores_chain(g, m, &node.input[s], depth + 1), Step::Scale("Mul", attribute_tensor(scale)));
-            return found.inspect(|_| {
-                m.take(p);
-            });
+                step(scores_chain(g, &node.input[s], depth + 1), Step::Scale("Mul", attribute_tensor(scale)));
+            return found;
         }
         "Div" if binary => {
             let divisor = &node.input[1];
@@ -328,16 +346,12 @@ fn scores_chain<'a>(g: &Graph<'a>, m: &mut Match, value: &'a str, depth: usize) 
                 }
                 None => Step::Divisor(divisor.clone()),
             };
-            return step(scores_chain(g, m, &node.input[0], depth + 1), s).inspect(|_| {
-                m.take(p);
-            });
+            return step(scores_chain(g, &node.input[0], depth + 1), s);
         }
         "Cast" => {
             require!(is_float(cast_to(node)), "the Cast before the Softmax is not to a float type");
             let s = Step::Cast(cast_to(node).unwrap_or_default());
-            return step(scores_chain(g, m, &node.input[0], depth + 1), s).inspect(|_| {
-                m.take(p);
-            });
+            return step(scores_chain(g, &node.input[0], depth + 1), s);
         }
         "Where" if node.input.len() == 3 => {
             // The fill is the constant branch: Where(keep, s, fill), or
@@ -349,23 +363,17 @@ fn scores_chain<'a>(g: &Graph<'a>, m: &mut Match, value: &'a str, depth: usize) 
             require!(value <= MAX_FILL, "the Where fill is {value}, not at most -1e4: hidden keys would keep weight");
             let fill = attribute_tensor(g.constant(fill).expect("a constant, proved above"));
             let s = Step::Where { keep: node.input[0].clone(), fill, fill_first };
-            return step(scores_chain(g, m, scores, depth + 1), s).inspect(|_| {
-                m.take(p);
-            });
+            return step(scores_chain(g, scores, depth + 1), s);
         }
         "Add" if binary => {
             let (a, b) = (&node.input[0], &node.input[1]);
-            let first = step(scores_chain(g, m, a, depth + 1), Step::Mask(b.clone()));
+            let first = step(scores_chain(g, a, depth + 1), Step::Mask(b.clone()));
             let found =
-                first.or_else(|miss| step(scores_chain(g, m, b, depth + 1), Step::Mask(a.clone())).map_err(|_| miss));
-            return found.inspect(|_| {
-                m.take(p);
-            });
+                first.or_else(|miss| step(scores_chain(g, b, depth + 1), Step::Mask(a.clone())).map_err(|_| miss));
+            return found;
         }
         "Reshape" if binary => {
-            return step(scores_chain(g, m, &node.input[0], depth + 1), reshape(g, node)).inspect(|_| {
-                m.take(p);
-            });
+            return step(scores_chain(g, &node.input[0], depth + 1), reshape(g, node));
         }
         _ => {}
     }

@@ -53,8 +53,6 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     let shapes = Shapes::new(g);
     let last_axis = |axis: i64, value: &str| axis == -1 || shapes.rank(value).is_some_and(|r| axis == r as i64 - 1);
     require!(last_axis(concat.attr_int("axis").unwrap_or(0), &concat.output[0]), "the Concat is not on the last axis");
-    let mut m = Match::new(index);
-
     let unsqueezed = |value: &str| -> Option<usize> {
         let u = g.produced_by(value, "Unsqueeze").ok()?;
         let node = g.node(u);
@@ -62,21 +60,15 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
         (axes.len() == 1 && last_axis(axes[0], &node.output[0])).then_some(u)
     };
     let (re, im, kind) = match (unsqueezed(&concat.input[0]), unsqueezed(&concat.input[1])) {
-        (Some(r), Some(i)) => {
-            m.take(r);
-            m.take(i);
-            (g.node(r).input[0].as_str(), g.node(i).input[0].as_str(), Kind::Squeezed)
-        }
+        (Some(r), Some(i)) => (g.node(r).input[0].as_str(), g.node(i).input[0].as_str(), Kind::Squeezed),
         _ => (concat.input[0].as_str(), concat.input[1].as_str(), Kind::Kept),
     };
-    let (re_node, im_node) = (g.node(m.take(producer(g, re)?)), g.node(m.take(producer(g, im)?)));
-    let mut product = |value: &str| -> Check<[Part; 2]> {
+    let (re_node, im_node) = (g.node(producer(g, re)?), g.node(producer(g, im)?));
+    let product = |value: &str| -> Check<[Part; 2]> {
         let mul = g.produced_by(value, "Mul")?;
         let node = g.node(mul);
         require!(node.input.len() == 2, "a product has {} operands", node.input.len());
-        let pair = [part(g, &shapes, &mut m, &node.input[0], kind)?, part(g, &shapes, &mut m, &node.input[1], kind)?];
-        m.take(mul);
-        Ok(pair)
+        Ok([part(g, &shapes, &node.input[0], kind)?, part(g, &shapes, &node.input[1], kind)?])
     };
     let same = |x: [Part; 2], y: [Part; 2]| x == y || x == [y[1], y[0]];
     let (op, a, b) = if re_node.is("Sub") && im_node.is("Add") {
@@ -119,7 +111,7 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
         require!(matches!(t, Some(FLOAT | FLOAT16)), "{x} is not f32 or f16 (the kernel's types), found {t:?}");
     }
     require!(g.target == Target::Ort, "com.microsoft.{op} is ONNX Runtime's, not in the portable target");
-    Ok(m.replace_with(NodeProto { domain: Some("com.microsoft".into()), ..node(op, &[a, b], vec![]) })
+    Ok(Match::new(index).replace_with(NodeProto { domain: Some("com.microsoft".into()), ..node(op, &[a, b], vec![]) })
         .importing("com.microsoft", 1))
 }
 
@@ -132,7 +124,7 @@ fn producer(g: &Graph, value: &str) -> Check<usize> {
 }
 
 /// A real or imaginary part of the kind the Concat implies.
-fn part<'a>(g: &Graph<'a>, shapes: &Shapes, m: &mut Match, value: &'a str, kind: Kind) -> Check<Part<'a>> {
+fn part<'a>(g: &Graph<'a>, shapes: &Shapes, value: &'a str, kind: Kind) -> Check<Part<'a>> {
     let p = g.producer(value).ok_or_else(|| Miss::Declined(format!("{value} is not a part of a complex tensor")))?;
     let node = g.node(p);
     let last = |x: &str, axis: i64| axis == -1 || shapes.rank(x).is_some_and(|r| axis == r as i64 - 1);
@@ -151,7 +143,7 @@ fn part<'a>(g: &Graph<'a>, shapes: &Shapes, m: &mut Match, value: &'a str, kind:
         }
         (Kind::Squeezed, "Squeeze") => {
             let axes = g.ints_argument(node, "axes", 1, 13);
-            let kept = part(g, shapes, m, &node.input[0], Kind::Kept)?;
+            let kept = part(g, shapes, &node.input[0], Kind::Kept)?;
             require!(
                 matches!(&axes, IntsArgument::Known(a) if a.len() == 1 && last(&node.input[0], a[0])),
                 "the Squeeze of {value} is not of the last axis"
@@ -187,7 +179,6 @@ fn part<'a>(g: &Graph<'a>, shapes: &Shapes, m: &mut Match, value: &'a str, kind:
         _ => return Err(Miss::Declined(format!("{value} is not a part of a complex tensor"))),
     };
     require!(found.index == 0 || found.index == 1, "{value} takes index {} of the last axis", found.index);
-    m.take(p);
     Ok(found)
 }
 

@@ -46,10 +46,9 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
         "a beta of one axis (leading axes of 1 aside)",
         |b| is_vector(g, b),
         |scaled, beta| {
-            let mut m = Match::new(index);
-            let norm = scaled_norm(g, &mut m, scaled)?;
-            let x = if norm.centered { norm.input } else { centered(g, &mut m, norm.input)? };
-            layer_normalization(g, m, x, norm.gamma, Some(beta), norm.eps)
+            let norm = scaled_norm(g, scaled)?;
+            let x = if norm.centered { norm.input } else { centered(g, norm.input)? };
+            layer_normalization(g, Match::new(index), x, norm.gamma, Some(beta), norm.eps)
         },
     )
     .or_else(|miss| if miss == Miss::NotCandidate { beta_not_a_vector(g, index) } else { Err(miss) })
@@ -67,10 +66,9 @@ fn without_beta(g: &Graph, index: usize) -> Check<Rewrite> {
         "a gamma of one axis (leading axes of 1 aside)",
         |c| is_vector(g, c),
         |n, gamma| {
-            let mut m = Match::new(index);
-            let core = rms_core(g, &mut m, n).map_err(|_| Miss::NotCandidate)?;
-            let x = centered(g, &mut m, core.x).map_err(|_| Miss::NotCandidate)?;
-            layer_normalization(g, m, x, gamma, None, core.eps)
+            let core = rms_core(g, n).map_err(|_| Miss::NotCandidate)?;
+            let x = centered(g, core.x).map_err(|_| Miss::NotCandidate)?;
+            layer_normalization(g, Match::new(index), x, gamma, None, core.eps)
         },
     )
 }
@@ -85,9 +83,8 @@ fn without_gamma(g: &Graph, index: usize) -> Check<Rewrite> {
     candidate!(last.input.len() == 2);
     let n = &last.output[0];
     candidate!(!weighted_after(g, n, &["Mul", "Add"]));
-    let mut m = Match::new(index);
-    let core = rms_core(g, &mut m, n).map_err(|_| Miss::NotCandidate)?;
-    let x = centered(g, &mut m, core.x).map_err(|_| Miss::NotCandidate)?;
+    let core = rms_core(g, n).map_err(|_| Miss::NotCandidate)?;
+    let x = centered(g, core.x).map_err(|_| Miss::NotCandidate)?;
     let d = g.shapes().last_axis(x).and_then(|d| d.value());
     let elem = g.elem_type(x);
     let ones = d.zip(elem).and_then(|(d, elem)| pattern::filled(elem, d, 1.0));
@@ -100,6 +97,7 @@ fn without_gamma(g: &Graph, index: usize) -> Check<Rewrite> {
         "needs opset 17 for LayerNormalization (the model imports opset {})",
         g.opset
     );
+    let mut m = Match::new(index);
     let gamma = m.weight_input(g, pattern::Weight::Made(Box::new(ones)), "gamma");
     Ok(m.replace_with(node("LayerNormalization", &[x, &gamma], norm_attributes(core.eps))))
 }
@@ -115,10 +113,10 @@ fn weighted_after(g: &Graph, value: &str, ops: &[&str]) -> bool {
 }
 
 /// The x of `d = Sub(x, ReduceMean(x))` over the last axis.
-fn centered<'a>(g: &Graph<'a>, m: &mut Match, d: &'a str) -> Check<&'a str> {
-    let sub = m.take(g.produced_by(d, "Sub")?);
+fn centered<'a>(g: &Graph<'a>, d: &'a str) -> Check<&'a str> {
+    let sub = g.produced_by(d, "Sub")?;
     let (x, mean) = (g.node(sub).input[0].as_str(), g.node(sub).input[1].as_str());
-    let mean = m.take(g.produced_by(mean, "ReduceMean")?);
+    let mean = g.produced_by(mean, "ReduceMean")?;
     require!(g.node(mean).input[0] == x, "the mean is not of the value it is subtracted from");
     pattern::reduce_mean_last_axis(g, mean)?;
     Ok(x)
@@ -162,7 +160,7 @@ fn beta_not_a_vector(g: &Graph, index: usize) -> Check<Rewrite> {
     let out = g.node(index);
     for (scaled, beta) in [(&out.input[0], &out.input[1]), (&out.input[1], &out.input[0])] {
         let primitives = g.producer(scaled).is_some_and(|p| g.node(p).is("Mul"));
-        if (primitives || g.constant(beta).is_some()) && scaled_norm(g, &mut Match::new(index), scaled).is_ok() {
+        if (primitives || g.constant(beta).is_some()) && scaled_norm(g, scaled).is_ok() {
             return Err(Miss::Declined(format!(
                 "the beta ({beta}) is not proved to have one axis (leading axes of 1 aside)"
             )));
@@ -182,7 +180,7 @@ struct Scaled<'a> {
     eps: f32,
 }
 
-fn scaled_norm<'a>(g: &Graph<'a>, m: &mut Match, scaled: &'a str) -> Check<Scaled<'a>> {
+fn scaled_norm<'a>(g: &Graph<'a>, scaled: &'a str) -> Check<Scaled<'a>> {
     let p = g.computing(scaled)?;
     let node = g.node(p);
     let fused = ["SimplifiedLayerNormalization", "RMSNormalization", "LayerNormalization"];
@@ -191,21 +189,17 @@ fn scaled_norm<'a>(g: &Graph<'a>, m: &mut Match, scaled: &'a str) -> Check<Scale
         // axis, in f32.
         require!(node.attr_int("axis").unwrap_or(-1) == -1, "the {} is not over the last axis", node.op_type());
         require!(node.attr_int("stash_type").unwrap_or(1) == 1, "the {} does not compute in f32", node.op_type());
-        m.take(p);
         let eps = node.attr_float("epsilon").unwrap_or(1e-5);
         let centered = node.is("LayerNormalization");
         return Ok(Scaled { input: &node.input[0], centered, gamma: &node.input[1], eps });
     }
     require!(node.is("Mul"), "{scaled} is not n * gamma");
-    m.take(p);
     either_order(
         node,
         "a gamma of one axis (leading axes of 1 aside)",
         |c| is_vector(g, c),
         |n, gamma| {
-            let mut inner = Match::new(p);
-            let core = rms_core(g, &mut inner, n)?;
-            m.absorb(inner);
+            let core = rms_core(g, n)?;
             Ok(Scaled { input: core.x, centered: false, gamma, eps: core.eps })
         },
     )

@@ -40,14 +40,13 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
             let mut m = Match::new(index);
             let output_cast = g.produced_by(y, "Cast").ok();
             let normalized = output_cast.map_or(y, |c| g.node(c).input[0].as_str());
-            let core = rms_core(g, &mut m, normalized)?;
+            let core = rms_core(g, normalized)?;
             let x = match output_cast {
                 None => core.x,
                 Some(cast) => {
-                    m.take(cast);
                     let to = cast_to(g.node(cast)).unwrap_or_default();
                     require!(g.elem_type(weight) == Some(to), "the weight's type differs from the output Cast's");
-                    fold_casts(g, &mut m, &core, to)?
+                    fold_casts(g, &m, &core, to, weight)?
                 }
             };
             let weight = pattern::weight(g, weight, x, "weight")?;
@@ -77,7 +76,7 @@ fn weight_not_a_vector(g: &Graph, index: usize) -> Check<Rewrite> {
     let out = g.node(index);
     for (y, weight) in [(&out.input[0], &out.input[1]), (&out.input[1], &out.input[0])] {
         let normalized = g.produced_by(y, "Cast").map_or(y.as_str(), |c| g.node(c).input[0].as_str());
-        if rms_core(g, &mut Match::new(index), normalized).is_ok() {
+        if rms_core(g, normalized).is_ok() {
             return Err(Miss::Declined(format!(
                 "the weight ({weight}) is not proved to have one axis (leading axes of 1 aside)"
             )));
@@ -103,20 +102,19 @@ pub struct RmsCore<'a> {
     pub elem_type: i32,
 }
 
-/// Matches the core that ends in the value `n`, adding its nodes to `m`.
-pub fn rms_core<'a>(g: &Graph<'a>, m: &mut Match, n: &'a str) -> Check<RmsCore<'a>> {
+/// Matches the core that ends in the value `n`.
+pub fn rms_core<'a>(g: &Graph<'a>, n: &'a str) -> Check<RmsCore<'a>> {
     let last = g.computing(n)?;
     let node = g.node(last);
     let (x, r) = if node.is("Div") && node.input.len() == 2 {
         (node.input[0].as_str(), node.input[1].as_str())
     } else if node.is("Mul") {
-        either_order(node, "1 / r", |v| is_reciprocal(g, v), |x, inverse| Ok((x, reciprocal_of(g, m, inverse)?)))?
+        either_order(node, "1 / r", |v| is_reciprocal(g, v), |x, inverse| Ok((x, reciprocal_of(g, inverse)?)))?
     } else {
         return Err(Miss::Declined(format!("{n} is not x / r, x * (1 / r) or x * Reciprocal(r)")));
     };
-    m.take(last);
-    let sqrt = m.take(square_root(g, r)?);
-    let add = m.take(g.produced_by(&g.node(sqrt).input[0], "Add")?);
+    let sqrt = square_root(g, r)?;
+    let add = g.produced_by(&g.node(sqrt).input[0], "Add")?;
     let (mean, eps) = either_order(
         g.node(add),
         "a constant eps",
@@ -129,11 +127,10 @@ pub fn rms_core<'a>(g: &Graph<'a>, m: &mut Match, n: &'a str) -> Check<RmsCore<'
     let (eps, eps_value) = eps;
     let eps_type = g.elem_type(eps).unwrap_or_default();
     require!(matches!(eps_type, FLOAT | FLOAT16 | BFLOAT16), "eps ({eps}) is not f32, f16 or bf16");
-    pattern::reduce_mean_last_axis(g, m.take(mean))?;
-    let square =
-        m.take(g.producer(&g.node(mean).input[0]).ok_or_else(|| Miss::Declined("the mean's input is not x²".into()))?);
-    let squared = squared_value(g, m, square)?;
-    same_value(g, m, x, squared)?;
+    pattern::reduce_mean_last_axis(g, mean)?;
+    let square = g.producer(&g.node(mean).input[0]).ok_or_else(|| Miss::Declined("the mean's input is not x²".into()))?;
+    let squared = squared_value(g, square)?;
+    same_value(g, x, squared)?;
     require!(g.elem_type(x).is_none_or(|t| t == eps_type), "eps ({eps}) does not have the element type of x");
     Ok(RmsCore { x, eps: eps_value as f32, elem_type: eps_type })
 }
@@ -154,21 +151,19 @@ fn is_reciprocal(g: &Graph, value: &str) -> bool {
 }
 
 /// `1 / r` written as `Div(1, r)` (numerator exactly 1) or `Reciprocal(r)`.
-fn reciprocal_of<'a>(g: &Graph<'a>, m: &mut Match, inverse: &'a str) -> Check<&'a str> {
+fn reciprocal_of<'a>(g: &Graph<'a>, inverse: &'a str) -> Check<&'a str> {
     if let Ok(r) = g.produced_by(inverse, "Reciprocal") {
-        m.take(r);
         return Ok(g.node(r).input[0].as_str());
     }
     let div = g.produced_by(inverse, "Div")?;
     let node = g.node(div);
     let numerator = scalar(g, &node.input[0], &node.input[1], "the numerator of 1 / r")?;
     require!(numerator == 1.0, "the numerator of 1 / r is not exactly 1");
-    m.take(div);
     Ok(node.input[1].as_str())
 }
 
 /// The x of `Pow(x, 2)` (exponent exactly 2) or `Mul(x, x)`.
-fn squared_value<'a>(g: &Graph<'a>, m: &mut Match, square: usize) -> Check<&'a str> {
+fn squared_value<'a>(g: &Graph<'a>, square: usize) -> Check<&'a str> {
     let node = g.node(square);
     if node.is("Pow") && node.input.len() == 2 {
         let exponent = scalar(g, &node.input[1], &node.input[0], "the exponent")?;
@@ -176,12 +171,11 @@ fn squared_value<'a>(g: &Graph<'a>, m: &mut Match, square: usize) -> Check<&'a s
         Ok(node.input[0].as_str())
     } else if node.is("Mul") && node.input.len() == 2 {
         // Mul(x, x), or Mul(x, x') with x' computed again by identical nodes.
-        let twins = g.same_value(&node.input[0], &node.input[1]);
-        let twins =
-            twins.ok_or_else(|| Miss::Declined(format!("{} is a product of two values, not x²", node.name())))?;
-        twins.into_iter().for_each(|n| {
-            m.take(n);
-        });
+        require!(
+            g.same_value(&node.input[0], &node.input[1]).is_some(),
+            "{} is a product of two values, not x²",
+            node.name()
+        );
         Ok(node.input[0].as_str())
     } else {
         Err(Miss::Declined(format!("{} is not Pow(x, 2) or Mul(x, x)", node.name())))
@@ -190,17 +184,14 @@ fn squared_value<'a>(g: &Graph<'a>, m: &mut Match, square: usize) -> Check<&'a s
 /// The numerator and the squared value must be the same value: the same
 /// name, outputs of identical nodes (T5 casts x once per use, Megatron
 /// writes `Sub(x, mean)` twice), or a Cast of the numerator to its own
-/// type. The nodes that compute the square's copy join the match.
-fn same_value(g: &Graph, m: &mut Match, numerator: &str, squared: &str) -> Check<()> {
-    let twins = g.same_value(numerator, squared).or_else(|| {
+/// type. The nodes that compute the square's copy are replaced with the rest.
+fn same_value(g: &Graph, numerator: &str, squared: &str) -> Check<()> {
+    let identity_cast = || {
         let cast = g.produced_by(squared, "Cast").ok()?;
-        let identity = g.node(cast).input[0] == numerator && g.elem_type(numerator) == cast_to(g.node(cast));
-        identity.then(|| vec![cast])
-    });
-    let twins = twins.ok_or_else(|| Miss::Declined("the square and the numerator read different values".into()))?;
-    for n in twins {
-        m.take(n);
-    }
+        (g.node(cast).input[0] == numerator && g.elem_type(numerator) == cast_to(g.node(cast))).then_some(())
+    };
+    let same = g.same_value(numerator, squared).map(|_| ()).or_else(identity_cast);
+    require!(same.is_some(), "the square and the numerator read different values");
     Ok(())
 }
 
@@ -209,32 +200,26 @@ fn same_value(g: &Graph, m: &mut Match, numerator: &str, squared: &str) -> Check
 /// come back, `x0 (f16|bf16) → Cast(f32) → core → Cast(→ type of x0)`, or
 /// are identities (a Cast to the type a value already has); a chain that
 /// narrows in the middle computes another function and is left alone.
-fn fold_casts<'a>(g: &Graph<'a>, m: &mut Match, core: &RmsCore<'a>, to: i32) -> Check<&'a str> {
-    let input_cast = g.produced_by(core.x, "Cast").ok();
-    let source = input_cast.map(|c| g.node(c).input[0].as_str());
-    let foldable = input_cast.is_some() && m.only_read_inside(g, core.x);
+fn fold_casts<'a>(g: &Graph<'a>, m: &Match, core: &RmsCore<'a>, to: i32, weight: &str) -> Check<&'a str> {
+    let source = g.produced_by(core.x, "Cast").ok().map(|c| g.node(c).input[0].as_str());
+    // The input Cast folds when the norm, reading its source, alone reads x.
+    let foldable = source.is_some_and(|source| m.alone_reads(g, core.x, &[source, weight]));
     if to == core.elem_type {
         // Identity Casts on the way out; the one on the way in folds only
         // when it is an identity too and nothing else reads its output (fp32
         // exports pass it on as the residual).
-        if let (Some(cast), Some(source)) = (input_cast, source) {
-            if foldable && g.elem_type(source) == Some(to) {
-                m.take(cast);
-                return Ok(source);
-            }
-        }
-        return Ok(core.x);
+        let identity = source.filter(|&source| foldable && g.elem_type(source) == Some(to));
+        return Ok(identity.unwrap_or(core.x));
     }
     require!(
         core.elem_type == FLOAT && matches!(to, FLOAT16 | BFLOAT16),
         "the Casts around the norm do not widen to f32 and come back (the core computes in type {}, the output is cast to {to})",
         core.elem_type
     );
-    let (Some(cast), Some(source)) = (input_cast, source) else {
+    let Some(source) = source else {
         return Err(Miss::Declined("the f32 core does not read x widened from the output's type".into()));
     };
     require!(g.elem_type(source) == Some(to), "the f32 core does not read x widened from the output's type");
     require!(foldable, "the widened x ({}) is also read outside the norm", core.x);
-    m.take(cast);
     Ok(source)
 }

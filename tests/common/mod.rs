@@ -19,6 +19,27 @@ pub fn testdata(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata").join(name)
 }
 
+/// Every `.onnx` in testdata and its folders.
+pub fn exports() -> Vec<String> {
+    let mut names = vec![];
+    for entry in std::fs::read_dir(testdata("")).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name().into_string().unwrap();
+        if name.ends_with(".onnx") {
+            names.push(name);
+        } else if entry.path().is_dir() && name != "fuzz" {
+            for inner in std::fs::read_dir(entry.path()).unwrap() {
+                let inner = inner.unwrap().file_name().into_string().unwrap();
+                if inner.ends_with(".onnx") {
+                    names.push(format!("{name}/{inner}"));
+                }
+            }
+        }
+    }
+    names.sort();
+    names
+}
+
 pub fn load(name: &str) -> ModelProto {
     io::load(&testdata(name), LoadOptions::default()).unwrap_or_else(|e| panic!("{e:#}")).model
 }

@@ -1,0 +1,70 @@
+//! The four passes' outputs, byte for byte: every testdata export (and
+//! every fuzz regression) fused for both targets, each output's hash held
+//! against `testdata/golden/outputs.txt`. A change to the driver or the
+//! toolkit that is not meant to change what a pass writes must keep every
+//! line; one that is, rewrites the file (`ONNX_FUSE_BLESS=1`) and the diff
+//! shows which outputs changed.
+
+mod common;
+
+use common::*;
+use onnx_fuse::graph::Target;
+use prost::Message;
+use onnx_fuse::{passes, rewrite};
+
+const PASSES: &[&str] = &["layer-norm", "rms-norm", "attention", "complex-mul"];
+const MANIFEST: &str = "golden/outputs.txt";
+
+/// FNV-1a, 64 bits: stable across Rust versions, unlike `DefaultHasher`.
+fn fnv(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+fn outputs() -> String {
+    let mut names = exports();
+    let mut fuzz: Vec<String> = std::fs::read_dir(testdata("fuzz"))
+        .unwrap()
+        .map(|e| format!("fuzz/{}", e.unwrap().file_name().into_string().unwrap()))
+        .collect();
+    fuzz.sort();
+    names.extend(fuzz);
+    let names_owned: Vec<String> = PASSES.iter().map(|s| s.to_string()).collect();
+    let pipeline = passes::pipeline(&names_owned, &[]).unwrap();
+    let mut lines = String::new();
+    for name in names {
+        let model = load(&name);
+        for (target, label) in [(Target::Ort, "ort"), (Target::Portable, "portable")] {
+            let mut fused = model.clone();
+            let outcome = rewrite::run_for(&mut fused, &pipeline, target);
+            let bytes = fused.encode_to_vec();
+            lines += &format!("{name} {label} fused={} {:016x}\n", outcome.fused.len(), fnv(&bytes));
+        }
+    }
+    lines
+}
+
+#[test]
+fn every_output_is_byte_identical_to_the_manifest() {
+    let found = outputs();
+    let path = testdata(MANIFEST);
+    if std::env::var_os("ONNX_FUSE_BLESS").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, &found).unwrap();
+        return;
+    }
+    let expected = std::fs::read_to_string(&path).expect("testdata/golden/outputs.txt (ONNX_FUSE_BLESS=1 writes it)");
+    let changed: Vec<String> = expected
+        .lines()
+        .zip(found.lines())
+        .filter(|(e, f)| e != f)
+        .map(|(e, f)| format!("expected {e}\n   found {f}"))
+        .collect();
+    assert!(
+        changed.is_empty() && expected.lines().count() == found.lines().count(),
+        "{} outputs changed ({} lines expected, {} found):\n{}",
+        changed.len(),
+        expected.lines().count(),
+        found.lines().count(),
+        changed.join("\n")
+    );
+}
