@@ -608,6 +608,12 @@ impl<'a> Graph<'a> {
             }
         }
         for node in self.order.iter().map(|&i| &p.node[i]) {
+            // The sum a skip-norm takes over has its input's type, as its output.
+            if let (Some(sum), Some(t)) = (node.output.get(3), node.input.first().and_then(|v| self.elem_type(v))) {
+                if !sum.is_empty() && crate::ops::ms_output_like_first_input(node, 3) {
+                    self.types.entry(sum).or_insert(t);
+                }
+            }
             let Some(out) = node.output.first().filter(|o| !o.is_empty()) else {
                 continue;
             };
@@ -615,7 +621,9 @@ impl<'a> Graph<'a> {
                 continue;
             }
             let from_input = |i: usize| node.input.get(i).and_then(|v| self.elem_type(v));
-            let inferred = if !crate::onnx::is_default_domain(node.domain()) {
+            let inferred = if crate::ops::ms_output_like_first_input(node, 0) {
+                from_input(0)
+            } else if !crate::onnx::is_default_domain(node.domain()) {
                 None
             } else {
                 match node.op_type() {

@@ -141,6 +141,16 @@ pub const SAME_SHAPE_AS_FIRST_INPUT: &[&str] = &[
     "Mish", "HardSwish", "Clip", "IsInf", "CumSum", "Trilu", "ScatterND", "ScatterElements", "BitwiseNot",
 ];
 
+/// True when output `index` of a `com.microsoft` op onnx-fuse writes has
+/// the shape and element type of the op's first input: the GELU family's
+/// output, a skip-norm's output and its sum (output 3; its mean and
+/// inverse standard deviation, which onnx-fuse never uses, differ).
+pub fn ms_output_like_first_input(node: &NodeProto, index: usize) -> bool {
+    let skip = matches!(node.op_type(), "SkipLayerNormalization" | "SkipSimplifiedLayerNormalization");
+    let gelu = matches!(node.op_type(), "Gelu" | "FastGelu" | "BiasGelu" | "QuickGelu");
+    node.domain() == "com.microsoft" && ((skip && (index == 0 || index == 3)) || (gelu && index == 0))
+}
+
 /// Elementwise ops whose inputs broadcast (numpy rules) to the output.
 #[rustfmt::skip]
 pub const BROADCASTING: &[&str] = &[

@@ -675,6 +675,10 @@ fn apply(graph: &mut GraphProto, rewrites: Vec<Rewrite>, pass: &'static str, pat
         });
         for &n in &rewrite.nodes {
             let old = &graph.node[n];
+            // A replacement absorbed into this one is no longer in the output.
+            if old.metadata(FUSED_KEY).is_some() {
+                fused.retain(|f| f.graph != path || f.name != old.name());
+            }
             removed_values.extend(old.output.iter().filter(|o| !node.output.contains(o)).cloned());
             read_by_removed.extend(old.input.iter().cloned());
         }

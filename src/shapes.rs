@@ -128,10 +128,13 @@ impl<'g, 'a> Shapes<'g, 'a> {
         }
         let g = self.g;
         let node = g.node(g.producer(value)?);
+        let last = |i: usize| node.input.get(i).filter(|v| !v.is_empty()).and_then(|v| self.last_axis_at(v, depth + 1));
+        if node.output.iter().position(|o| o == value).is_some_and(|i| ops::ms_output_like_first_input(node, i)) {
+            return last(0);
+        }
         if !crate::onnx::is_default_domain(node.domain()) || node.output.first().map(String::as_str) != Some(value) {
             return None;
         }
-        let last = |i: usize| node.input.get(i).filter(|v| !v.is_empty()).and_then(|v| self.last_axis_at(v, depth + 1));
         match node.op_type() {
             op if ops::SAME_SHAPE_AS_FIRST_INPUT.contains(&op) => last(0),
             op if ops::BROADCASTING.contains(&op) => {
@@ -202,10 +205,13 @@ impl<'g, 'a> Shapes<'g, 'a> {
             return Some(outer.to_vec());
         }
         let node = g.node(g.producer(value)?);
+        let input = |i: usize| node.input.get(i).filter(|s| !s.is_empty()).and_then(|v| self.shape(v));
+        if node.output.iter().position(|o| o == value).is_some_and(|i| ops::ms_output_like_first_input(node, i)) {
+            return input(0);
+        }
         if !crate::onnx::is_default_domain(node.domain()) {
             return None;
         }
-        let input = |i: usize| node.input.get(i).filter(|s| !s.is_empty()).and_then(|v| self.shape(v));
         if node.is("Split") {
             return self.split_part(node, value, input(0)?);
         }

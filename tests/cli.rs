@@ -53,7 +53,7 @@ fn contradictory_expectations_and_an_output_of_dash_are_usage_errors() {
         assert!(!std::path::Path::new(out).exists() && !std::path::Path::new("-").exists(), "{extra:?}");
     }
     // Agreeing ones are fine: an exact count at or above a minimum.
-    let r = run(&[model, "-o", out, "-q", "--expect", "rms-norm=5", "--expect-min", "rms-norm=5,total=7"]);
+    let r = run(&[model, "-o", out, "-q", "--expect", "skip-norm=4", "--expect-min", "skip-norm=4,total=7"]);
     assert!(r.status.success(), "{}", stderr(&r));
 }
 
@@ -88,10 +88,14 @@ fn report_lists_counts_and_replaced_nodes() {
     let r = run(&[testdata("gpt2_ts_op14.onnx").to_str().unwrap(), "-o", out.to_str().unwrap(), "--report"]);
     assert!(r.status.success());
     let text = String::from_utf8(r.stdout.clone()).unwrap();
-    assert!(text.contains("layer-norm   5 fused") && text.contains("rms-norm     0 fused"), "{text}");
-    assert!(text.contains("LayerNormalization /model/transformer/h.0/ln_1/LayerNormalization  [layer-norm]"));
+    // Three of the five LayerNorms read a residual sum: skip-norm takes them
+    // over, and the report lists what the output holds.
+    assert!(text.contains("layer-norm   2 fused") && text.contains("skip-norm    3 fused"), "{text}");
+    assert!(text.contains("LayerNormalization /model/transformer/h.0/ln_2/LayerNormalization  [layer-norm]"));
+    assert!(text.contains("SkipLayerNormalization /model/transformer/h.0/ln_1/SkipLayerNormalization  [skip-norm]"));
+    assert!(!text.contains("LayerNormalization /model/transformer/h.0/ln_1/LayerNormalization"), "absorbed: {text}");
     assert!(text.contains("    Sub /model/transformer/h.0/ln_1/Sub"));
-    assert!(stderr(&r).contains("fused 7 (layer-norm 5, rms-norm 0, attention 2)"), "{}", stderr(&r));
+    assert!(stderr(&r).contains("fused 7 (layer-norm 2, rms-norm 0, skip-norm 3, attention 2)"), "{}", stderr(&r));
 }
 
 #[test]
@@ -100,7 +104,9 @@ fn report_json_has_the_documented_fields() {
     assert!(r.stderr.is_empty() && r.stdout.is_empty(), "quiet");
     assert_eq!(report["schema"], 1);
     assert_eq!(report["passes"][1]["name"], "rms-norm");
-    assert_eq!(report["passes"][1]["fused"], 5);
+    assert_eq!(report["passes"][1]["fused"], 1, "four of five norms read a residual sum");
+    assert_eq!(report["passes"][2]["name"], "skip-norm");
+    assert_eq!(report["passes"][2]["fused"], 4);
     let first = &report["fused"][0];
     assert_eq!(first["op_type"], "SimplifiedLayerNormalization");
     assert_eq!(first["graph"], "main");
@@ -108,7 +114,9 @@ fn report_json_has_the_documented_fields() {
     let v = &report["verification"];
     assert_eq!(v["passed"], true);
     assert_eq!(v["outputs"][0]["name"], "out");
-    assert_eq!(v["nodes"].as_array().unwrap().len(), 7, "5 norms and 2 attention cores");
+    // One norm, four skip-norms (three of whose sums are read again: two
+    // outputs each) and two attention cores.
+    assert_eq!(v["nodes"].as_array().unwrap().len(), 10);
     // The worst fused node differs by rounding: more than nothing, within tolerance.
     let worst = v["nodes"][0]["max_abs"].as_f64().unwrap();
     assert!(worst > 0.0 && worst <= 1e-5, "{worst}");
@@ -159,7 +167,8 @@ fn show_reads_back_the_provenance() {
     let r = run(&["show", out.to_str().unwrap()]);
     assert!(r.status.success());
     let text = String::from_utf8(r.stdout.clone()).unwrap();
-    assert_eq!(text.lines().filter(|l| l.starts_with("LayerNormalization ")).count(), 5);
+    assert_eq!(text.lines().filter(|l| l.starts_with("LayerNormalization ")).count(), 2);
+    assert_eq!(text.lines().filter(|l| l.starts_with("SkipLayerNormalization ")).count(), 3);
     assert!(text.contains("\n    ReduceMean /model/transformer/h.0/ln_1/ReduceMean\n"));
     let none = run(&["show", testdata("gpt2_ts_op14.onnx").to_str().unwrap()]);
     assert_eq!(none.status.code(), Some(1));
@@ -209,9 +218,9 @@ fn verify_compares_any_two_models() {
     assert!(text.contains("input_ids [3, 7]"), "{text}");
     let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let nodes: Vec<&str> = report["nodes"].as_array().unwrap().iter().map(|n| n["node"].as_str().unwrap()).collect();
-    let first = "LayerNormalization /encoder/layer.0/attention/output/LayerNorm/LayerNormalization";
+    let first = "SkipLayerNormalization /encoder/layer.0/attention/output/LayerNorm/SkipLayerNormalization";
     assert!(nodes.contains(&first), "{nodes:?}");
-    assert_eq!(nodes.len(), 7, "5 LayerNorms and 2 attention cores, each run alone");
+    assert_eq!(nodes.len(), 7, "1 LayerNorm, 4 skip-norms and 2 attention cores, each run alone");
 }
 
 #[test]

@@ -1,0 +1,158 @@
+//! skip-norm: `norm(a + b [+ bias])`
+//!          → `com.microsoft.SkipLayerNormalization(a, b, gamma[, beta][, bias])`
+//!          | `com.microsoft.SkipSimplifiedLayerNormalization(a, b, gamma[, bias])`
+//!
+//! The residual sum that feeds a norm, fused with it. The pass reads the
+//! norm as `layer-norm` and `rms-norm` write it (and as exporters write it
+//! from opset 17): a `LayerNormalization` or `SimplifiedLayerNormalization`
+//! over the last axis, computing in f32, whose input is an `Add`. So it
+//! composes with them by running after them (docs/fusions.md), and on its
+//! own output it finds nothing.
+//!
+//! - **The sum is read again** (the residual stream): the replacement's
+//!   fourth output, `input_skip_bias_sum`, takes over its name. Where the
+//!   norm reads the sum through a Cast to its own type (fp32 exports), the
+//!   Cast is the same value: it joins, or stays for the residual stream
+//!   reading it.
+//! - **A bias**: `Add(a0, bias)` (either order) as an operand of the sum,
+//!   with `bias` a constant of one axis D (leading axes of 1 aside), read by
+//!   the sum alone, becomes the bias input (`a0 + bias + b`: the same sum,
+//!   rounded in another order).
+//! - **Shapes ONNX Runtime's kernel accepts** (measured on 1.31.1): the
+//!   input of rank 2 or 3 with the shape of the sum; the skip of the same
+//!   shape, or for a 3-D input `[S, D]` or `[1, S, D]` (one row for every
+//!   batch); gamma, beta and bias `[D]`. The operand with the sum's shape is
+//!   the input; all proved.
+//! - **Types**: f32 and f16, the types the CPU provider registers both ops
+//!   for (f64 fails to load); every input of one type.
+
+use crate::graph::{Check, Graph, Miss, Target};
+use crate::onnx::{is_default_domain, AttributeProto, NodeProto, FLOAT, FLOAT16};
+use crate::pattern::{self, cast_to, either_order};
+use crate::rewrite::{node, Kept, Match, Pass, Rewrite};
+use crate::shapes::{Dim, Shapes};
+use crate::{candidate, require};
+
+pub const PASS: Pass = Pass {
+    name: "skip-norm",
+    summary: "norm(a + b + bias)  ->  com.microsoft.SkipLayerNormalization / SkipSimplifiedLayerNormalization",
+    default: true,
+    caution: None,
+    rule,
+};
+
+fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
+    let norm = g.node(index);
+    let op = match norm.op_type() {
+        "LayerNormalization" => "SkipLayerNormalization",
+        "SimplifiedLayerNormalization" => "SkipSimplifiedLayerNormalization",
+        _ => return Err(Miss::NotCandidate),
+    };
+    candidate!(is_default_domain(norm.domain()) && g.target == Target::Ort && g.malformed(index).is_none());
+    // fp32 exports pass the sum on through a Cast to its own type, which the
+    // residual stream reads too: that Cast stays for it where it does.
+    let x = norm.input[0].as_str();
+    let identity_cast = g.produced_by(x, "Cast").ok().filter(|&c| {
+        let source = &g.node(c).input[0];
+        g.elem_type(source).is_some() && g.elem_type(source) == cast_to(g.node(c))
+    });
+    let s = identity_cast.map_or(x, |c| g.node(c).input[0].as_str());
+    let sum = g.produced_by(s, "Add").map_err(|_| Miss::NotCandidate)?;
+    let shapes = Shapes::new(g);
+    let rank = shapes.rank(s);
+    let axis = norm.attr_int("axis").unwrap_or(-1);
+    require!(
+        axis == -1 || rank.is_some_and(|r| axis == r as i64 - 1),
+        "the {} is not over the last axis",
+        norm.op_type()
+    );
+    require!(norm.attr_int("stash_type").unwrap_or(1) == 1, "the {} does not compute in f32", norm.op_type());
+    let operands = &g.node(sum).input;
+    // LayerNormalization's scale has the type of its input (ONNX's T).
+    let typed_like_x = (norm.is("LayerNormalization")).then(|| g.elem_type(&norm.input[1])).flatten();
+    let elem = g.elem_type(s).or_else(|| g.elem_type(&operands[0])).or_else(|| g.elem_type(&operands[1]));
+    let elem = elem.or(typed_like_x);
+    require!(matches!(elem, Some(FLOAT | FLOAT16)), "the sum is not f32 or f16 (the kernel's types), found {elem:?}");
+
+    let (input, skip, bias) = residual(g, &shapes, sum)?;
+    let gamma = norm.input[1].as_str();
+    let beta = norm.input.get(2).map(String::as_str).filter(|b| !b.is_empty());
+    let d = shapes.last_axis(s);
+    for (what, v) in [("gamma", Some(gamma)), ("beta", beta)] {
+        let Some(v) = v else { continue };
+        require!(
+            d.is_some() && shapes.shape(v) == d.clone().map(|d| vec![d]),
+            "the {what} ({v}) is not proved to be [D] with D the last axis of the sum"
+        );
+        require!(g.elem_type(v) == elem, "the {what} ({v}) does not have the sum's element type");
+    }
+
+    let mut m = Match::new(index);
+    let bias = bias.map(|b| pattern::weight(g, b, s, "bias").map(|w| m.weight_input(g, w, "bias"))).transpose()?;
+    let mut inputs = vec![input, skip, gamma];
+    if op == "SkipLayerNormalization" {
+        inputs.push(beta.unwrap_or(""));
+    }
+    inputs.extend(bias.as_deref());
+    while inputs.last() == Some(&"") {
+        inputs.pop();
+    }
+    let epsilon = norm.attr_float("epsilon").unwrap_or(1e-5);
+    let replacement = NodeProto {
+        domain: Some("com.microsoft".into()),
+        ..node(op, &inputs, vec![AttributeProto::float("epsilon", epsilon)])
+    };
+    let read_elsewhere = |v: &str, reader: usize| g.is_graph_output(v) || g.consumers(v).iter().any(|&c| c != reader);
+    let cast_stays = identity_cast.is_some_and(|_| read_elsewhere(x, index));
+    if cast_stays {
+        m.keep(Kept::Shared(x.to_string()));
+    }
+    let rewrite = m.replace_with(replacement).importing("com.microsoft", 1);
+    // The residual stream reads the sum again: output 3 takes it over.
+    let sum_reader = identity_cast.unwrap_or(index);
+    Ok(if cast_stays || read_elsewhere(s, sum_reader) { rewrite.taking_over(3, s) } else { rewrite })
+}
+
+/// The kernel's input and skip, and a bias folded into the sum: the
+/// operands of the sum, in the order whose shapes the kernel accepts.
+fn residual<'a>(g: &Graph<'a>, shapes: &Shapes, sum: usize) -> Check<(&'a str, &'a str, Option<&'a str>)> {
+    let node = g.node(sum);
+    let s = node.output[0].as_str();
+    let (a, b) = (node.input[0].as_str(), node.input[1].as_str());
+    // A bias added to one operand first, read by the sum alone.
+    let biased = |v: &'a str| -> Option<(&'a str, &'a str)> {
+        let p = g.produced_by(v, "Add").ok()?;
+        (g.consumers(v) == [sum] && !g.is_graph_output(v)).then_some(())?;
+        let constant_vector = |c: &str| g.constant(c).is_some() && pattern::is_vector(g, c);
+        either_order(g.node(p), "a bias", constant_vector, |x, bias| Ok((x, bias))).ok()
+    };
+    let (a, b, bias) = match (biased(a), biased(b)) {
+        (Some((a0, bias)), _) => (a0, b, Some(bias)),
+        (None, Some((b0, bias))) => (b0, a, Some(bias)),
+        (None, None) => (a, b, None),
+    };
+    let sum_shape = shapes.shape(s);
+    let accepts = |input: &str, skip: &str| kernel_accepts(shapes.shape(input), shapes.shape(skip), &sum_shape);
+    if accepts(a, b) {
+        Ok((a, b, bias))
+    } else if accepts(b, a) {
+        Ok((b, a, bias))
+    } else {
+        Err(Miss::Declined(format!(
+            "the shapes of {a} and {b} are not proved to be ones the kernel accepts (the same shape of rank 2 or \
+             3, or a 3-D input and a skip of [S, D] or [1, S, D])"
+        )))
+    }
+}
+
+/// ONNX Runtime's shape rule for SkipLayerNormalization's input and skip,
+/// where the input must also have the sum's shape (the kernel's output has
+/// the input's shape).
+fn kernel_accepts(input: Option<Vec<Dim>>, skip: Option<Vec<Dim>>, sum: &Option<Vec<Dim>>) -> bool {
+    let (Some(input), Some(skip)) = (input, skip) else { return false };
+    if sum.as_ref() != Some(&input) || !matches!(input.len(), 2 | 3) {
+        return false;
+    }
+    let rows = &input[input.len() - 2..];
+    skip == input || (input.len() == 3 && (skip == rows || (skip.len() == 3 && skip[0] == Dim::known(1) && skip[1..] == *rows)))
+}
