@@ -623,6 +623,9 @@ impl<'a> Graph<'a> {
             let from_input = |i: usize| node.input.get(i).and_then(|v| self.elem_type(v));
             let inferred = if crate::ops::ms_output_like_first_input(node, 0) {
                 from_input(0)
+            } else if node.domain() == crate::onnx::TRANSMUTER_DOMAIN && node.op_type() == "AttentionCore" {
+                // softmax(…) · v: a MatMul, in v's type.
+                from_input(2)
             } else if !crate::onnx::is_default_domain(node.domain()) {
                 None
             } else {

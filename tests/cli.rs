@@ -95,7 +95,7 @@ fn report_lists_counts_and_replaced_nodes() {
     assert!(text.contains("SkipLayerNormalization /model/transformer/h.0/ln_1/SkipLayerNormalization  [skip-norm]"));
     assert!(!text.contains("LayerNormalization /model/transformer/h.0/ln_1/LayerNormalization"), "absorbed: {text}");
     assert!(text.contains("    Sub /model/transformer/h.0/ln_1/Sub"));
-    assert!(stderr(&r).contains("fused 7 (layer-norm 2, rms-norm 0, skip-norm 3, attention 2)"), "{}", stderr(&r));
+    assert!(stderr(&r).contains("fused 9 (layer-norm 2, rms-norm 0, skip-norm 3, attention 2, gelu 2)"), "{}", stderr(&r));
 }
 
 #[test]
@@ -115,8 +115,8 @@ fn report_json_has_the_documented_fields() {
     assert_eq!(v["passed"], true);
     assert_eq!(v["outputs"][0]["name"], "out");
     // One norm, four skip-norms (three of whose sums are read again: two
-    // outputs each) and two attention cores.
-    assert_eq!(v["nodes"].as_array().unwrap().len(), 10);
+    // outputs each), two attention cores and two SiLUs.
+    assert_eq!(v["nodes"].as_array().unwrap().len(), 12);
     // The worst fused node differs by rounding: more than nothing, within tolerance.
     let worst = v["nodes"][0]["max_abs"].as_f64().unwrap();
     assert!(worst > 0.0 && worst <= 1e-5, "{worst}");
@@ -220,7 +220,7 @@ fn verify_compares_any_two_models() {
     let nodes: Vec<&str> = report["nodes"].as_array().unwrap().iter().map(|n| n["node"].as_str().unwrap()).collect();
     let first = "SkipLayerNormalization /encoder/layer.0/attention/output/LayerNorm/SkipLayerNormalization";
     assert!(nodes.contains(&first), "{nodes:?}");
-    assert_eq!(nodes.len(), 7, "1 LayerNorm, 4 skip-norms and 2 attention cores, each run alone");
+    assert_eq!(nodes.len(), 9, "1 LayerNorm, 4 skip-norms, 2 attention cores and 2 GELUs, each run alone");
 }
 
 #[test]

@@ -42,14 +42,14 @@ fn fp16_nodes_are_judged_at_f16_tolerance_when_outputs_are_f32() {
 #[test]
 fn a_small_but_real_error_still_fails() {
     let (original, mut fused, _) = fuse("llama_ts_op14.onnx");
-    let target = "/model/model/layers.1/post_attention_layernorm/SimplifiedLayerNormalization";
+    let target = "/model/model/layers.1/post_attention_layernorm/SkipSimplifiedLayerNormalization";
     let node = fused.graph.as_mut().unwrap().node.iter_mut().find(|n| n.name() == target).unwrap();
     // eps 1e-6 → 3e-6: every value moves by a fraction of a percent.
     node.attribute.iter_mut().find(|a| a.name() == "epsilon").unwrap().f = Some(3e-6);
     let dir = onnx_fuse::io::parent(&testdata("llama_ts_op14.onnx"));
     let v = verify::verify((&original, &dir), (&fused, &dir), &Default::default()).unwrap();
     assert!(!v.passed, "{}", v.text());
-    assert_eq!(v.blamed.as_deref(), Some(format!("SimplifiedLayerNormalization {target}").as_str()));
+    assert_eq!(v.blamed.as_deref(), Some(format!("SkipSimplifiedLayerNormalization {target}").as_str()));
     let worst = &v.nodes[0];
     assert!(!worst.passed && worst.max_rel < 0.05, "small per node: {}", v.text());
 }

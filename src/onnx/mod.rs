@@ -80,6 +80,15 @@ impl AttributeProto {
         }
     }
 
+    pub fn string(name: &str, value: &str) -> Self {
+        AttributeProto {
+            name: Some(name.into()),
+            r#type: Some(AttributeType::String as i32),
+            s: Some(bytes::Bytes::copy_from_slice(value.as_bytes())),
+            ..Default::default()
+        }
+    }
+
     pub fn float(name: &str, value: f32) -> Self {
         AttributeProto {
             name: Some(name.into()),

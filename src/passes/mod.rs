@@ -7,6 +7,7 @@ use crate::rewrite::Pass;
 
 pub mod attention;
 pub mod complex_mul;
+pub mod gelu;
 pub mod layer_norm;
 pub mod rms_norm;
 pub mod skip_norm;
@@ -16,7 +17,7 @@ pub mod skip_norm;
 /// folds a SimplifiedLayerNormalization of the centered input). skip-norm
 /// reads the norms the two write, so it comes after them.
 pub const ALL: &[&Pass] =
-    &[&layer_norm::PASS, &rms_norm::PASS, &skip_norm::PASS, &attention::PASS, &complex_mul::PASS];
+    &[&layer_norm::PASS, &rms_norm::PASS, &skip_norm::PASS, &attention::PASS, &gelu::PASS, &complex_mul::PASS];
 
 /// The pipeline a `--passes` list names (`default` expands to every default
 /// pass), less the `--disable` list. Unknown names are an error.

@@ -54,8 +54,13 @@ pub fn fuse_model(model: &ModelProto, names: &[&str]) -> (ModelProto, Outcome) {
 }
 
 pub fn fuse(name: &str) -> (ModelProto, ModelProto, Outcome) {
+    fuse_with(name, &["default"])
+}
+
+/// `fuse` with the named passes.
+pub fn fuse_with(name: &str, passes: &[&str]) -> (ModelProto, ModelProto, Outcome) {
     let original = load(name);
-    let (fused, outcome) = fuse_model(&original, &["default"]);
+    let (fused, outcome) = fuse_model(&original, passes);
     (original, fused, outcome)
 }
 

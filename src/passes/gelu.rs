@@ -1,0 +1,268 @@
+//! gelu: the GELU family, each written by exporters as primitives.
+//!
+//! ```text
+//! erf form:      x · 0.5 · (1 + Erf(x / √2))              → com.microsoft.Gelu(x)
+//!                (or Erf(x · 1/√2); x = x0 + bias)         → com.microsoft.BiasGelu(x0, bias)
+//! tanh form:     0.5 · x · (1 + Tanh(√(2/π) · (x + 0.044715 · x³)))
+//!                                                         → com.microsoft.FastGelu(x[, bias])
+//! sigmoid form:  x · Sigmoid(α · x), x · Sigmoid(x) (SiLU) → com.microsoft.QuickGelu(x), alpha = α
+//! ```
+//!
+//! The three factors of the first two forms in any order and grouping
+//! (`(x · 0.5) · b`, `(x · b) · 0.5`, `x · (0.5 · b)`), every sum and
+//! product either way round, `x³` as `Pow(x, 3)` or `x · x · x`. Each
+//! constant is within 2 units in the last place of its exact value in its
+//! own element type (√2 written as 1.41 is another function); 0.5, 1 and
+//! the exponent 3 are exact.
+//!
+//! A bias folds where `x = Add(x0, bias)` with `bias` a constant of one
+//! axis D, the last axis of x (leading axes of 1 aside), and nothing but the
+//! GELU reads x. The `com.microsoft` ops are written for f32 and f16, the
+//! types ONNX Runtime's CPU provider runs them in (measured: f64 Gelu and
+//! BiasGelu fail to load). `--target portable` writes ONNX's `Gelu` (from
+//! opset 20; `approximate = "tanh"` for the tanh form, no bias), and leaves
+//! the sigmoid form: ONNX has no such op.
+
+use crate::graph::{Check, Graph, Miss, Target};
+use crate::onnx::{is_default_domain, AttributeProto, NodeProto, BFLOAT16, FLOAT, FLOAT16};
+use crate::pattern::{self, either_order};
+use crate::rewrite::{node, Match, Pass, Rewrite};
+use crate::{candidate, require};
+
+pub const PASS: Pass = Pass {
+    name: "gelu",
+    summary: "x·Φ(x) and x·sigmoid(αx) in their exported forms  ->  Gelu, BiasGelu, FastGelu, QuickGelu",
+    default: true,
+    caution: None,
+    rule,
+};
+
+const SQRT_2: f64 = std::f64::consts::SQRT_2;
+const FRAC_1_SQRT_2: f64 = std::f64::consts::FRAC_1_SQRT_2;
+/// √(2/π).
+const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
+const TANH_CUBIC: f64 = 0.044715;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Form {
+    Erf,
+    Tanh,
+}
+
+fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
+    let top = pattern::anchor(g, index, "Mul")?;
+    candidate!(top.input.len() == 2);
+    // x · 0.5 · (1 + T(…)): the top Mul and one Mul inside it hold the
+    // three factors.
+    for (inner, other) in [(&top.input[0], &top.input[1]), (&top.input[1], &top.input[0])] {
+        let Ok(p) = g.produced_by(inner, "Mul") else { continue };
+        let node = g.node(p);
+        if node.input.len() != 2 {
+            continue;
+        }
+        let factors = [node.input[0].as_str(), node.input[1].as_str(), other.as_str()];
+        if let Some(found) = three_factors(g, index, factors) {
+            return found;
+        }
+    }
+    sigmoid_form(g, index, top)
+}
+
+/// The GELU of three factors `x`, `0.5` and `1 + T(…)`, if they are its
+/// factors; none when they are no candidate.
+fn three_factors(g: &Graph, index: usize, factors: [&str; 3]) -> Option<Check<Rewrite>> {
+    let bracket = (0..3).find_map(|i| Some((i, bracket(g, factors[i])?)))?;
+    let (b, (form, argument)) = bracket;
+    let half = (0..3).find(|&i| i != b && g.constant(factors[i]).is_some())?;
+    let x = factors[3 - b - half];
+    let half = factors[half];
+    Some((|| {
+        require!(g.constant(x).is_none(), "the value of the GELU ({x}) is a constant");
+        let value = pattern::scalar(g, half, x, "the factor 0.5")?;
+        require!(value == 0.5, "the factor {half} is {value}, not 0.5");
+        // Mul reads two values of one type: x has the 0.5's.
+        let elem = elem_of(g, x, half)?;
+        match form {
+            Form::Erf => erf_argument(g, argument, x, elem)?,
+            Form::Tanh => tanh_argument(g, argument, x, elem)?,
+        }
+        replace(g, index, form, x, elem)
+    })())
+}
+
+/// `1 + Erf(a)` or `1 + Tanh(a)` (either order, the 1 exact): the form and a.
+fn bracket<'a>(g: &Graph<'a>, value: &str) -> Option<(Form, &'a str)> {
+    let add = g.node(g.produced_by(value, "Add").ok()?);
+    either_order(
+        add,
+        "1",
+        |c| g.constant(c).is_some(),
+        |t, one| {
+            let p = g.computing(t)?;
+            let form = match g.node(p).op_type() {
+                "Erf" => Form::Erf,
+                "Tanh" => Form::Tanh,
+                _ => return Err(Miss::NotCandidate),
+            };
+            require!(is_default_domain(g.node(p).domain()), "not ONNX's {}", g.node(p).op_type());
+            require!(pattern::scalar(g, one, t, "the 1")? == 1.0, "not 1 + T");
+            Ok((form, g.node(p).input[0].as_str()))
+        },
+    )
+    .ok()
+}
+
+/// The element type of x (or of `like`, which a Mul reads with it): f32,
+/// f16 or bf16 (constants are judged in it).
+fn elem_of(g: &Graph, x: &str, like: &str) -> Check<i32> {
+    let elem = g.elem_type(x).or_else(|| g.elem_type(like));
+    require!(matches!(elem, Some(FLOAT | FLOAT16 | BFLOAT16)), "{x} is not f32, f16 or bf16 (found {elem:?})");
+    Ok(elem.unwrap_or_default())
+}
+
+/// `x / √2` or `x · (1/√2)` (either order).
+fn erf_argument(g: &Graph, a: &str, x: &str, elem: i32) -> Check<()> {
+    let p = g.computing(a)?;
+    let node = g.node(p);
+    if node.is("Div") && node.input.len() == 2 {
+        require!(node.input[0] == x, "Erf does not read {x} / c");
+        return near(g, &node.input[1], x, SQRT_2, elem, "√2");
+    }
+    require!(node.is("Mul"), "Erf does not read x / √2 or x · (1/√2)");
+    either_order(node, "1/√2", |c| g.constant(c).is_some(), |v, c| {
+        require!(v == x, "Erf does not read {x} · c");
+        near(g, c, x, FRAC_1_SQRT_2, elem, "1/√2")
+    })
+}
+
+/// `√(2/π) · (x + 0.044715 · x³)` (every product and sum either way round).
+fn tanh_argument(g: &Graph, a: &str, x: &str, elem: i32) -> Check<()> {
+    let scaled = g.node(g.produced_by(a, "Mul")?);
+    either_order(scaled, "√(2/π)", |c| g.constant(c).is_some(), |sum, c| {
+        near(g, c, x, SQRT_2_OVER_PI, elem, "√(2/π)")?;
+        let sum = g.node(g.produced_by(sum, "Add")?);
+        either_order(sum, "x", |v| v == x, |cubic, _| {
+            let cubic = g.node(g.produced_by(cubic, "Mul")?);
+            either_order(cubic, "0.044715", |c| g.constant(c).is_some(), |cube, c| {
+                near(g, c, x, TANH_CUBIC, elem, "0.044715")?;
+                require!(is_cube(g, cube, x), "the cubic term is not {x}³");
+                Ok(())
+            })
+        })
+    })
+}
+
+/// `Pow(x, 3)` (exponent exactly 3), `(x · x) · x` or `x · (x · x)`.
+fn is_cube(g: &Graph, value: &str, x: &str) -> bool {
+    let Some(p) = g.producer(value) else { return false };
+    let node = g.node(p);
+    if node.is("Pow") && node.input.len() == 2 && node.input[0] == x {
+        return pattern::scalar(g, &node.input[1], x, "the exponent").is_ok_and(|e| e == 3.0);
+    }
+    let square = |v: &str| g.produced_by(v, "Mul").is_ok_and(|s| g.node(s).input.iter().all(|i| i == x));
+    node.is("Mul")
+        && node.input.len() == 2
+        && ((node.input[0] == x && square(&node.input[1])) || (node.input[1] == x && square(&node.input[0])))
+}
+
+/// A constant of one value within 2 units in the last place of `exact`,
+/// in the element type of x.
+fn near(g: &Graph, c: &str, x: &str, exact: f64, elem: i32, what: &str) -> Check<()> {
+    let value = pattern::scalar(g, c, x, what)?;
+    require!(g.elem_type(c) == Some(elem), "{what} ({c}) does not have the type of {x}");
+    let distance = ulps(elem, value, exact);
+    require!(
+        distance.is_some_and(|d| d <= 2),
+        "{what} is written as {}, {} units in the last place from its exact value",
+        value as f32,
+        distance.map_or("many".to_string(), |d| d.to_string())
+    );
+    Ok(())
+}
+
+/// Units in the last place of `elem` between `value` (stored in `elem`)
+/// and `exact` rounded to `elem`.
+fn ulps(elem: i32, value: f64, exact: f64) -> Option<u64> {
+    // Float bits ordered as integers: the distance counts representable values.
+    let ordered = |bits: u64, sign: u64| if bits & sign != 0 { -((bits & !sign) as i64) } else { bits as i64 };
+    let key = |v: f64| match elem {
+        FLOAT => Some(ordered(u64::from((v as f32).to_bits()), 1 << 31)),
+        FLOAT16 => Some(ordered(u64::from(half::f16::from_f64(v).to_bits()), 1 << 15)),
+        BFLOAT16 => Some(ordered(u64::from(half::bf16::from_f64(v).to_bits()), 1 << 15)),
+        _ => None,
+    };
+    Some(key(value)?.abs_diff(key(exact)?))
+}
+
+/// The op for the form and target, with a bias folded in where the form's
+/// op takes one.
+fn replace(g: &Graph, index: usize, form: Form, x: &str, elem: i32) -> Check<Rewrite> {
+    let mut m = Match::new(index);
+    if g.target == Target::Portable {
+        require!(g.opset >= 20, "needs opset 20 for Gelu (the model imports opset {})", g.opset);
+        let approximate = if form == Form::Tanh { "tanh" } else { "none" };
+        let attributes = vec![AttributeProto::string("approximate", approximate)];
+        return Ok(m.replace_with(node("Gelu", &[x], attributes)));
+    }
+    require!(elem != BFLOAT16, "ONNX Runtime's CPU provider has no bf16 GELU kernels");
+    let bias = folded_bias(g, &m, x)?;
+    let (op, inputs): (&str, Vec<String>) = match (form, bias) {
+        (Form::Erf, None) => ("Gelu", vec![x.to_string()]),
+        (Form::Erf, Some((x0, bias))) => ("BiasGelu", vec![x0.to_string(), m.weight_input(g, bias, "bias")]),
+        (Form::Tanh, None) => ("FastGelu", vec![x.to_string()]),
+        (Form::Tanh, Some((x0, bias))) => ("FastGelu", vec![x0.to_string(), m.weight_input(g, bias, "bias")]),
+    };
+    let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
+    Ok(m.replace_with(microsoft(node(op, &inputs, vec![]))).importing("com.microsoft", 1))
+}
+
+/// `x = Add(x0, bias)`, bias a constant of one axis D (the last axis of x),
+/// where nothing but the GELU reads x: `(x0, bias)`.
+fn folded_bias<'a>(g: &Graph<'a>, m: &Match, x: &'a str) -> Check<Option<(&'a str, pattern::Weight<'a>)>> {
+    let Ok(add) = g.produced_by(x, "Add") else { return Ok(None) };
+    let constant = |c: &str| g.constant(c).is_some() && pattern::is_vector(g, c);
+    let split = either_order(g.node(add), "a bias", constant, |x0, bias| Ok((x0, bias)));
+    let Ok((x0, bias)) = split else { return Ok(None) };
+    // The sum's shape is x0's (a bias of one axis D cannot raise it).
+    let same_shape = g.shapes().shape(x0).is_some() && g.shapes().shape(x0) == g.shapes().shape(x);
+    if !same_shape || g.elem_type(bias) != g.elem_type(x) || !m.alone_reads(g, x, &[x0, bias]) {
+        return Ok(None);
+    }
+    Ok(pattern::weight(g, bias, x, "bias").ok().map(|w| (x0, w)))
+}
+
+/// `x · Sigmoid(α · x)` or `x · Sigmoid(x)`, either order.
+fn sigmoid_form(g: &Graph, index: usize, top: &NodeProto) -> Check<Rewrite> {
+    let sigmoid_of = |v: &str| g.produced_by(v, "Sigmoid").ok();
+    candidate!(top.input.iter().any(|v| sigmoid_of(v).is_some()));
+    either_order(
+        top,
+        "a Sigmoid",
+        |v| sigmoid_of(v).is_some(),
+        |x, s| {
+            let y = g.node(sigmoid_of(s).expect("a Sigmoid, checked")).input[0].as_str();
+            let alpha = if y == x {
+                1.0
+            } else {
+                let scaled = g.produced_by(y, "Mul").map_err(|_| Miss::NotCandidate)?;
+                let node = g.node(scaled);
+                candidate!(node.input.len() == 2 && node.input.iter().any(|v| v == x));
+                let c = if node.input[0] == x { &node.input[1] } else { &node.input[0] };
+                candidate!(g.constant(c).is_some());
+                pattern::scalar(g, c, x, "α")?
+            };
+            let elem = g.elem_type(x);
+            require!(matches!(elem, Some(FLOAT | FLOAT16)), "{x} is not f32 or f16 (the kernel's types), found {elem:?}");
+            require!(g.target == Target::Ort, "ONNX has no x·sigmoid(αx) op (QuickGelu is ONNX Runtime's)");
+            require!((alpha as f32).is_finite(), "α ({alpha}) is no finite f32");
+            let attributes = vec![AttributeProto::float("alpha", alpha as f32)];
+            Ok(Match::new(index)
+                .replace_with(microsoft(node("QuickGelu", &[x], attributes)))
+                .importing("com.microsoft", 1))
+        },
+    )
+}
+
+fn microsoft(node: NodeProto) -> NodeProto {
+    NodeProto { domain: Some("com.microsoft".into()), ..node }
+}
