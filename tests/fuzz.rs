@@ -88,6 +88,8 @@ const GENERATORS: &[(&str, Generator)] = &[
     ("layer-norm", forms::layer_norm),
     ("attention", forms::attention),
     ("complex-mul", forms::complex_mul),
+    ("skip-norm", forms::skip_norm),
+    ("gelu", forms::gelu),
 ];
 
 #[derive(Default, Debug)]
@@ -124,6 +126,7 @@ fn campaign(seed: u64, budget: usize, deadline: Option<Instant>) -> (BTreeMap<&'
                     "rms-norm" => opset >= 23,
                     "layer-norm" => opset >= 17,
                     "attention" => opset >= 23 && case.portable,
+                    "gelu" => opset >= 20 && case.portable,
                     _ => false,
                 };
                 if !allowed {

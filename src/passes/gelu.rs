@@ -11,9 +11,9 @@
 //! The three factors of the first two forms in any order and grouping
 //! (`(x · 0.5) · b`, `(x · b) · 0.5`, `x · (0.5 · b)`), every sum and
 //! product either way round, `x³` as `Pow(x, 3)` or `x · x · x`. Each
-//! constant is within 2 units in the last place of its exact value in its
-//! own element type (√2 written as 1.41 is another function); 0.5, 1 and
-//! the exponent 3 are exact.
+//! constant (0.5, 1, √2 or 1/√2, √(2/π), 0.044715, the exponent 3) is
+//! within 2 units in the last place of its exact value in its own element
+//! type, as the spec says; √2 written as 1.41 is another function.
 //!
 //! A bias folds where `x = Add(x0, bias)` with `bias` a constant of one
 //! axis D, the last axis of x (leading axes of 1 aside), and nothing but the
@@ -72,16 +72,16 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
 /// factors; none when they are no candidate.
 fn three_factors(g: &Graph, index: usize, factors: [&str; 3]) -> Option<Check<Rewrite>> {
     let bracket = (0..3).find_map(|i| Some((i, bracket(g, factors[i])?)))?;
-    let (b, (form, argument)) = bracket;
+    let (b, (form, argument, one)) = bracket;
     let half = (0..3).find(|&i| i != b && g.constant(factors[i]).is_some())?;
     let x = factors[3 - b - half];
     let half = factors[half];
     Some((|| {
         require!(g.constant(x).is_none(), "the value of the GELU ({x}) is a constant");
-        let value = pattern::scalar(g, half, x, "the factor 0.5")?;
-        require!(value == 0.5, "the factor {half} is {value}, not 0.5");
         // Mul reads two values of one type: x has the 0.5's.
         let elem = elem_of(g, x, half)?;
+        near(g, half, x, 0.5, elem, "the factor 0.5")?;
+        near(g, one, x, 1.0, elem, "the 1 of 1 + T")?;
         match form {
             Form::Erf => erf_argument(g, argument, x, elem)?,
             Form::Tanh => tanh_argument(g, argument, x, elem)?,
@@ -90,8 +90,9 @@ fn three_factors(g: &Graph, index: usize, factors: [&str; 3]) -> Option<Check<Re
     })())
 }
 
-/// `1 + Erf(a)` or `1 + Tanh(a)` (either order, the 1 exact): the form and a.
-fn bracket<'a>(g: &Graph<'a>, value: &str) -> Option<(Form, &'a str)> {
+/// `c + Erf(a)` or `c + Tanh(a)` (either order, c a constant: the 1):
+/// the form, a and c.
+fn bracket<'a>(g: &Graph<'a>, value: &str) -> Option<(Form, &'a str, &'a str)> {
     let add = g.node(g.produced_by(value, "Add").ok()?);
     either_order(
         add,
@@ -105,8 +106,7 @@ fn bracket<'a>(g: &Graph<'a>, value: &str) -> Option<(Form, &'a str)> {
                 _ => return Err(Miss::NotCandidate),
             };
             require!(is_default_domain(g.node(p).domain()), "not ONNX's {}", g.node(p).op_type());
-            require!(pattern::scalar(g, one, t, "the 1")? == 1.0, "not 1 + T");
-            Ok((form, g.node(p).input[0].as_str()))
+            Ok((form, g.node(p).input[0].as_str(), one))
         },
     )
     .ok()
@@ -152,12 +152,15 @@ fn tanh_argument(g: &Graph, a: &str, x: &str, elem: i32) -> Check<()> {
     })
 }
 
-/// `Pow(x, 3)` (exponent exactly 3), `(x · x) · x` or `x · (x · x)`.
+/// `Pow(x, 3)`, `(x · x) · x` or `x · (x · x)`.
 fn is_cube(g: &Graph, value: &str, x: &str) -> bool {
     let Some(p) = g.producer(value) else { return false };
     let node = g.node(p);
     if node.is("Pow") && node.input.len() == 2 && node.input[0] == x {
-        return pattern::scalar(g, &node.input[1], x, "the exponent").is_ok_and(|e| e == 3.0);
+        // The exponent may have a type of its own (Pow's T1).
+        let e = &node.input[1];
+        let within = |v: f64| g.elem_type(e).and_then(|t| ulps(t, v, 3.0)).is_some_and(|d| d <= 2);
+        return pattern::scalar(g, e, x, "the exponent").is_ok_and(|v| v == 3.0 || within(v));
     }
     let square = |v: &str| g.produced_by(v, "Mul").is_ok_and(|s| g.node(s).input.iter().all(|i| i == x));
     node.is("Mul")
@@ -198,6 +201,7 @@ fn ulps(elem: i32, value: f64, exact: f64) -> Option<u64> {
 /// op takes one.
 fn replace(g: &Graph, index: usize, form: Form, x: &str, elem: i32) -> Check<Rewrite> {
     let mut m = Match::new(index);
+    has_an_axis(g, x)?;
     if g.target == Target::Portable {
         require!(g.opset >= 20, "needs opset 20 for Gelu (the model imports opset {})", g.opset);
         let approximate = if form == Form::Tanh { "tanh" } else { "none" };
@@ -254,6 +258,7 @@ fn sigmoid_form(g: &Graph, index: usize, top: &NodeProto) -> Check<Rewrite> {
             let elem = g.elem_type(x);
             require!(matches!(elem, Some(FLOAT | FLOAT16)), "{x} is not f32 or f16 (the kernel's types), found {elem:?}");
             require!(g.target == Target::Ort, "ONNX has no x·sigmoid(αx) op (QuickGelu is ONNX Runtime's)");
+            has_an_axis(g, x)?;
             require!((alpha as f32).is_finite(), "α ({alpha}) is no finite f32");
             let attributes = vec![AttributeProto::float("alpha", alpha as f32)];
             Ok(Match::new(index)
@@ -261,6 +266,15 @@ fn sigmoid_form(g: &Graph, index: usize, top: &NodeProto) -> Check<Rewrite> {
                 .importing("com.microsoft", 1))
         },
     )
+}
+
+/// ONNX Runtime's GELU kernels (its own and ONNX's Gelu) write a scalar
+/// as `[1]` (measured): x must be proved to have an axis.
+fn has_an_axis(g: &Graph, x: &str) -> Check<()> {
+    let shapes = g.shapes();
+    let proved = shapes.rank(x).map_or(shapes.last_axis(x).is_some(), |r| r >= 1);
+    require!(proved, "{x} is not proved to have an axis (ONNX Runtime's kernels make a scalar [1])");
+    Ok(())
 }
 
 fn microsoft(node: NodeProto) -> NodeProto {

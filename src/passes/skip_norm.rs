@@ -88,7 +88,7 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     }
 
     let mut m = Match::new(index);
-    let bias = bias.map(|b| pattern::weight(g, b, s, "bias").map(|w| m.weight_input(g, w, "bias"))).transpose()?;
+    let bias = bias.map(|b| pattern::weight(g, b, input, "bias").map(|w| m.weight_input(g, w, "bias"))).transpose()?;
     let mut inputs = vec![input, skip, gamma];
     if op == "SkipLayerNormalization" {
         inputs.push(beta.unwrap_or(""));
@@ -123,8 +123,13 @@ fn residual<'a>(g: &Graph<'a>, shapes: &Shapes, sum: usize) -> Check<(&'a str, &
     let biased = |v: &'a str| -> Option<(&'a str, &'a str)> {
         let p = g.produced_by(v, "Add").ok()?;
         (g.consumers(v) == [sum] && !g.is_graph_output(v)).then_some(())?;
+        // One value per channel that cannot raise the rank of what it is added to.
         let constant_vector = |c: &str| g.constant(c).is_some() && pattern::is_vector(g, c);
-        either_order(g.node(p), "a bias", constant_vector, |x, bias| Ok((x, bias))).ok()
+        either_order(g.node(p), "a bias", constant_vector, |x, bias| {
+            pattern::weight(g, bias, x, "bias")?;
+            Ok((x, bias))
+        })
+        .ok()
     };
     let (a, b, bias) = match (biased(a), biased(b)) {
         (Some((a0, bias)), _) => (a0, b, Some(bias)),

@@ -119,12 +119,17 @@ pub(super) fn run_session(
     which: &str,
     feeds: Vec<(String, DynValue)>,
 ) -> Result<HashMap<String, Values>> {
-    let outputs = session.run(feeds).map_err(|e| anyhow!("ONNX Runtime cannot run the {which} model: {e}"))?;
-    let mut values = HashMap::new();
-    for (name, value) in outputs.iter() {
-        values.insert(name.to_string(), Values::read(&value)?);
-    }
-    Ok(values)
+    // The ort crate panics on an output ONNX Runtime returns without a type
+    // (an absent optional value, seen from a Loop): an error, not a crash.
+    let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<HashMap<String, Values>> {
+        let outputs = session.run(feeds).map_err(|e| anyhow!("ONNX Runtime cannot run the {which} model: {e}"))?;
+        let mut values = HashMap::new();
+        for (name, value) in outputs.iter() {
+            values.insert(name.to_string(), Values::read(&value)?);
+        }
+        Ok(values)
+    }));
+    read.unwrap_or_else(|_| bail!("ONNX Runtime returned an output of the {which} model without a type (an absent value)"))
 }
 
 /// An output read back as f64 (exact for every type compared here).

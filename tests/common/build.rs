@@ -78,6 +78,10 @@ pub fn attr_int(name: &str, v: i64) -> AttributeProto {
     AttributeProto::int(name, v)
 }
 
+pub fn attr_float(name: &str, v: f64) -> AttributeProto {
+    AttributeProto::float(name, v as f32)
+}
+
 pub fn attr_ints(name: &str, v: &[i64]) -> AttributeProto {
     AttributeProto {
         name: Some(name.into()),

@@ -4,7 +4,7 @@
 
 use onnx_fuse::onnx::{ModelProto, BFLOAT16, BOOL, DOUBLE, FLOAT, FLOAT16, INT64};
 
-use crate::common::build::{attr_graph, attr_int, attr_ints, sym, tensor, value_info, Builder, D};
+use crate::common::build::{attr_float, attr_graph, attr_int, attr_ints, sym, tensor, value_info, Builder, D};
 
 /// What the mutations make of the rewrite.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,11 +60,15 @@ struct Ctx {
     /// reader of one, or a second definition of it, changes nothing (a
     /// constant computed for the match, a beta that stays outside it).
     aside: Vec<String>,
+    /// Initializers a rewrite reads for one target and not the other (a
+    /// bias folded into ONNX Runtime's op, left as an Add by portable):
+    /// a second definition of one may or may not block it.
+    aside_for_some: Vec<String>,
 }
 
 impl Ctx {
     fn new() -> Self {
-        Ctx { what: vec![], expect: Expect::Fuse, portable: true, aside: vec![] }
+        Ctx { what: vec![], expect: Expect::Fuse, portable: true, aside: vec![], aside_for_some: vec![] }
     }
 
     fn note(&mut self, s: impl Into<String>) {
@@ -924,6 +928,8 @@ fn maybe_shadow(rng: &mut Rng, c: &mut Ctx, outer: &Builder, body: &mut onnx_fus
         let t = rng.pick(&shadowed);
         if c.aside.iter().any(|a| a == t.name()) {
             c.note(format!("the {what} defines {} again (shadowing a value outside the match)", t.name()));
+        } else if c.aside_for_some.iter().any(|a| a == t.name()) {
+            c.unsure(format!("the {what} defines {} again (read by the match for one target)", t.name()));
         } else {
             c.breaks(format!("the {what} defines {} again (shadowing)", t.name()));
         }
@@ -992,4 +998,318 @@ fn nest_in_if(rng: &mut Rng, c: &mut Ctx, b: Builder, opset: i64, elem: i32) -> 
         outer.output(name, elem, None);
     }
     outer.model(opset)
+}
+
+/// A constant of `elem` near `exact`: exact (rounded to `elem`), a unit or
+/// two in the last place off (the same constant), or off by more.
+fn near_constant(rng: &mut Rng, c: &mut Ctx, b: &mut Builder, name: &str, elem: i32, exact: f64, rank: usize) -> String {
+    let step = |v: f64, n: i32| -> f64 {
+        match elem {
+            FLOAT16 => half::f16::from_bits(half::f16::from_f64(v).to_bits().wrapping_add_signed(n as i16)).to_f64(),
+            _ => f32::from_bits((v as f32).to_bits().wrapping_add_signed(n)) as f64,
+        }
+    };
+    let v = match rng.below(12) {
+        0 => {
+            c.note(format!("{name} 2 ulp off"));
+            step(exact, rng.pick(&[-2, 2]))
+        }
+        1 => {
+            c.breaks(format!("{name} 3 ulp off"));
+            step(exact, rng.pick(&[-3, 3]))
+        }
+        2 => {
+            c.breaks(format!("{name} written with three digits"));
+            (exact * 100.0).round() / 100.0 + if exact == 0.5 || exact == 1.0 { 0.01 } else { 0.0 }
+        }
+        _ => exact,
+    };
+    if rank > 0 && v == exact && rng.chance(0.5) {
+        c.note(format!("{name} has rank {rank}"));
+    }
+    one_value(rng, b, name, elem, rank, v)
+}
+
+/// gelu: the erf, tanh and sigmoid forms in every grouping, with or
+/// without a bias folded in.
+pub fn gelu(rng: &mut Rng) -> Case {
+    let mut c = Ctx::new();
+    let mut b = Builder::default();
+    let opset = rng.pick(&[13i64, 17, 20]);
+    let rank = 1 + rng.below(4);
+    let (dims, last) = x_shape(rng, &mut c, rank);
+    let elem = match rng.below(8) {
+        0 => {
+            c.note("f16");
+            FLOAT16
+        }
+        1 => {
+            c.breaks("f64 (ONNX Runtime has no kernel)");
+            DOUBLE
+        }
+        _ => FLOAT,
+    };
+    let x0 = b.input("x0", elem, dims.as_deref());
+    let before = b.graph.node.len();
+    let mut x_rank = dims.as_ref().map(|d| d.len());
+    let x = if rng.chance(0.3) {
+        let (shape, note) = match rng.below(4) {
+            0 => (vec![2, HIDDEN], "a bias of [2, D]: an Add the op reads"),
+            1 => (vec![1, HIDDEN], "a bias of [1, D]"),
+            _ => (vec![HIDDEN], "a bias of [D]"),
+        };
+        c.note(note);
+        x_rank = x_rank.map(|r| r.max(shape.len()));
+        if shape[0] == 2 || last != D::N(HIDDEN) || x_rank != dims.as_ref().map(|d| d.len()) {
+            // Not folded: the op reads the sum, which may broadcast.
+            c.unsure("the bias is not one value per channel of x");
+            c.aside.push("bias".into());
+        } else {
+            c.aside_for_some.push("bias".into());
+        }
+        let bias = b.init("bias", tensor(elem, &shape, &(0..shape.iter().product::<i64>()).map(|i| i as f64 / 16.0).collect::<Vec<_>>()));
+        let sum = commuted(rng, &mut b, "Add", &x0, &bias);
+        c.aside.push(sum.clone());
+        sum
+    } else {
+        x0.clone()
+    };
+    if dims.is_none() && x == x0 {
+        c.breaks("x may be a scalar (the kernels make it [1])");
+    }
+    let rank_of = |rng: &mut Rng, c: &mut Ctx, what: &str| scalar_rank(rng, c, what, x_rank);
+    let form = rng.below(3);
+    if form == 2 {
+        // x · Sigmoid(α · x): a bias stays an Add.
+        c.ort_only("the sigmoid form");
+        c.aside.push("bias".into());
+        let y = if rng.chance(0.5) {
+            c.note("SiLU");
+            x.clone()
+        } else {
+            let r = rank_of(rng, &mut c, "α");
+            let alpha = one_value(rng, &mut b, "alpha", elem, r, 1.702);
+            commuted(rng, &mut b, "Mul", &x, &alpha)
+        };
+        let s = b.node("Sigmoid", &[&y], vec![]);
+        let other = if rng.chance(0.08) {
+            c.breaks("Sigmoid(x) times another value");
+            b.node("Neg", &[&x], vec![])
+        } else {
+            x.clone()
+        };
+        let inner = computed_since(&b, before);
+        let out = commuted(rng, &mut b, "Mul", &other, &s);
+        b.output(&out, elem, None);
+        leak(rng, &mut c, &mut b, &inner, elem);
+        return finish(rng, c, b, opset, elem);
+    }
+    let arg_of = if rng.chance(0.06) {
+        c.breaks("the inner function reads another value");
+        b.node("Neg", &[&x], vec![])
+    } else {
+        x.clone()
+    };
+    let t = if form == 0 {
+        let r = rank_of(rng, &mut c, "√2");
+        let a = if rng.chance(0.5) {
+            let root = near_constant(rng, &mut c, &mut b, "√2", elem, std::f64::consts::SQRT_2, r);
+            b.node("Div", &[&arg_of, &root], vec![])
+        } else {
+            let inv = near_constant(rng, &mut c, &mut b, "1/√2", elem, std::f64::consts::FRAC_1_SQRT_2, r);
+            commuted(rng, &mut b, "Mul", &arg_of, &inv)
+        };
+        b.node("Erf", &[&a], vec![])
+    } else {
+        let cube = match rng.below(3) {
+            0 => {
+                let three = if rng.chance(0.05) {
+                    c.breaks("x to the power 2");
+                    one_value(rng, &mut b, "three", elem, 0, 2.0)
+                } else {
+                    one_value(rng, &mut b, "three", elem, 0, 3.0)
+                };
+                b.node("Pow", &[&arg_of, &three], vec![])
+            }
+            1 => {
+                c.note("x³ as (x · x) · x");
+                let sq = b.node("Mul", &[&arg_of, &arg_of], vec![]);
+                commuted(rng, &mut b, "Mul", &sq, &arg_of)
+            }
+            _ => {
+                c.note("x³ as Pow(x, 3) with x read twice");
+                let three = one_value(rng, &mut b, "three", elem, 0, 3.0);
+                b.node("Pow", &[&arg_of, &three], vec![])
+            }
+        };
+        let k = near_constant(rng, &mut c, &mut b, "0.044715", elem, 0.044715, 0);
+        let kc = commuted(rng, &mut b, "Mul", &cube, &k);
+        let sum = commuted(rng, &mut b, "Add", &arg_of, &kc);
+        let r = rank_of(rng, &mut c, "√(2/π)");
+        let s = near_constant(rng, &mut c, &mut b, "√(2/π)", elem, 0.7978845608028654, r);
+        let a = commuted(rng, &mut b, "Mul", &sum, &s);
+        b.node("Tanh", &[&a], vec![])
+    };
+    let one = near_constant(rng, &mut c, &mut b, "1", elem, 1.0, 0);
+    let bracket = commuted(rng, &mut b, "Add", &t, &one);
+    let r = rank_of(rng, &mut c, "0.5");
+    let half = near_constant(rng, &mut c, &mut b, "0.5", elem, 0.5, r);
+    let mut inner = computed_since(&b, before);
+    let y = match rng.below(3) {
+        0 => {
+            let xh = commuted(rng, &mut b, "Mul", &x, &half);
+            commuted(rng, &mut b, "Mul", &xh, &bracket)
+        }
+        1 => {
+            let xb = commuted(rng, &mut b, "Mul", &x, &bracket);
+            commuted(rng, &mut b, "Mul", &xb, &half)
+        }
+        _ => {
+            let hb = commuted(rng, &mut b, "Mul", &half, &bracket);
+            commuted(rng, &mut b, "Mul", &x, &hb)
+        }
+    };
+    if opset < 20 {
+        c.portable = false;
+    }
+    // The product inside the three factors is inner too.
+    inner.extend(computed_since(&b, before).into_iter().filter(|v| *v != y));
+    b.output(&y, elem, None);
+    leak(rng, &mut c, &mut b, &inner, elem);
+    finish(rng, c, b, opset, elem)
+}
+
+/// skip-norm: `norm(a + b [+ bias])`, the norm as exporters write it from
+/// opset 17 (`LayerNormalization`) or as ONNX Runtime registers it
+/// (`SimplifiedLayerNormalization`), shapes as the kernel takes them or not.
+pub fn skip_norm(rng: &mut Rng) -> Case {
+    let mut c = Ctx::new();
+    let mut b = Builder::default();
+    c.ort_only("skip-norm");
+    let opset = rng.pick(&[17i64, 18]);
+    let elem = match rng.below(8) {
+        0 => {
+            c.note("f16");
+            FLOAT16
+        }
+        1 => {
+            c.breaks("f64 (no kernel)");
+            DOUBLE
+        }
+        _ => FLOAT,
+    };
+    let d = D::N(HIDDEN);
+    let (a_dims, b_dims): (Option<Vec<D>>, Option<Vec<D>>) = match rng.below(12) {
+        0 => {
+            c.note("the skip is [S, D]");
+            (Some(vec![sym("b"), sym("s"), d.clone()]), Some(vec![sym("s"), d.clone()]))
+        }
+        1 => {
+            c.note("the skip is [1, S, D]");
+            (Some(vec![D::N(2), sym("s"), d.clone()]), Some(vec![D::N(1), sym("s"), d.clone()]))
+        }
+        2 => {
+            c.breaks("the skip is [B, 1, D]");
+            (Some(vec![D::N(2), D::N(3), d.clone()]), Some(vec![D::N(2), D::N(1), d.clone()]))
+        }
+        3 => {
+            c.breaks("rank 4");
+            (Some(vec![D::N(1), D::N(2), D::N(3), d.clone()]), Some(vec![D::N(1), D::N(2), D::N(3), d.clone()]))
+        }
+        4 => {
+            c.breaks("the operands' axes are other symbols");
+            (Some(vec![sym("b"), sym("s"), d.clone()]), Some(vec![sym("b"), sym("t"), d.clone()]))
+        }
+        5 => {
+            c.breaks("shapes not declared");
+            (None, None)
+        }
+        6 => {
+            c.note("2-D");
+            (Some(vec![sym("s"), d.clone()]), Some(vec![sym("s"), d.clone()]))
+        }
+        _ => (Some(vec![sym("b"), sym("s"), d.clone()]), Some(vec![sym("b"), sym("s"), d.clone()])),
+    };
+    let a = b.input("a", elem, a_dims.as_deref());
+    let skip = b.input("skip", elem, b_dims.as_deref());
+    let before = b.graph.node.len();
+    let left = if rng.chance(0.3) {
+        let (shape, note) = match rng.below(4) {
+            0 => (vec![2, HIDDEN], "a bias of [2, D]: no bias"),
+            1 => (vec![1, 1, HIDDEN], "a bias of [1, 1, D]"),
+            _ => (vec![HIDDEN], "a bias of [D]"),
+        };
+        c.note(note);
+        if shape[0] == 2 {
+            c.unsure("a [2, D] term broadcasts the input");
+        }
+        // A bias folds where it cannot raise the input's rank; otherwise its
+        // Add is the input, and the bias stays outside the match.
+        if shape[0] == 2 || a_dims.as_ref().is_none_or(|d| d.len() < shape.len()) {
+            c.aside.push("bias".into());
+        }
+        let n: i64 = shape.iter().product();
+        let bias = b.init("bias", tensor(elem, &shape, &(0..n).map(|i| i as f64 / 16.0).collect::<Vec<_>>()));
+        let biased = commuted(rng, &mut b, "Add", &a, &bias);
+        c.aside.push(biased.clone());
+        biased
+    } else {
+        a.clone()
+    };
+    let s = commuted(rng, &mut b, "Add", &left, &skip);
+    c.aside.push(s.clone());
+    let x = if rng.chance(0.15) {
+        c.note("an identity Cast between the sum and the norm");
+        let cast = b.node("Cast", &[&s], vec![attr_int("to", elem as i64)]);
+        c.aside.push(cast.clone());
+        cast
+    } else {
+        s.clone()
+    };
+    let w: Vec<f64> = (0..HIDDEN).map(|i| 1.0 + 0.25 * i as f64).collect();
+    let gamma = if rng.chance(0.05) {
+        c.unsure("gamma of [1, D]");
+        b.init("gamma", tensor(elem, &[1, HIDDEN], &w))
+    } else {
+        b.init("gamma", tensor(elem, &[HIDDEN], &w))
+    };
+    let eps = rng.pick(&[1e-5, 1e-6, 1e-12]);
+    let mut attrs = vec![attr_float("epsilon", eps)];
+    if rng.chance(0.05) {
+        c.breaks("stash_type 0");
+        attrs.push(attr_int("stash_type", 0));
+    }
+    if rng.chance(0.05) {
+        c.breaks("axis 0");
+        attrs.push(attr_int("axis", 0));
+    }
+    let inner = computed_since(&b, before);
+    let y = if rng.chance(0.5) {
+        c.note("SimplifiedLayerNormalization");
+        b.node("SimplifiedLayerNormalization", &[&x, &gamma], attrs)
+    } else if rng.chance(0.3) || elem == FLOAT16 {
+        // (ONNX Runtime's f16 LayerNormalization rounds before it adds a
+        // beta, the f16 kernel of SkipLayerNormalization once at the end:
+        // near zero they differ by more than f16's tolerance, measured.)
+        c.note("no beta");
+        b.node("LayerNormalization", &[&x, &gamma], attrs)
+    } else {
+        let beta = b.init("beta", tensor(elem, &[HIDDEN], &[0.1, 0.2, 0.3, 0.4]));
+        b.node("LayerNormalization", &[&x, &gamma, &beta], attrs)
+    };
+    b.output(&y, elem, None);
+    match rng.below(4) {
+        0 => {
+            c.note("the sum is a graph output");
+            b.output(&s, elem, None);
+        }
+        1 => {
+            c.note("the sum is read again");
+            let r = b.node("Neg", &[&s], vec![]);
+            b.output(&r, elem, None);
+        }
+        _ => {}
+    }
+    leak(rng, &mut c, &mut b, &inner, elem);
+    finish(rng, c, b, opset, elem)
 }
