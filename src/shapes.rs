@@ -209,6 +209,18 @@ impl<'g, 'a> Shapes<'g, 'a> {
         if node.output.iter().position(|o| o == value).is_some_and(|i| ops::ms_output_like_first_input(node, i)) {
             return input(0);
         }
+        if node.domain() == crate::onnx::TRANSMUTER_DOMAIN && node.op_type() == "AttentionCore" {
+            // softmax(q·k with its side values broadcast in) · v; a form with
+            // Reshapes regroups axes its inputs do not show.
+            if node.overload().contains("reshape") || node.output.first().map(String::as_str) != Some(value) {
+                return None;
+            }
+            let mut scores = matmul(value, &input(0)?, &input(1)?)?;
+            for i in 3..node.input.len() {
+                scores = broadcast(value, &[scores, input(i)?]);
+            }
+            return matmul(value, &scores, &input(2)?);
+        }
         if !crate::onnx::is_default_domain(node.domain()) {
             return None;
         }
@@ -225,14 +237,7 @@ impl<'g, 'a> Shapes<'g, 'a> {
                 let shapes: Vec<Vec<Dim>> = (0..node.input.len()).map(input).collect::<Option<_>>()?;
                 broadcast(value, &shapes)
             }
-            "MatMul" => {
-                let (a, b) = (input(0)?, input(1)?);
-                if a.len() < 2 || b.len() < 2 {
-                    return None;
-                }
-                let batch = broadcast(value, &[a[..a.len() - 2].to_vec(), b[..b.len() - 2].to_vec()]);
-                [batch, vec![a[a.len() - 2].clone(), b[b.len() - 1].clone()]].concat()
-            }
+            "MatMul" => matmul(value, &input(0)?, &input(1)?)?,
             "Transpose" => {
                 let x = input(0)?;
                 let perm: Vec<usize> = match node.attr_ints("perm") {
@@ -245,7 +250,14 @@ impl<'g, 'a> Shapes<'g, 'a> {
                 perm.iter().map(|&i| x.get(i).cloned()).collect::<Option<_>>()?
             }
             "Reshape" => {
-                let target = self.shape_tensor(node.input.get(1)?)?;
+                // The rank is the shape's length, even where no element is known.
+                let length = || match self.shape(node.input.get(1)?)?.as_slice() {
+                    [n] => n.value().and_then(|n| usize::try_from(n).ok()),
+                    _ => None,
+                };
+                let Some(target) = self.shape_tensor(node.input.get(1)?) else {
+                    return length().map(opaque);
+                };
                 let x = input(0);
                 let allowzero = node.attr_int("allowzero").unwrap_or(0) == 1;
                 // An element computed at run time may be 0 or -1: its axis,
@@ -670,6 +682,16 @@ fn normalize(axis: i64, rank: usize) -> Option<usize> {
 /// other than 1 must agree, so a known one other than 1 is the result (a
 /// model that runs has the others equal to it or 1); a dimension that
 /// cannot be told becomes an atom of the result.
+/// MatMul of matrices of rank 2 or more (1-D operands aside): the batch
+/// axes broadcast, then the rows of `a` and the columns of `b`.
+fn matmul(value: &str, a: &[Dim], b: &[Dim]) -> Option<Vec<Dim>> {
+    if a.len() < 2 || b.len() < 2 {
+        return None;
+    }
+    let batch = broadcast(value, &[a[..a.len() - 2].to_vec(), b[..b.len() - 2].to_vec()]);
+    Some([batch, vec![a[a.len() - 2].clone(), b[b.len() - 1].clone()]].concat())
+}
+
 fn broadcast(value: &str, shapes: &[Vec<Dim>]) -> Vec<Dim> {
     let rank = shapes.iter().map(Vec::len).max().unwrap_or(0);
     (0..rank)
