@@ -18,14 +18,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gen_testdata import Wrap, use_mask_without_vmap  # noqa: E402
 
 
-def export(model, kind, path):
-    ids = torch.randint(0, 100, (1, 8))
-    mask = torch.ones(1, 8, dtype=torch.int64)
+def export(model, kind, path, constant_folding=False, seq=8):
+    ids = torch.randint(0, 100, (1, seq))
+    mask = torch.ones(1, seq, dtype=torch.int64)
     axes = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}}
     with torch.no_grad():
         torch.onnx.export(Wrap(model.eval(), kind), (ids, mask), path, input_names=["input_ids", "attention_mask"],
                           output_names=["out"], dynamic_axes=axes, opset_version=14, dynamo=False,
-                          do_constant_folding=False)
+                          do_constant_folding=constant_folding)
 
 
 def main():

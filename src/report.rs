@@ -230,6 +230,17 @@ impl Report {
                     .into(),
             );
         }
+        let contrib = ["SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "Gelu", "BiasGelu", "FastGelu", "QuickGelu"];
+        let contrib: Vec<&str> = contrib.into_iter().filter(|op| wrote(op)).collect();
+        if !contrib.is_empty() {
+            self.not_loaded_by.push(format!(
+                "onnx.checker ({}: ONNX Runtime's com.microsoft operators; OpenVINO and tract load them)",
+                contrib.join(", ")
+            ));
+        }
+        if wrote("QuickGelu") {
+            self.not_loaded_by.push("OpenVINO, where a QuickGelu is f16 (measured on 2026.4.1; f32 loads)".into());
+        }
         if wrote("SimplifiedLayerNormalization") || (wrote("LayerNormalization") && opset < 17) {
             self.not_loaded_by.push(
                 "onnx.checker (SimplifiedLayerNormalization, or LayerNormalization below opset 17: ONNX Runtime's \
