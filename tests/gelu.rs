@@ -228,6 +228,7 @@ fn exports_fuse_their_activations() {
     for (name, op, count) in [
         ("bert_ts_op14.onnx", "BiasGelu", 2),
         ("gpt2_ts_op14.onnx", "FastGelu", 2),
+        ("bloom_ts_op14.onnx", "FastGelu", 2), // √(2/π) · x · (1 + 0.044715 · x · x)
         ("llama_ts_op14.onnx", "QuickGelu", 2),
         ("gemma_ts_op17_fp16.onnx", "FastGelu", 2),
         ("vit_ts_op17_fp16.onnx", "BiasGelu", 2),

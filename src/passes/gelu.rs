@@ -10,7 +10,8 @@
 //!
 //! The three factors of the first two forms in any order and grouping
 //! (`(x · 0.5) · b`, `(x · b) · 0.5`, `x · (0.5 · b)`), every sum and
-//! product either way round, `x³` as `Pow(x, 3)` or `x · x · x`. Each
+//! product either way round, `x³` as `Pow(x, 3)` or `x · x · x`, and BLOOM's
+//! factored polynomial `√(2/π) · x · (1 + 0.044715 · x · x)`. Each
 //! constant (0.5, 1, √2 or 1/√2, √(2/π), 0.044715, the exponent 3) is
 //! within 2 units in the last place of its exact value in its own element
 //! type, as the spec says; √2 written as 1.41 is another function.
@@ -54,18 +55,45 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     candidate!(top.input.len() == 2);
     // x · 0.5 · (1 + T(…)): the top Mul and one Mul inside it hold the
     // three factors.
-    for (inner, other) in [(&top.input[0], &top.input[1]), (&top.input[1], &top.input[0])] {
-        let Ok(p) = g.produced_by(inner, "Mul") else { continue };
-        let node = g.node(p);
-        if node.input.len() != 2 {
-            continue;
-        }
-        let factors = [node.input[0].as_str(), node.input[1].as_str(), other.as_str()];
+    for factors in products_of_three(g, top) {
         if let Some(found) = three_factors(g, index, factors) {
             return found;
         }
     }
     sigmoid_form(g, index, top)
+}
+
+/// The ways a Mul is a product of three factors: `(a · b) · c` or
+/// `c · (a · b)`, the inner Mul on either side.
+fn products_of_three<'a>(g: &Graph<'a>, mul: &'a NodeProto) -> Vec<[&'a str; 3]> {
+    let mut found = Vec::new();
+    for (inner, other) in [(&mul.input[0], &mul.input[1]), (&mul.input[1], &mul.input[0])] {
+        let Ok(p) = g.produced_by(inner, "Mul") else { continue };
+        let node = g.node(p);
+        if node.input.len() == 2 {
+            found.push([node.input[0].as_str(), node.input[1].as_str(), other.as_str()]);
+        }
+    }
+    found
+}
+
+/// The factors `[x, c, rest]` of a product of three: one is x, one a
+/// constant, the third anything; none when the product is not of that kind.
+fn x_constant_rest<'a>(g: &Graph<'a>, value: &str, x: &str) -> Vec<(&'a str, &'a str)> {
+    let Ok(p) = g.produced_by(value, "Mul") else { return vec![] };
+    let node = g.node(p);
+    if node.input.len() != 2 {
+        return vec![];
+    }
+    let mut found = Vec::new();
+    for f in products_of_three(g, node) {
+        for (i, j, k) in [(0, 1, 2), (0, 2, 1), (1, 0, 2), (1, 2, 0), (2, 0, 1), (2, 1, 0)] {
+            if f[i] == x && g.constant(f[j]).is_some() {
+                found.push((f[j], f[k]));
+            }
+        }
+    }
+    found
 }
 
 /// The GELU of three factors `x`, `0.5` and `1 + T(…)`, if they are its
@@ -135,8 +163,22 @@ fn erf_argument(g: &Graph, a: &str, x: &str, elem: i32) -> Check<()> {
     })
 }
 
-/// `√(2/π) · (x + 0.044715 · x³)` (every product and sum either way round).
+/// `√(2/π) · (x + 0.044715 · x³)` (every product and sum either way round),
+/// or as BLOOM writes it, `√(2/π) · x · (1 + 0.044715 · x · x)`: the same
+/// function, the polynomial factored (its rounding is the kernel's).
 fn tanh_argument(g: &Graph, a: &str, x: &str, elem: i32) -> Check<()> {
+    for (c, bracket) in x_constant_rest(g, a, x) {
+        let Ok(add) = g.produced_by(bracket, "Add") else { continue };
+        return either_order(g.node(add), "1", |one| g.constant(one).is_some(), |square, one| {
+            near(g, c, x, SQRT_2_OVER_PI, elem, "√(2/π)")?;
+            near(g, one, x, 1.0, elem, "the 1 of 1 + 0.044715 · x²")?;
+            let terms = x_constant_rest(g, square, x);
+            let (k, _) = terms.iter().find(|(_, rest)| *rest == x).ok_or_else(|| {
+                Miss::Declined(format!("the polynomial's term is not 0.044715 · {x} · {x}"))
+            })?;
+            near(g, k, x, TANH_CUBIC, elem, "0.044715")
+        });
+    }
     let scaled = g.node(g.produced_by(a, "Mul")?);
     either_order(scaled, "√(2/π)", |c| g.constant(c).is_some(), |sum, c| {
         near(g, c, x, SQRT_2_OVER_PI, elem, "√(2/π)")?;

@@ -1120,6 +1120,19 @@ pub fn gelu(rng: &mut Rng) -> Case {
             commuted(rng, &mut b, "Mul", &arg_of, &inv)
         };
         b.node("Erf", &[&a], vec![])
+    } else if rng.chance(0.25) {
+        // BLOOM: √(2/π) · x · (1 + 0.044715 · x · x)
+        c.note("the polynomial factored (BLOOM)");
+        let k = near_constant(rng, &mut c, &mut b, "0.044715", elem, 0.044715, 0);
+        let kx = commuted(rng, &mut b, "Mul", &arg_of, &k);
+        let kxx = commuted(rng, &mut b, "Mul", &kx, &arg_of);
+        let one = near_constant(rng, &mut c, &mut b, "1 of the polynomial", elem, 1.0, 0);
+        let poly = commuted(rng, &mut b, "Add", &kxx, &one);
+        let r = rank_of(rng, &mut c, "√(2/π)");
+        let s = near_constant(rng, &mut c, &mut b, "√(2/π)", elem, 0.7978845608028654, r);
+        let sx = commuted(rng, &mut b, "Mul", &arg_of, &s);
+        let a = commuted(rng, &mut b, "Mul", &sx, &poly);
+        b.node("Tanh", &[&a], vec![])
     } else {
         let cube = match rng.below(3) {
             0 => {
