@@ -71,7 +71,7 @@ enum Command {
 
 #[derive(Args, Clone)]
 struct VerifyArgs {
-    /// The ONNX Runtime library (else ORT_DYLIB_PATH, .ort/lib from scripts/fetch-ort.sh, or Python's onnxruntime).
+    /// The ONNX Runtime library (else ORT_DYLIB_PATH, the active virtual environment's or python3's onnxruntime, the checkout's .ort/lib, the standard library directories).
     #[arg(long, value_name = "PATH")]
     ort_lib: Option<PathBuf>,
     /// Relative tolerance for every floating-point value compared (default per type: f32 1e-4, f16 1e-2, bf16 4e-2).
@@ -302,6 +302,7 @@ fn check_expectations_agree(expectations: &[Expectation]) -> Result<(), Usage> {
 fn fuse(args: FuseArgs) -> Result<Done> {
     let pipeline = passes::pipeline(&args.passes, &args.disable).map_err(|e| Usage(e.to_string()))?;
     if args.list_passes {
+        println!("{:<12} {:<11} {}", "pass", "pipeline", "replaces");
         for pass in passes::ALL {
             let when = if pass.default { "default" } else { "on request" };
             println!("{:<12} {:<11} {}", pass.name, when, pass.summary);
@@ -438,7 +439,9 @@ fn show(path: &Path, options: LoadOptions) -> Result<Done> {
     let loaded = io::load(path, options)?;
     let fused = report::fused_in(&loaded.model);
     if fused.is_empty() {
-        bail!("{}: contains no fused nodes (no `transmuter.fused` metadata)", path.display());
+        // Not an error: a model onnx-fuse fused nothing in (or never saw).
+        println!("{}: no fused nodes (no `transmuter.fused` metadata)", path.display());
+        return Ok(Done::Ok);
     }
     for (op_type, name, replaced) in fused {
         println!("{op_type} {name}");

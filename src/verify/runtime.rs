@@ -4,11 +4,14 @@
 use super::*;
 
 pub(super) const HOW_TO_GET_IT: &str =
-    "run scripts/fetch-ort.sh (it takes libonnxruntime.so from the onnxruntime wheel on PyPI), \
-     pass --ort-lib PATH, set ORT_DYLIB_PATH, or pip install onnxruntime";
+    "pip install onnxruntime (its wheel ships libonnxruntime.so; onnx-fuse finds it in the active virtual \
+     environment or through python3), or pass --ort-lib PATH or set ORT_DYLIB_PATH";
 
 /// Where ONNX Runtime's library is, in order: `--ort-lib`, `ORT_DYLIB_PATH`,
-/// the place `scripts/fetch-ort.sh` puts it, an installed Python package.
+/// the `onnxruntime` package of the active virtual environment
+/// (`VIRTUAL_ENV`, `CONDA_PREFIX`), of the `python3` on PATH, the checkout's
+/// `.ort/lib` (`scripts/fetch-ort.sh`, for development), the standard
+/// library directories. Not found: the error lists what was tried.
 pub fn find_library(explicit: Option<&Path>) -> Result<PathBuf> {
     if let Some(path) = explicit {
         return existing(path.to_path_buf(), "--ort-lib");
@@ -16,18 +19,33 @@ pub fn find_library(explicit: Option<&Path>) -> Result<PathBuf> {
     if let Some(path) = std::env::var_os("ORT_DYLIB_PATH").filter(|p| !p.is_empty()) {
         return existing(PathBuf::from(path), "ORT_DYLIB_PATH");
     }
+    let mut tried = Vec::new();
+    for var in ["VIRTUAL_ENV", "CONDA_PREFIX"] {
+        let Some(prefix) = std::env::var_os(var).filter(|p| !p.is_empty()) else { continue };
+        tried.push(format!("{var} ({})", Path::new(&prefix).display()));
+        if let Some(found) = environment_package(Path::new(&prefix)) {
+            return Ok(found);
+        }
+    }
+    tried.push("python3's onnxruntime".into());
+    if let Some(found) = python_package_library() {
+        return Ok(found);
+    }
     let mut fetched = vec![PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".ort/lib/libonnxruntime.so")];
     if let Ok(exe) = std::env::current_exe() {
         // target/{debug,release}/onnx-fuse → the checkout's .ort/lib
         fetched.extend(exe.ancestors().skip(1).take(3).map(|dir| dir.join(".ort/lib/libonnxruntime.so")));
     }
+    tried.push("the checkout's .ort/lib".into());
     if let Some(found) = fetched.into_iter().find(|p| p.is_file()) {
         return Ok(found);
     }
-    if let Some(found) = python_package_library() {
+    let standard = ["/usr/local/lib", "/usr/lib", "/usr/lib64", "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu"];
+    tried.push(standard.join(", "));
+    if let Some(found) = standard.iter().map(|d| Path::new(d).join("libonnxruntime.so")).find(|p| p.is_file()) {
         return Ok(found);
     }
-    bail!("the ONNX Runtime library (libonnxruntime.so) was not found; {HOW_TO_GET_IT}")
+    bail!("the ONNX Runtime library (libonnxruntime.so) was not found (tried {}); {HOW_TO_GET_IT}", tried.join("; "))
 }
 
 pub(super) fn existing(path: PathBuf, from: &str) -> Result<PathBuf> {
@@ -38,20 +56,36 @@ pub(super) fn existing(path: PathBuf, from: &str) -> Result<PathBuf> {
     }
 }
 
-pub(super) fn python_package_library() -> Option<PathBuf> {
-    let out = std::process::Command::new("python3")
-        .args(["-c", "import onnxruntime, os; print(os.path.dirname(onnxruntime.__file__))"])
-        .stderr(std::process::Stdio::null())
-        .output()
-        .ok()?;
-    let capi = PathBuf::from(String::from_utf8(out.stdout).ok()?.trim()).join("capi");
-    let mut libs: Vec<PathBuf> = std::fs::read_dir(capi)
+/// `libonnxruntime.so*` of the `onnxruntime` package installed under an
+/// environment's prefix (`lib/python3.*/site-packages/onnxruntime/capi`).
+fn environment_package(prefix: &Path) -> Option<PathBuf> {
+    let mut pythons: Vec<PathBuf> = std::fs::read_dir(prefix.join("lib"))
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("python3")))
+        .collect();
+    pythons.sort();
+    pythons.into_iter().rev().find_map(|python| newest_library(&python.join("site-packages/onnxruntime/capi")))
+}
+
+/// The newest `libonnxruntime.so*` in `dir`.
+fn newest_library(dir: &Path) -> Option<PathBuf> {
+    let mut libs: Vec<PathBuf> = std::fs::read_dir(dir)
         .ok()?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("libonnxruntime.so")))
         .collect();
     libs.sort();
     libs.pop()
+}
+
+pub(super) fn python_package_library() -> Option<PathBuf> {
+    let out = std::process::Command::new("python3")
+        .args(["-c", "import onnxruntime, os; print(os.path.dirname(onnxruntime.__file__))"])
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    newest_library(&PathBuf::from(String::from_utf8(out.stdout).ok()?.trim()).join("capi"))
 }
 
 /// The one ONNX Runtime environment of this process.
