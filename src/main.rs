@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
@@ -71,7 +71,7 @@ enum Command {
 
 #[derive(Args, Clone)]
 struct VerifyArgs {
-    /// The ONNX Runtime library (else ORT_DYLIB_PATH, the active virtual environment's or python3's onnxruntime, the checkout's .ort/lib, the standard library directories).
+    /// The ONNX Runtime library (else ORT_DYLIB_PATH, the active virtual environment's onnxruntime, the checkout's .ort/lib, python3's onnxruntime, the standard library directories).
     #[arg(long, value_name = "PATH")]
     ort_lib: Option<PathBuf>,
     /// Relative tolerance for every floating-point value compared (default per type: f32 1e-4, f16 1e-2, bf16 4e-2).

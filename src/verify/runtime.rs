@@ -9,9 +9,10 @@ pub(super) const HOW_TO_GET_IT: &str =
 
 /// Where ONNX Runtime's library is, in order: `--ort-lib`, `ORT_DYLIB_PATH`,
 /// the `onnxruntime` package of the active virtual environment
-/// (`VIRTUAL_ENV`, `CONDA_PREFIX`), of the `python3` on PATH, the checkout's
-/// `.ort/lib` (`scripts/fetch-ort.sh`, for development), the standard
-/// library directories. Not found: the error lists what was tried.
+/// (`VIRTUAL_ENV`, `CONDA_PREFIX`), the checkout's `.ort/lib`
+/// (`scripts/fetch-ort.sh`, for development; gone with the checkout), the
+/// `onnxruntime` of the `python3` on PATH, the standard library
+/// directories. Not found: the error lists what was tried.
 pub fn find_library(explicit: Option<&Path>) -> Result<PathBuf> {
     if let Some(path) = explicit {
         return existing(path.to_path_buf(), "--ort-lib");
@@ -27,10 +28,6 @@ pub fn find_library(explicit: Option<&Path>) -> Result<PathBuf> {
             return Ok(found);
         }
     }
-    tried.push("python3's onnxruntime".into());
-    if let Some(found) = python_package_library() {
-        return Ok(found);
-    }
     let mut fetched = vec![PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".ort/lib/libonnxruntime.so")];
     if let Ok(exe) = std::env::current_exe() {
         // target/{debug,release}/onnx-fuse → the checkout's .ort/lib
@@ -39,6 +36,12 @@ pub fn find_library(explicit: Option<&Path>) -> Result<PathBuf> {
     tried.push("the checkout's .ort/lib".into());
     if let Some(found) = fetched.into_iter().find(|p| p.is_file()) {
         return Ok(found);
+    }
+    tried.push("python3's onnxruntime".into());
+    // Asked once per process: starting Python costs a second.
+    static PYTHON: OnceLock<Option<PathBuf>> = OnceLock::new();
+    if let Some(found) = PYTHON.get_or_init(python_package_library) {
+        return Ok(found.clone());
     }
     let standard = ["/usr/local/lib", "/usr/lib", "/usr/lib64", "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu"];
     tried.push(standard.join(", "));

@@ -1030,15 +1030,10 @@ fn near_constant(rng: &mut Rng, c: &mut Ctx, b: &mut Builder, name: &str, elem: 
     one_value(rng, b, name, elem, rank, v)
 }
 
-/// gelu: the erf, tanh and sigmoid forms in every grouping, with or
-/// without a bias folded in.
-pub fn gelu(rng: &mut Rng) -> Case {
-    let mut c = Ctx::new();
-    let mut b = Builder::default();
-    let opset = rng.pick(&[13i64, 17, 20]);
-    let rank = 1 + rng.below(4);
-    let (dims, last) = x_shape(rng, &mut c, rank);
-    let elem = match rng.below(8) {
+/// The element type of a case whose op ONNX Runtime runs in f32 and f16
+/// only: mostly f32, sometimes f16, sometimes f64 (which must not fuse).
+fn kernel_elem(rng: &mut Rng, c: &mut Ctx) -> i32 {
+    match rng.below(8) {
         0 => {
             c.note("f16");
             FLOAT16
@@ -1048,7 +1043,18 @@ pub fn gelu(rng: &mut Rng) -> Case {
             DOUBLE
         }
         _ => FLOAT,
-    };
+    }
+}
+
+/// gelu: the erf, tanh and sigmoid forms in every grouping, with or
+/// without a bias folded in.
+pub fn gelu(rng: &mut Rng) -> Case {
+    let mut c = Ctx::new();
+    let mut b = Builder::default();
+    let opset = rng.pick(&[13i64, 17, 20]);
+    let rank = 1 + rng.below(4);
+    let (dims, last) = x_shape(rng, &mut c, rank);
+    let elem = kernel_elem(rng, &mut c);
     let x0 = b.input("x0", elem, dims.as_deref());
     let before = b.graph.node.len();
     let mut x_rank = dims.as_ref().map(|d| d.len());
@@ -1200,17 +1206,7 @@ pub fn skip_norm(rng: &mut Rng) -> Case {
     let mut b = Builder::default();
     c.ort_only("skip-norm");
     let opset = rng.pick(&[17i64, 18]);
-    let elem = match rng.below(8) {
-        0 => {
-            c.note("f16");
-            FLOAT16
-        }
-        1 => {
-            c.breaks("f64 (no kernel)");
-            DOUBLE
-        }
-        _ => FLOAT,
-    };
+    let elem = kernel_elem(rng, &mut c);
     let d = D::N(HIDDEN);
     let (a_dims, b_dims): (Option<Vec<D>>, Option<Vec<D>>) = match rng.below(12) {
         0 => {
