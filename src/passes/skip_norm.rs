@@ -28,7 +28,7 @@
 
 use crate::graph::{Check, Graph, Miss, Target};
 use crate::onnx::{is_default_domain, AttributeProto, NodeProto, FLOAT, FLOAT16};
-use crate::pattern::{self, cast_to, either_order};
+use crate::pattern::{self, cast_to, either_order, Weight};
 use crate::rewrite::{node, Kept, Match, Pass, Rewrite};
 use crate::shapes::{Dim, Shapes};
 use crate::{candidate, require};
@@ -88,7 +88,7 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     }
 
     let mut m = Match::new(index);
-    let bias = bias.map(|b| pattern::weight(g, b, input, "bias").map(|w| m.weight_input(g, w, "bias"))).transpose()?;
+    let bias = bias.map(|w| m.weight_input(g, w, "bias"));
     let mut inputs = vec![input, skip, gamma];
     if op == "SkipLayerNormalization" {
         inputs.push(beta.unwrap_or(""));
@@ -115,19 +115,18 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
 
 /// The kernel's input and skip, and a bias folded into the sum: the
 /// operands of the sum, in the order whose shapes the kernel accepts.
-fn residual<'a>(g: &Graph<'a>, shapes: &Shapes, sum: usize) -> Check<(&'a str, &'a str, Option<&'a str>)> {
+fn residual<'a>(g: &Graph<'a>, shapes: &Shapes, sum: usize) -> Check<(&'a str, &'a str, Option<Weight<'a>>)> {
     let node = g.node(sum);
     let s = node.output[0].as_str();
     let (a, b) = (node.input[0].as_str(), node.input[1].as_str());
     // A bias added to one operand first, read by the sum alone.
-    let biased = |v: &'a str| -> Option<(&'a str, &'a str)> {
+    let biased = |v: &'a str| -> Option<(&'a str, Weight<'a>)> {
         let p = g.produced_by(v, "Add").ok()?;
         (g.consumers(v) == [sum] && !g.is_graph_output(v)).then_some(())?;
         // One value per channel that cannot raise the rank of what it is added to.
         let constant_vector = |c: &str| g.constant(c).is_some() && pattern::is_vector(g, c);
         either_order(g.node(p), "a bias", constant_vector, |x, bias| {
-            pattern::weight(g, bias, x, "bias")?;
-            Ok((x, bias))
+            Ok((x, pattern::weight(g, bias, x, "bias")?))
         })
         .ok()
     };
