@@ -32,8 +32,7 @@ pub fn malformed(node: &NodeProto, opset: i64) -> Option<String> {
         | "SimplifiedLayerNormalization"
         | "RMSNormalization" => 2,
         "Cast" | "Identity" | "Sqrt" | "Reciprocal" | "Softmax" | "IsNaN" | "Transpose" | "ReduceMean" | "Squeeze"
-        | "Sigmoid" | "Erf" | "Tanh"
-        | "Unsqueeze" | "Slice" | "Split" | "Concat" | "Shape" | "ConstantOfShape" => 1,
+        | "Sigmoid" | "Erf" | "Tanh" | "Unsqueeze" | "Slice" | "Split" | "Concat" | "Shape" | "ConstantOfShape" => 1,
         _ => 0,
     };
     let present = node.input.iter().take(required).filter(|v| !v.is_empty()).count();

@@ -243,7 +243,6 @@ fn walk_back(g: &Graph, nodes: &mut BTreeSet<usize>, from: Vec<usize>, stops: &H
     }
 }
 
-
 /// Builds a replacement node in the default domain.
 pub fn node(op_type: &str, inputs: &[&str], attributes: Vec<AttributeProto>) -> NodeProto {
     NodeProto {

@@ -199,7 +199,11 @@ fn a_model_that_spells_the_default_domain_ai_onnx_still_loads() {
     }
     let (fused, outcome) = fuse_model(&original, &["default"]);
     let count = |pass: &str| outcome.fused.iter().filter(|f| f.pass == pass).count();
-    assert_eq!((count("rms-norm"), count("skip-norm"), count("attention")), (1, 4, 2), "four norms read a residual sum");
+    assert_eq!(
+        (count("rms-norm"), count("skip-norm"), count("attention")),
+        (1, 4, 2),
+        "four norms read a residual sum"
+    );
     assert_equivalent(&original, &fused, "llama_ts_op14.onnx");
 }
 

@@ -216,7 +216,10 @@ fn portable_writes_onnx_gelu_from_opset_20() {
     assert_eq!(ops, ["Add", "Gelu"]);
     let model = gelu(true, Grouping::HalfFirst, &EXACT, FLOAT, None, 20);
     let node = only_node(&model, Target::Portable);
-    assert_eq!(node.attribute.iter().find(|a| a.name() == "approximate").map(|a| a.s().to_vec()), Some(b"tanh".to_vec()));
+    assert_eq!(
+        node.attribute.iter().find(|a| a.name() == "approximate").map(|a| a.s().to_vec()),
+        Some(b"tanh".to_vec())
+    );
     let (_, outcome) = fuse_for(&gelu(false, Grouping::HalfFirst, &EXACT, FLOAT, None, 18), Target::Portable);
     assert!(outcome.declined.iter().any(|d| d.reason.contains("needs opset 20")), "{:?}", outcome.declined);
     let (_, outcome) = fuse_for(&sigmoid(None, false), Target::Portable);
@@ -237,7 +240,8 @@ fn exports_fuse_their_activations() {
     ] {
         let original = load(name);
         let (fused, outcome) = fuse_model(&original, &["gelu"]);
-        let found = all_nodes(&fused).into_iter().filter(|n| n.op_type() == op && n.domain() == "com.microsoft").count();
+        let found =
+            all_nodes(&fused).into_iter().filter(|n| n.op_type() == op && n.domain() == "com.microsoft").count();
         assert_eq!(found, count, "{name}: {:?}", outcome.declined);
         assert_equivalent(&original, &fused, name);
     }

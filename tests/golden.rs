@@ -9,8 +9,8 @@ mod common;
 
 use common::*;
 use onnx_fuse::graph::Target;
-use prost::Message;
 use onnx_fuse::{passes, rewrite};
+use prost::Message;
 
 const PASSES: &[&str] = &["layer-norm", "rms-norm", "attention", "complex-mul"];
 const MANIFEST: &str = "golden/outputs.txt";

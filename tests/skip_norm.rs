@@ -137,7 +137,12 @@ fn a_residual_rms_norm_becomes_skip_simplified_layer_normalization() {
 fn the_broadcasts_the_kernel_accepts_fuse() {
     // A skip of [S, D] or [1, S, D] for a 3-D input; the operand with the
     // sum's shape is the input, whichever side it is on; 2-D inputs.
-    let cases = [(&[2, 3, 4][..], &[3, 4][..], "a"), (&[2, 3, 4], &[1, 3, 4], "a"), (&[1, 3, 4], &[2, 3, 4], "b"), (&[3, 4], &[3, 4], "a")];
+    let cases = [
+        (&[2, 3, 4][..], &[3, 4][..], "a"),
+        (&[2, 3, 4], &[1, 3, 4], "a"),
+        (&[1, 3, 4], &[2, 3, 4], "b"),
+        (&[3, 4], &[3, 4], "a"),
+    ];
     for (a, b, input) in cases {
         let model = residual(a, b, None, false, None, FLOAT);
         let fused = fused_skip(&model, "SkipLayerNormalization");

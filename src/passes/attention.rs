@@ -333,8 +333,7 @@ fn scores_chain<'a>(g: &Graph<'a>, value: &'a str, depth: usize) -> Check<(usize
             let (s, c) = if g.constant(&node.input[1]).is_some() { (0, 1) } else { (1, 0) };
             pattern::scalar(g, &node.input[c], &node.input[s], "the Mul scale")?;
             let scale = g.constant(&node.input[c]).expect("a constant, proved above");
-            let found =
-                step(scores_chain(g, &node.input[s], depth + 1), Step::Scale("Mul", attribute_tensor(scale)));
+            let found = step(scores_chain(g, &node.input[s], depth + 1), Step::Scale("Mul", attribute_tensor(scale)));
             return found;
         }
         "Div" if binary => {

@@ -111,7 +111,8 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
         require!(matches!(t, Some(FLOAT | FLOAT16)), "{x} is not f32 or f16 (the kernel's types), found {t:?}");
     }
     require!(g.target == Target::Ort, "com.microsoft.{op} is ONNX Runtime's, not in the portable target");
-    Ok(Match::new(index).replace_with(NodeProto { domain: Some("com.microsoft".into()), ..node(op, &[a, b], vec![]) })
+    Ok(Match::new(index)
+        .replace_with(NodeProto { domain: Some("com.microsoft".into()), ..node(op, &[a, b], vec![]) })
         .importing("com.microsoft", 1))
 }
 

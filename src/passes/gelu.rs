@@ -157,10 +157,15 @@ fn erf_argument(g: &Graph, a: &str, x: &str, elem: i32) -> Check<()> {
         return near(g, &node.input[1], x, SQRT_2, elem, "√2");
     }
     require!(node.is("Mul"), "Erf does not read x / √2 or x · (1/√2)");
-    either_order(node, "1/√2", |c| g.constant(c).is_some(), |v, c| {
-        require!(v == x, "Erf does not read {x} · c");
-        near(g, c, x, FRAC_1_SQRT_2, elem, "1/√2")
-    })
+    either_order(
+        node,
+        "1/√2",
+        |c| g.constant(c).is_some(),
+        |v, c| {
+            require!(v == x, "Erf does not read {x} · c");
+            near(g, c, x, FRAC_1_SQRT_2, elem, "1/√2")
+        },
+    )
 }
 
 /// `√(2/π) · (x + 0.044715 · x³)` (every product and sum either way round),
@@ -169,29 +174,50 @@ fn erf_argument(g: &Graph, a: &str, x: &str, elem: i32) -> Check<()> {
 fn tanh_argument(g: &Graph, a: &str, x: &str, elem: i32) -> Check<()> {
     for (c, bracket) in x_constant_rest(g, a, x) {
         let Ok(add) = g.produced_by(bracket, "Add") else { continue };
-        return either_order(g.node(add), "1", |one| g.constant(one).is_some(), |square, one| {
-            near(g, c, x, SQRT_2_OVER_PI, elem, "√(2/π)")?;
-            near(g, one, x, 1.0, elem, "the 1 of 1 + 0.044715 · x²")?;
-            let terms = x_constant_rest(g, square, x);
-            let (k, _) = terms.iter().find(|(_, rest)| *rest == x).ok_or_else(|| {
-                Miss::Declined(format!("the polynomial's term is not 0.044715 · {x} · {x}"))
-            })?;
-            near(g, k, x, TANH_CUBIC, elem, "0.044715")
-        });
+        return either_order(
+            g.node(add),
+            "1",
+            |one| g.constant(one).is_some(),
+            |square, one| {
+                near(g, c, x, SQRT_2_OVER_PI, elem, "√(2/π)")?;
+                near(g, one, x, 1.0, elem, "the 1 of 1 + 0.044715 · x²")?;
+                let terms = x_constant_rest(g, square, x);
+                let (k, _) = terms
+                    .iter()
+                    .find(|(_, rest)| *rest == x)
+                    .ok_or_else(|| Miss::Declined(format!("the polynomial's term is not 0.044715 · {x} · {x}")))?;
+                near(g, k, x, TANH_CUBIC, elem, "0.044715")
+            },
+        );
     }
     let scaled = g.node(g.produced_by(a, "Mul")?);
-    either_order(scaled, "√(2/π)", |c| g.constant(c).is_some(), |sum, c| {
-        near(g, c, x, SQRT_2_OVER_PI, elem, "√(2/π)")?;
-        let sum = g.node(g.produced_by(sum, "Add")?);
-        either_order(sum, "x", |v| v == x, |cubic, _| {
-            let cubic = g.node(g.produced_by(cubic, "Mul")?);
-            either_order(cubic, "0.044715", |c| g.constant(c).is_some(), |cube, c| {
-                near(g, c, x, TANH_CUBIC, elem, "0.044715")?;
-                require!(is_cube(g, cube, x), "the cubic term is not {x}³");
-                Ok(())
-            })
-        })
-    })
+    either_order(
+        scaled,
+        "√(2/π)",
+        |c| g.constant(c).is_some(),
+        |sum, c| {
+            near(g, c, x, SQRT_2_OVER_PI, elem, "√(2/π)")?;
+            let sum = g.node(g.produced_by(sum, "Add")?);
+            either_order(
+                sum,
+                "x",
+                |v| v == x,
+                |cubic, _| {
+                    let cubic = g.node(g.produced_by(cubic, "Mul")?);
+                    either_order(
+                        cubic,
+                        "0.044715",
+                        |c| g.constant(c).is_some(),
+                        |cube, c| {
+                            near(g, c, x, TANH_CUBIC, elem, "0.044715")?;
+                            require!(is_cube(g, cube, x), "the cubic term is not {x}³");
+                            Ok(())
+                        },
+                    )
+                },
+            )
+        },
+    )
 }
 
 /// `Pow(x, 3)`, `(x · x) · x` or `x · (x · x)`.
@@ -298,7 +324,10 @@ fn sigmoid_form(g: &Graph, index: usize, top: &NodeProto) -> Check<Rewrite> {
                 pattern::scalar(g, c, x, "α")?
             };
             let elem = g.elem_type(x);
-            require!(matches!(elem, Some(FLOAT | FLOAT16)), "{x} is not f32 or f16 (the kernel's types), found {elem:?}");
+            require!(
+                matches!(elem, Some(FLOAT | FLOAT16)),
+                "{x} is not f32 or f16 (the kernel's types), found {elem:?}"
+            );
             require!(g.target == Target::Ort, "ONNX has no x·sigmoid(αx) op (QuickGelu is ONNX Runtime's)");
             has_an_axis(g, x)?;
             require!((alpha as f32).is_finite(), "α ({alpha}) is no finite f32");

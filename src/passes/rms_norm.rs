@@ -128,7 +128,8 @@ pub fn rms_core<'a>(g: &Graph<'a>, n: &'a str) -> Check<RmsCore<'a>> {
     let eps_type = g.elem_type(eps).unwrap_or_default();
     require!(matches!(eps_type, FLOAT | FLOAT16 | BFLOAT16), "eps ({eps}) is not f32, f16 or bf16");
     pattern::reduce_mean_last_axis(g, mean)?;
-    let square = g.producer(&g.node(mean).input[0]).ok_or_else(|| Miss::Declined("the mean's input is not x²".into()))?;
+    let square =
+        g.producer(&g.node(mean).input[0]).ok_or_else(|| Miss::Declined("the mean's input is not x²".into()))?;
     let squared = squared_value(g, square)?;
     same_value(g, x, squared)?;
     require!(g.elem_type(x).is_none_or(|t| t == eps_type), "eps ({eps}) does not have the element type of x");

@@ -125,10 +125,7 @@ fn residual<'a>(g: &Graph<'a>, shapes: &Shapes, sum: usize) -> Check<(&'a str, &
         (g.consumers(v) == [sum] && !g.is_graph_output(v)).then_some(())?;
         // One value per channel that cannot raise the rank of what it is added to.
         let constant_vector = |c: &str| g.constant(c).is_some() && pattern::is_vector(g, c);
-        either_order(g.node(p), "a bias", constant_vector, |x, bias| {
-            Ok((x, pattern::weight(g, bias, x, "bias")?))
-        })
-        .ok()
+        either_order(g.node(p), "a bias", constant_vector, |x, bias| Ok((x, pattern::weight(g, bias, x, "bias")?))).ok()
     };
     let (a, b, bias) = match (biased(a), biased(b)) {
         (Some((a0, bias)), _) => (a0, b, Some(bias)),
@@ -158,5 +155,6 @@ fn kernel_accepts(input: Option<Vec<Dim>>, skip: Option<Vec<Dim>>, sum: &Option<
         return false;
     }
     let rows = &input[input.len() - 2..];
-    skip == input || (input.len() == 3 && (skip == rows || (skip.len() == 3 && skip[0] == Dim::known(1) && skip[1..] == *rows)))
+    skip == input
+        || (input.len() == 3 && (skip == rows || (skip.len() == 3 && skip[0] == Dim::known(1) && skip[1..] == *rows)))
 }

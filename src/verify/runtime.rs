@@ -43,7 +43,8 @@ pub fn find_library(explicit: Option<&Path>) -> Result<PathBuf> {
     if let Some(found) = PYTHON.get_or_init(python_package_library) {
         return Ok(found.clone());
     }
-    let standard = ["/usr/local/lib", "/usr/lib", "/usr/lib64", "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu"];
+    let standard =
+        ["/usr/local/lib", "/usr/lib", "/usr/lib64", "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu"];
     tried.push(standard.join(", "));
     if let Some(found) = standard.iter().map(|d| Path::new(d).join("libonnxruntime.so")).find(|p| p.is_file()) {
         return Ok(found);
@@ -166,7 +167,9 @@ pub(super) fn run_session(
         }
         Ok(values)
     }));
-    read.unwrap_or_else(|_| bail!("ONNX Runtime returned an output of the {which} model without a type (an absent value)"))
+    read.unwrap_or_else(|_| {
+        bail!("ONNX Runtime returned an output of the {which} model without a type (an absent value)")
+    })
 }
 
 /// An output read back as f64 (exact for every type compared here).

@@ -1002,7 +1002,15 @@ fn nest_in_if(rng: &mut Rng, c: &mut Ctx, b: Builder, opset: i64, elem: i32) -> 
 
 /// A constant of `elem` near `exact`: exact (rounded to `elem`), a unit or
 /// two in the last place off (the same constant), or off by more.
-fn near_constant(rng: &mut Rng, c: &mut Ctx, b: &mut Builder, name: &str, elem: i32, exact: f64, rank: usize) -> String {
+fn near_constant(
+    rng: &mut Rng,
+    c: &mut Ctx,
+    b: &mut Builder,
+    name: &str,
+    elem: i32,
+    exact: f64,
+    rank: usize,
+) -> String {
     let step = |v: f64, n: i32| -> f64 {
         match elem {
             FLOAT16 => half::f16::from_bits(half::f16::from_f64(v).to_bits().wrapping_add_signed(n as i16)).to_f64(),
@@ -1073,7 +1081,10 @@ pub fn gelu(rng: &mut Rng) -> Case {
         } else {
             c.aside_for_some.push("bias".into());
         }
-        let bias = b.init("bias", tensor(elem, &shape, &(0..shape.iter().product::<i64>()).map(|i| i as f64 / 16.0).collect::<Vec<_>>()));
+        let bias = b.init(
+            "bias",
+            tensor(elem, &shape, &(0..shape.iter().product::<i64>()).map(|i| i as f64 / 16.0).collect::<Vec<_>>()),
+        );
         let sum = commuted(rng, &mut b, "Add", &x0, &bias);
         c.aside.push(sum.clone());
         sum
