@@ -48,6 +48,9 @@ enum Command {
     Show {
         /// The model to read (never modified).
         model: PathBuf,
+        /// Print the fused nodes as a JSON array (the report's `fused` entries without `pass`).
+        #[arg(long)]
+        json: bool,
         /// Read a model with fields this ONNX schema does not define.
         #[arg(long)]
         allow_unknown_fields: bool,
@@ -250,7 +253,9 @@ thread_local! {
 
 fn run(cli: Cli) -> ExitCode {
     let result = match cli.command {
-        Some(Command::Show { model, allow_unknown_fields }) => show(&model, LoadOptions { allow_unknown_fields }),
+        Some(Command::Show { model, json, allow_unknown_fields }) => {
+            show(&model, json, LoadOptions { allow_unknown_fields })
+        }
         Some(Command::Verify { original, rewritten, verify, report_json, allow_unknown_fields }) => {
             compare(&original, &rewritten, &verify, report_json.as_deref(), LoadOptions { allow_unknown_fields })
         }
@@ -367,7 +372,8 @@ fn fuse(args: FuseArgs) -> Result<Done> {
         for (file, error) in &report.errors {
             eprintln!("onnx-fuse: error: {file}: {}", one_line(error));
         }
-        for c in report.expectations.iter().filter(|c| !c.met) {
+        // (A file's own expectations were printed with the file.)
+        for c in report.expectations.iter().filter(|c| !c.met && c.expectation.file.is_none()) {
             eprintln!("onnx-fuse: expectation not met: {}", c.text());
         }
         if !args.quiet {
@@ -435,17 +441,22 @@ fn write_json(path: Option<&Path>, value: &impl serde::Serialize) -> Result<()> 
     Ok(())
 }
 
-fn show(path: &Path, options: LoadOptions) -> Result<Done> {
+fn show(path: &Path, json: bool, options: LoadOptions) -> Result<Done> {
     let loaded = io::load(path, options)?;
     let fused = report::fused_in(&loaded.model);
+    if json {
+        println!("{}", serde_json::to_string_pretty(&fused)?);
+        return Ok(Done::Ok);
+    }
     if fused.is_empty() {
         // Not an error: a model onnx-fuse fused nothing in (or never saw).
         println!("{}: no fused nodes (no `transmuter.fused` metadata)", path.display());
         return Ok(Done::Ok);
     }
-    for (op_type, name, replaced) in fused {
-        println!("{op_type} {name}");
-        for r in replaced {
+    for f in fused {
+        let name = if f.graph == "main" { f.name } else { format!("{}/{}", f.graph, f.name) };
+        println!("{} {name}", f.op_type);
+        for r in f.replaced {
             println!("    {r}");
         }
     }

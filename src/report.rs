@@ -230,7 +230,8 @@ impl Report {
                     .into(),
             );
         }
-        let contrib = ["SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "Gelu", "BiasGelu", "FastGelu", "QuickGelu"];
+        let contrib =
+            ["SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "Gelu", "BiasGelu", "FastGelu", "QuickGelu"];
         let contrib: Vec<&str> = contrib.into_iter().filter(|op| wrote(op)).collect();
         if !contrib.is_empty() {
             self.not_loaded_by.push(format!(
@@ -265,14 +266,29 @@ pub fn ops_table(ops: &[OpCount]) -> String {
     s
 }
 
-/// The fused nodes a model already contains, read back from their
-/// `transmuter.fused` entries (for `onnx-fuse show`).
-pub fn fused_in(model: &ModelProto) -> Vec<(String, String, Vec<String>)> {
-    fn walk(g: &GraphProto, path: &str, found: &mut Vec<(String, String, Vec<String>)>) {
+/// A fused node a model contains, read back from its `transmuter.fused`
+/// entry (`onnx-fuse show`): the report's `fused` entry without the pass.
+#[derive(Debug, Serialize)]
+pub struct Found {
+    pub op_type: String,
+    pub name: String,
+    /// `main`, or `main/<node>.<attribute>` for a subgraph body.
+    pub graph: String,
+    /// The replaced nodes, as `OpType name`.
+    pub replaced: Vec<String>,
+}
+
+/// Every fused node of a model, in graph order, bodies after their holder.
+pub fn fused_in(model: &ModelProto) -> Vec<Found> {
+    fn walk(g: &GraphProto, path: &str, found: &mut Vec<Found>) {
         for node in &g.node {
             if let Some(list) = node.metadata(FUSED_KEY) {
-                let name = if path == "main" { node.name().to_string() } else { format!("{path}/{}", node.name()) };
-                found.push((node.op_type().to_string(), name, list.split(", ").map(str::to_string).collect()));
+                found.push(Found {
+                    op_type: node.op_type().to_string(),
+                    name: node.name().to_string(),
+                    graph: path.to_string(),
+                    replaced: list.split(", ").map(str::to_string).collect(),
+                });
             }
             for a in &node.attribute {
                 for (i, body) in a.g.iter().chain(&a.graphs).enumerate() {

@@ -324,7 +324,16 @@ pub fn fuse_folder(
             fused: files.iter().flat_map(|f| &f.passes).filter(|c| c.name == p.name).map(|c| c.fused).sum(),
         })
         .collect();
-    let expectations = settings.expectations.iter().filter(|e| e.file.is_none()).map(|e| e.check(&totals)).collect();
+    // In the order given: the totals' checks, and each file's own (made
+    // with that file's report; none for a file that failed).
+    let expectations = settings
+        .expectations
+        .iter()
+        .filter_map(|e| match &e.file {
+            None => Some(e.check(&totals)),
+            Some(_) => files.iter().flat_map(|f| &f.expectations).find(|c| &c.expectation == e).cloned(),
+        })
+        .collect();
     Ok(FolderReport {
         schema: 1,
         input: input.display().to_string(),

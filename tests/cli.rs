@@ -97,7 +97,11 @@ fn report_lists_counts_and_replaced_nodes() {
     assert!(text.contains("SkipLayerNormalization /model/transformer/h.0/ln_1/SkipLayerNormalization  [skip-norm]"));
     assert!(!text.contains("LayerNormalization /model/transformer/h.0/ln_1/LayerNormalization"), "absorbed: {text}");
     assert!(text.contains("    Sub /model/transformer/h.0/ln_1/Sub"));
-    assert!(stderr(&r).contains("fused 9 (layer-norm 2, rms-norm 0, skip-norm 3, attention 2, gelu 2)"), "{}", stderr(&r));
+    assert!(
+        stderr(&r).contains("fused 9 (layer-norm 2, rms-norm 0, skip-norm 3, attention 2, gelu 2)"),
+        "{}",
+        stderr(&r)
+    );
 }
 
 #[test]
@@ -177,6 +181,29 @@ fn show_reads_back_the_provenance() {
     assert_eq!(none.status.code(), Some(0), "{}", stderr(&none));
     let said = String::from_utf8(none.stdout).unwrap();
     assert!(said.ends_with("gpt2_ts_op14.onnx: no fused nodes (no `transmuter.fused` metadata)\n"), "{said}");
+}
+
+#[test]
+fn show_json_lists_the_reports_fused_entries() {
+    let dir = tempdir();
+    let (out, json) = (dir.path().join("out.onnx"), dir.path().join("r.json"));
+    let model = testdata("if_branches_rms.onnx");
+    let args = ["-q", model.to_str().unwrap(), "-o", out.to_str().unwrap(), "--report-json", json.to_str().unwrap()];
+    assert!(run(&args).status.success());
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let r = run(&["show", out.to_str().unwrap(), "--json"]);
+    assert!(r.status.success(), "{}", stderr(&r));
+    let shown: serde_json::Value = serde_json::from_slice(&r.stdout).unwrap();
+    let mut expected: Vec<serde_json::Value> = report["fused"].as_array().unwrap().clone();
+    expected.iter_mut().for_each(|f| drop(f.as_object_mut().unwrap().remove("pass")));
+    let (mut expected, mut shown) = (expected, shown.as_array().unwrap().clone());
+    let key = |f: &serde_json::Value| (f["graph"].to_string(), f["name"].to_string());
+    expected.sort_by_key(key);
+    shown.sort_by_key(key);
+    assert!(shown.len() >= 2 && shown.iter().any(|f| f["graph"] != "main"), "{shown:?}");
+    assert_eq!(shown, expected);
+    let none = run(&["show", model.to_str().unwrap(), "--json"]);
+    assert_eq!((none.status.code(), String::from_utf8(none.stdout).unwrap()), (Some(0), "[]\n".to_string()));
 }
 
 #[test]

@@ -174,9 +174,17 @@ fn folder_expectations_check_totals_and_single_files() {
     let folder = testdata("t5_optimum_folder");
     let go = |extra: &[&str]| run(&[&[s(&folder), "-o", s(&dir.path().join("out")), "-q"], extra].concat());
     assert_eq!(go(&["--expect", "total=29,encoder_model.onnx:attention=2"]).status.code(), Some(0));
-    let r = go(&["--expect", "decoder_model.onnx:rms-norm=6"]);
+    let json_path = dir.path().join("report.json");
+    let r = go(&["--expect", "total=29,decoder_model.onnx:rms-norm=6", "--report-json", s(&json_path)]);
     assert_eq!(r.status.code(), Some(4), "{}", stderr(&r));
-    assert!(stderr(&r).contains("decoder_model.onnx: rms-norm: expected 6, found 5"), "{}", stderr(&r));
+    // Said once, and in the folder's JSON expectations too, in the order given.
+    assert_eq!(stderr(&r).matches("decoder_model.onnx: rms-norm: expected 6, found 5").count(), 1, "{}", stderr(&r));
+    let checked = &json(&json_path)["expectations"];
+    assert_eq!(checked[0]["pass"], "total");
+    assert_eq!(
+        (&checked[1]["file"], &checked[1]["found"], &checked[1]["met"]),
+        (&"decoder_model.onnx".into(), &5.into(), &false.into())
+    );
     let r = go(&["--expect", "nosuch.onnx:rms-norm=6"]);
     assert_eq!(r.status.code(), Some(2), "{}", stderr(&r));
 }
