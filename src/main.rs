@@ -266,7 +266,7 @@ fn run(cli: Cli) -> ExitCode {
         Ok(Done::VerificationFailed) => ExitCode::from(3),
         Ok(Done::ExpectationUnmet) => ExitCode::from(4),
         Err(e) if e.is::<Usage>() => {
-            eprintln!("onnx-fuse: usage error: {}", one_line(&e.to_string()));
+            eprintln!("onnx-fuse: usage error: {}", one_line(&format!("{e:#}")));
             ExitCode::from(2)
         }
         Err(e) => {

@@ -38,6 +38,14 @@ impl Dim {
         self.atoms.is_empty().then_some(self.coef)
     }
 
+    /// The number, given the values of the declared symbols (atoms `$name`);
+    /// none where another atom is in it (no number is known of it).
+    pub fn evaluate(&self, symbol: &dyn Fn(&str) -> Option<i64>) -> Option<u128> {
+        self.atoms.iter().try_fold(u128::try_from(self.coef).ok()?, |n, a| {
+            n.checked_mul(u128::try_from(symbol(a.strip_prefix('$')?)?).ok()?)
+        })
+    }
+
     /// The product; none where the coefficient overflows (unknown).
     fn mul(&self, other: &Dim) -> Option<Dim> {
         let mut atoms = [self.atoms.clone(), other.atoms.clone()].concat();

@@ -356,3 +356,16 @@ fn an_npz_with_no_array_is_a_usage_error() {
     assert!(stderr(&r).contains("empty.npz: the .npz holds no array"), "{}", stderr(&r));
     assert!(!out.exists());
 }
+
+#[test]
+fn verify_sizes_beyond_the_memory_are_a_usage_error_naming_the_input() {
+    let dir = tempdir();
+    let out = dir.path().join("out.onnx");
+    let model = testdata("gpt2_ts_op14.onnx");
+    let r = run(&[model.to_str().unwrap(), "-o", out.to_str().unwrap(), "--verify", "--dim", "batch=100000000000"]);
+    assert_eq!(r.status.code(), Some(2), "{}", stderr(&r));
+    let said = stderr(&r);
+    assert!(said.contains("input input_ids would be int64[100000000000, 7] (5.6 TB), more than a quarter"), "{said}");
+    assert_eq!(said.lines().count(), 1, "{said}");
+    assert!(!out.exists());
+}

@@ -333,22 +333,7 @@ fn misused_verify_options_are_usage_errors() {
     // An .npz with an array no input is named like, and a Fortran-ordered one.
     let npz = |name: &str, fortran: bool| -> std::path::PathBuf {
         let path = dir.path().join(format!("{name}-{fortran}.npz"));
-        let mut zip = zip_writer(&path);
-        let mut npy = Vec::new();
-        let header = format!(
-            "{{'descr': '<i8', 'fortran_order': {}, 'shape': (1, 2), }}",
-            if fortran { "True" } else { "False" }
-        );
-        let pad = 64 - (10 + header.len() + 1) % 64;
-        npy.extend(b"\x93NUMPY\x01\x00");
-        npy.extend(((header.len() + pad + 1) as u16).to_le_bytes());
-        npy.extend(header.as_bytes());
-        npy.extend(std::iter::repeat(b' ').take(pad));
-        npy.push(b'\n');
-        npy.extend(1i64.to_le_bytes());
-        npy.extend(2i64.to_le_bytes());
-        zip.add(&format!("{name}.npy"), &npy);
-        zip.finish();
+        npz_of_ones(&path, &[(name, &[1, 2])], fortran);
         path
     };
     let r = run(&[&base[..], &["--inputs", s(&npz("nosuch", false))]].concat());
@@ -364,6 +349,55 @@ struct ZipWriter {
     data: Vec<u8>,
     central: Vec<u8>,
     count: u16,
+}
+
+/// An .npz of int64 arrays of ones (stored in Fortran order, if so).
+fn npz_of_ones(path: &Path, arrays: &[(&str, &[usize])], fortran: bool) {
+    let mut zip = zip_writer(path);
+    for (name, shape) in arrays {
+        let dims: Vec<String> = shape.iter().map(|d| format!("{d}, ")).collect();
+        let order = if fortran { "True" } else { "False" };
+        let header = format!("{{'descr': '<i8', 'fortran_order': {order}, 'shape': ({}), }}", dims.concat());
+        let pad = 64 - (10 + header.len() + 1) % 64;
+        let mut npy = Vec::new();
+        npy.extend(b"\x93NUMPY\x01\x00");
+        npy.extend(((header.len() + pad + 1) as u16).to_le_bytes());
+        npy.extend(header.as_bytes());
+        npy.extend(std::iter::repeat(b' ').take(pad));
+        npy.push(b'\n');
+        for _ in 0..shape.iter().product::<usize>() {
+            npy.extend(1i64.to_le_bytes());
+        }
+        zip.add(&format!("{name}.npy"), &npy);
+    }
+    zip.finish();
+}
+
+#[test]
+fn the_dim_hint_appears_only_where_made_up_sizes_were_the_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.onnx");
+    let go = |model: &str, extra: &[&str]| {
+        let model = testdata(model);
+        let r = run(&[&[s(&model), "-o", s(&out), "-q", "--verify"], extra].concat());
+        assert_eq!(r.status.code(), Some(1), "{}", stderr(&r));
+        stderr(&r)
+    };
+    // Shapes taken from --inputs: the user's arrays, not onnx-fuse's sizes.
+    let npz = dir.path().join("seq5.npz");
+    npz_of_ones(&npz, &[("input_ids", &[2, 5]), ("attention_mask", &[2, 5])], false);
+    let said = go("llama_ts_op14.onnx", &["--inputs", s(&npz)]);
+    assert!(said.contains("cannot be reshaped") && !said.contains("--dim"), "{said}");
+    // An array of the wrong type: nothing about sizes.
+    let said = go("llama_ts_op14.onnx", &["--inputs", s(&testdata("llama_inputs_int32.npz"))]);
+    assert!(said.contains("does not match the input's type") && !said.contains("--dim"), "{said}");
+    // The user's own size: said so, and no advice to give sizes.
+    let said = go("gpt2_ts_op14.onnx", &["--dim", "batch=0"]);
+    assert!(
+        said.ends_with("the model does not run with the sizes given (--dim batch=0), and runs without them\n"),
+        "{said}"
+    );
+    assert!(!said.contains("NAME=VALUE"), "{said}");
 }
 
 fn zip_writer(path: &Path) -> ZipWriter {

@@ -24,6 +24,25 @@ pub(super) fn input_symbols(model: &ModelProto) -> Vec<String> {
     found
 }
 
+/// The symbols whose values the user set: by `--dim`, or as axes of an
+/// input given in `--inputs` (its array's shape sets them).
+pub(super) fn given_symbols(model: &ModelProto, options: &Options) -> std::collections::HashSet<String> {
+    let mut given: std::collections::HashSet<String> = options.dims.keys().cloned().collect();
+    let Some(path) = &options.inputs else { return given };
+    let Ok(archive) = npyz::npz::NpzArchive::open(path) else { return given };
+    let arrays: std::collections::HashSet<&str> = archive.array_names().collect();
+    for vi in model.graph.iter().flat_map(|g| &g.input).filter(|i| arrays.contains(i.name())) {
+        if let Some(TypeValue::TensorType(t)) = vi.r#type.as_ref().and_then(|t| t.value.as_ref()) {
+            for d in t.shape.iter().flat_map(|s| &s.dim) {
+                if let Some(Dim::DimParam(p)) = &d.value {
+                    given.insert(p.clone());
+                }
+            }
+        }
+    }
+    given
+}
+
 /// Sizes a symbolic dimension may need, from what the graph proves: image
 /// sides whose patch grid a position table fixes (a Conv of stride s
 /// applied to the image, and a table of n = k² or k² + 1 rows: side k·s),
@@ -150,6 +169,7 @@ pub fn check_options(model: &ModelProto, options: &Options) -> std::result::Resu
             ));
         }
     }
+    check_budget(model, options, memory_available())?;
     if let Some(path) = &options.inputs {
         let mut archive =
             npyz::npz::NpzArchive::open(path).map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
@@ -328,5 +348,246 @@ impl SplitMix {
 
     pub fn uniform(&mut self) -> f64 {
         (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// What one input, or one value the model computes, may take of the memory
+/// available: a quarter (inputs are held twice, once by ONNX Runtime, and
+/// both models' values read back are compared side by side).
+const BUDGET_SHARE: u128 = 4;
+
+/// Bytes the machine can give the run: `MemAvailable`, or less where the
+/// cgroup's limit leaves less; none where neither can be read.
+pub(super) fn memory_available() -> Option<u128> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib = |key: &str| -> Option<u128> {
+        let line = meminfo.lines().find(|l| l.starts_with(key))?;
+        line[key.len()..].trim().trim_end_matches("kB").trim().parse::<u128>().ok().map(|k| k * 1024)
+    };
+    let available = kib("MemAvailable:")?;
+    let read = |file: &str| std::fs::read_to_string(format!("/sys/fs/cgroup/{file}")).ok();
+    let cgroup = (read("memory.max"), read("memory.current"));
+    let left = match cgroup {
+        (Some(max), Some(current)) => {
+            max.trim().parse::<u128>().ok().map(|m| m.saturating_sub(current.trim().parse().unwrap_or(0)))
+        }
+        _ => None,
+    };
+    Some(left.map_or(available, |l| l.min(available)))
+}
+
+/// The size of a value at the sizes the inputs' symbols get (`--dim`, else
+/// the defaults), where the model's ops give its shape in those symbols.
+struct Sizes<'g, 'a> {
+    view: &'g crate::graph::Graph<'a>,
+    shapes: crate::shapes::Shapes<'g, 'a>,
+    symbols: Vec<String>,
+    dims: &'g HashMap<String, i64>,
+}
+
+/// A value's element type, dimensions and bytes (none: past 2^128).
+type Sized = (i32, Vec<u128>, Option<u128>);
+
+impl<'g, 'a> Sizes<'g, 'a> {
+    fn new(view: &'g crate::graph::Graph<'a>, model: &ModelProto, dims: &'g HashMap<String, i64>) -> Self {
+        Sizes { view, shapes: crate::shapes::Shapes::new(view), symbols: input_symbols(model), dims }
+    }
+
+    /// With `symbolic`, only values whose size the symbols set.
+    fn of(&self, value: &str, symbolic: bool) -> Option<Sized> {
+        let shape = self.shapes.shape(value)?;
+        if symbolic && shape.iter().all(|d| d.value().is_some()) {
+            return None;
+        }
+        let symbol = |s: &str| self.symbols.iter().any(|k| k == s).then(|| symbol_value(s, self.dims));
+        let dims = shape.iter().map(|d| d.evaluate(&symbol)).collect::<Option<Vec<u128>>>()?;
+        let elem_type = self.view.elem_type(value).unwrap_or(DataType::Float as i32);
+        let bytes = dims.iter().try_fold(element_bytes(elem_type), |n, &d| n.checked_mul(d));
+        Some((elem_type, dims, bytes))
+    }
+}
+
+fn too_large(what: &str, (elem_type, dims, bytes): &Sized, share: &str, available: u128) -> String {
+    let dims: Vec<String> = dims.iter().map(u128::to_string).collect();
+    format!(
+        "--verify: {what} would be {}[{}] ({}), more than {share} of the memory available ({}); \
+         give smaller sizes with --dim NAME=VALUE",
+        type_name(*elem_type),
+        dims.join(", "),
+        bytes.map_or("more than 2^128 bytes".to_string(), human_bytes),
+        human_bytes(available)
+    )
+}
+
+/// Refuses sizes the machine cannot hold before anything is allocated: every
+/// input synthesized, and every value of the main graph whose size the
+/// model's ops give in the inputs' symbols, at most a quarter of `available`
+/// each. (A `--dim batch=100000000000` would otherwise end in an allocation
+/// failure, which aborts.)
+pub(super) fn check_budget(
+    model: &ModelProto,
+    options: &Options,
+    available: Option<u128>,
+) -> std::result::Result<(), String> {
+    let (Some(graph), Some(available)) = (model.graph.as_ref(), available) else { return Ok(()) };
+    let budget = available / BUDGET_SHARE;
+    let initializers: std::collections::HashSet<&str> = graph.initializer.iter().map(|t| t.name()).collect();
+    let given: std::collections::HashSet<String> = match &options.inputs {
+        Some(path) => {
+            npyz::npz::NpzArchive::open(path).map(|a| a.array_names().map(str::to_string).collect()).unwrap_or_default()
+        }
+        None => Default::default(),
+    };
+    for vi in graph.input.iter().filter(|i| !initializers.contains(i.name()) && !given.contains(i.name())) {
+        let Some(TypeValue::TensorType(t)) = vi.r#type.as_ref().and_then(|t| t.value.as_ref()) else { continue };
+        let dims: Vec<u128> = t
+            .shape
+            .iter()
+            .flat_map(|s| &s.dim)
+            .map(|d| match &d.value {
+                Some(Dim::DimValue(v)) => *v,
+                Some(Dim::DimParam(p)) => symbol_value(p, &options.dims),
+                None => 1,
+            })
+            .map(|d| u128::try_from(d).unwrap_or(0))
+            .collect();
+        let bytes = dims.iter().try_fold(element_bytes(t.elem_type()), |n, &d| n.checked_mul(d));
+        if bytes.is_none_or(|b| b > budget) {
+            return Err(too_large(
+                &format!("input {}", vi.name()),
+                &(t.elem_type(), dims, bytes),
+                "a quarter",
+                available,
+            ));
+        }
+    }
+    let scope = Scope::default();
+    let view = crate::graph::Graph::new(graph, model.default_opset(), &scope);
+    let sizes = Sizes::new(&view, model, &options.dims);
+    for value in graph.node.iter().flat_map(|n| &n.output).filter(|v| !v.is_empty()) {
+        // Only sizes the symbols set: the model's own fixed sizes are its own.
+        match sizes.of(value, true) {
+            Some(sized) if sized.2.is_none_or(|b| b > budget) => {
+                return Err(too_large(&format!("value {value}"), &sized, "a quarter", available))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a verification whose run would not fit, by an estimate: every
+/// value of the main graph whose size the inputs' symbols set (ONNX Runtime
+/// computes them all), plus the values compared (`kept`: fused nodes'
+/// inputs and outputs, graph outputs) read back as f64. Measured, the peak
+/// is about three times the estimate (GPT-2 at batch 100000: 3.5 GB, peak
+/// 11.2 GB), so the estimate may take at most a quarter of `available`.
+pub(super) fn check_kept(
+    model: &ModelProto,
+    options: &Options,
+    kept: &[&str],
+    available: Option<u128>,
+) -> std::result::Result<(), String> {
+    let (Some(graph), Some(available)) = (model.graph.as_ref(), available) else { return Ok(()) };
+    let scope = Scope::default();
+    let view = crate::graph::Graph::new(graph, model.default_opset(), &scope);
+    let sizes = Sizes::new(&view, model, &options.dims);
+    let computed = graph.node.iter().flat_map(|n| &n.output).map(String::as_str).filter(|v| !v.is_empty());
+    let values = computed.map(|v| (v, sizes.of(v, true), 1)).chain(kept.iter().map(|&v| (v, sizes.of(v, true), 8)));
+    let mut total: Option<u128> = Some(0);
+    let mut largest: Option<(&str, Sized)> = None;
+    for (value, sized, per_element) in values {
+        let Some(sized) = sized else { continue };
+        // Read back as f64: `per_element` bytes for each element.
+        let bytes = if per_element == 1 { sized.2 } else { sized.2.map(|b| b / element_bytes(sized.0) * per_element) };
+        total = total.zip(bytes).and_then(|(t, b)| t.checked_add(b));
+        if largest.as_ref().is_none_or(|(_, l)| l.2.is_some() && sized.2.is_none_or(|b| Some(b) > l.2)) {
+            largest = Some((value, sized));
+        }
+    }
+    let Some((value, (elem_type, dims, bytes))) = largest else { return Ok(()) };
+    if total.is_some_and(|t| t <= available / BUDGET_SHARE) {
+        return Ok(());
+    }
+    let dims: Vec<String> = dims.iter().map(u128::to_string).collect();
+    let size = |b: Option<u128>| b.map_or("more than 2^128 bytes".to_string(), human_bytes);
+    Err(format!(
+        "--verify: the values it computes and compares would take about {}, more than a quarter of the memory \
+         available ({}); the largest is {value}, {}[{}] ({}); give smaller sizes with --dim NAME=VALUE",
+        size(total),
+        human_bytes(available),
+        type_name(elem_type),
+        dims.join(", "),
+        size(bytes)
+    ))
+}
+
+/// Bytes of one element as ONNX Runtime holds it (strings counted as 8: a pointer).
+fn element_bytes(elem_type: i32) -> u128 {
+    match DataType::try_from(elem_type) {
+        Ok(DataType::Double | DataType::Int64 | DataType::Uint64 | DataType::Complex64 | DataType::String) => 8,
+        Ok(DataType::Complex128) => 16,
+        Ok(DataType::Float | DataType::Int32 | DataType::Uint32) => 4,
+        Ok(DataType::Float16 | DataType::Bfloat16 | DataType::Int16 | DataType::Uint16) => 2,
+        _ => 1,
+    }
+}
+
+fn human_bytes(bytes: u128) -> String {
+    let units = ["bytes", "KB", "MB", "GB", "TB", "PB", "EB"];
+    let (mut value, mut unit) = (bytes as f64, 0);
+    while value >= 1000.0 && unit + 1 < units.len() {
+        value /= 1000.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} bytes")
+    } else {
+        format!("{value:.1} {}", units[unit])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpt2() -> ModelProto {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/gpt2_ts_op14.onnx");
+        crate::io::load(&path, Default::default()).expect("testdata loads").model
+    }
+
+    fn at_batch(batch: i64) -> Options {
+        Options { dims: [("batch".to_string(), batch)].into(), ..Default::default() }
+    }
+
+    const GB: u128 = 1_000_000_000;
+
+    #[test]
+    fn an_input_larger_than_a_quarter_of_the_memory_is_refused_with_its_size() {
+        let said = check_budget(&gpt2(), &at_batch(100_000_000_000), Some(24 * GB)).unwrap_err();
+        assert!(said.starts_with("--verify: input input_ids would be int64[100000000000, 7] (5.6 TB)"), "{said}");
+        // A product past 2^128 is refused too, not wrapped.
+        let said = check_budget(&gpt2(), &at_batch(i64::MAX), Some(24 * GB)).unwrap_err();
+        assert!(said.contains("int64[9223372036854775807, 7]"), "{said}");
+        assert!(check_budget(&gpt2(), &at_batch(2), Some(24 * GB)).is_ok());
+    }
+
+    #[test]
+    fn a_value_the_symbols_make_too_large_is_named() {
+        let dims = Options { dims: [("seq".to_string(), 100_000)].into(), ..Default::default() };
+        let said = check_budget(&gpt2(), &dims, Some(24 * GB)).unwrap_err();
+        assert!(said.contains("value /model/transformer/h.0/attn/MatMul_output_0 would be float[2, 4, 100000, 100000]"));
+    }
+
+    #[test]
+    fn values_that_fit_alone_but_not_together_are_refused() {
+        let model = gpt2();
+        let kept = ["/model/transformer/h.0/attn/c_attn/Gemm_output_0"];
+        // batch 300000: no value above 6 GB, several GB together.
+        assert!(check_budget(&model, &at_batch(300_000), Some(24 * GB)).is_ok());
+        let said = check_kept(&model, &at_batch(300_000), &kept, Some(24 * GB)).unwrap_err();
+        assert!(said.contains("would take about ") && said.contains("float[2100000, 96]"), "{said}");
+        assert!(check_kept(&model, &at_batch(300_000), &kept, Some(100 * GB)).is_ok());
+        assert!(check_kept(&model, &at_batch(2), &kept, Some(GB)).is_ok());
     }
 }

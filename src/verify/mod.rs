@@ -156,6 +156,9 @@ pub fn verify(
             }
         }
     }
+    let outputs: Vec<&str> = original.0.graph.iter().flat_map(|g| g.output.iter().map(|o| o.name())).collect();
+    let kept: Vec<&str> = probe.iter().map(String::as_str).chain(outputs).collect();
+    check_kept(original.0, options, &kept, memory_available()).map_err(|e| anyhow::Error::new(crate::run::Usage(e)))?;
     let mut reference_ops = std::collections::BTreeSet::new();
     let feeds = |inputs: &[Input]| -> Result<Vec<(String, DynValue)>> {
         inputs.iter().map(|i| Ok((i.name.clone(), i.to_value()?))).collect()
@@ -229,8 +232,9 @@ pub fn verify(
 
 /// Runs the original (with `probe` exposed) on inputs synthesized with the
 /// symbols' default values, or, when it cannot run on those, with the sizes
-/// the graph itself suggests (`candidate_sizes`) for the symbols the user
-/// did not set. Returns the inputs, the symbol values used, and the values.
+/// the graph itself suggests (`candidate_sizes`) for the symbols onnx-fuse
+/// made up: those neither `--dim` nor an array of `--inputs` sets. Returns
+/// the inputs, the symbol values used, and the values.
 #[allow(clippy::type_complexity)]
 fn run_original(
     env: &ort::environment::Environment,
@@ -240,18 +244,20 @@ fn run_original(
     reference_ops: &mut std::collections::BTreeSet<String>,
 ) -> Result<(Vec<Input>, BTreeMap<String, i64>, HashMap<String, Values>)> {
     let symbols = input_symbols(original.0);
-    let unset: Vec<&String> = symbols.iter().filter(|s| !options.dims.contains_key(*s) && !s.contains('+')).collect();
+    let given = given_symbols(original.0, options);
+    let unset: Vec<&String> = symbols.iter().filter(|s| !given.contains(*s) && !s.contains('+')).collect();
     // One session: every try runs it on other input sizes.
     let mut session = load(env, original.0, original.1, "original", probe, reference_ops)?;
-    let mut runs = |o: &Options| -> Result<(Vec<Input>, BTreeMap<String, i64>, HashMap<String, Values>)> {
+    // The outer error is not about sizes (an array of the wrong type): no
+    // other sizes are tried for it.
+    let mut runs = |o: &Options| -> Result<Result<(Vec<Input>, BTreeMap<String, i64>, HashMap<String, Values>)>> {
         let inputs = synthesize_inputs(original.0, o)?;
         let feeds: Vec<(String, DynValue)> =
             inputs.iter().map(|i| Ok((i.name.clone(), i.to_value()?))).collect::<Result<_>>()?;
-        let values = run_session(&mut session, "original", feeds)?;
         let used = symbols.iter().filter(|s| !s.contains('+')).map(|s| (s.clone(), symbol_value(s, &o.dims))).collect();
-        Ok((inputs, used, values))
+        Ok(run_session(&mut session, "original", feeds).map(|values| (inputs, used, values)))
     };
-    let first = match runs(options) {
+    let first = match runs(options)? {
         Ok(found) => return Ok(found),
         Err(e) if unset.is_empty() => return Err(e),
         Err(e) => e,
@@ -274,8 +280,19 @@ fn run_original(
         tries.push(o);
     }
     for o in tries.iter().take(24) {
-        if let Ok(found) = runs(o) {
+        if let Ok(found) = runs(o)? {
             return Ok(found);
+        }
+    }
+    // Made-up sizes were the problem only if the user's were not: with the
+    // user's `--dim` values replaced by onnx-fuse's, does the model run?
+    if !options.dims.is_empty() && options.inputs.is_none() {
+        let mut o = options.clone();
+        o.dims.clear();
+        if runs(&o)?.is_ok() {
+            let mut gave: Vec<String> = options.dims.iter().map(|(k, v)| format!("--dim {k}={v}")).collect();
+            gave.sort();
+            bail!("{first:#}; the model does not run with the sizes given ({}), and runs without them", gave.join(" "));
         }
     }
     let tried: Vec<String> = unset.iter().map(|s| format!("{s}={}", symbol_value(s, &options.dims))).collect();

@@ -185,7 +185,12 @@ impl Values {
         macro_rules! read {
             ($t:ty, $onnx:expr, $conv:expr) => {{
                 let (shape, data) = value.try_extract_tensor::<$t>().map_err(|e| anyhow!("{e}"))?;
-                Values { elem_type: $onnx as i32, shape: shape.to_vec(), data: data.iter().map($conv).collect() }
+                // Fallible: a value too large to read back is an error, not an abort.
+                let mut read = Vec::new();
+                read.try_reserve_exact(data.len())
+                    .map_err(|_| anyhow!("a value of {} elements does not fit in memory to be compared", data.len()))?;
+                read.extend(data.iter().map($conv));
+                Values { elem_type: $onnx as i32, shape: shape.to_vec(), data: read }
             }};
         }
         Ok(match ty {
