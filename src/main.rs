@@ -421,6 +421,7 @@ fn compare(a: &Path, b: &Path, args: &VerifyArgs, json: Option<&Path>, options: 
     let reads: Vec<Role> = io::reads(&original).into_iter().chain(io::reads(&rewritten)).collect();
     let writes: Vec<Role> = json.iter().map(|j| Role::new(j, "--report-json")).collect();
     io::check_run(&reads, &writes).map_err(Usage)?;
+    io::check_writable(&writes).map_err(|e| anyhow::anyhow!(e))?;
     args.check_dims()?;
     verify::check_options(&original.model, &args.options()).map_err(Usage)?;
     let progress = Progress::new(false);
@@ -436,7 +437,8 @@ fn compare(a: &Path, b: &Path, args: &VerifyArgs, json: Option<&Path>, options: 
 fn write_json(path: Option<&Path>, value: &impl serde::Serialize) -> Result<()> {
     if let Some(path) = path {
         let json = serde_json::to_string_pretty(value)? + "\n";
-        io::write_atomically(path, &json).with_context(|| format!("{}: cannot write the report", path.display()))?;
+        // (Its folder was checked before anything was written; what fails now is said once.)
+        io::write_atomically(path, &json).context("--report-json")?;
     }
     Ok(())
 }

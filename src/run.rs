@@ -99,6 +99,7 @@ pub fn fuse_file(input: &Path, output: &Path, settings: &Settings, progress: &dy
     let mut writes = io::writes(&loaded, output);
     writes.extend(settings.reports.iter().cloned());
     io::check_run(&io::reads(&loaded), &writes).map_err(usage)?;
+    io::check_writable(&writes).map_err(|e| anyhow::anyhow!(e))?;
     if let Some(foreign) = io::foreign_data_files(&loaded, output).first() {
         return Err(usage(format!(
             "{} exists and is not the external data of an earlier output at {}; writing would replace it \
@@ -239,6 +240,10 @@ pub fn fuse_folder(
     if std::fs::canonicalize(input).ok() == std::fs::canonicalize(output).ok() {
         return Err(usage(format!("{} (-o) is the input folder; choose another", output.display())));
     }
+    // The reports' folders, and the output folder's own, before it is made.
+    let mut first = settings.reports.clone();
+    first.push(Role::new(output, "-o"));
+    io::check_writable(&first).map_err(|e| anyhow::anyhow!(e))?;
     if !output.exists() {
         std::fs::create_dir(output).with_context(|| format!("{}: cannot create the folder", output.display()))?;
     }
@@ -252,6 +257,7 @@ pub fn fuse_folder(
     let mut writes: Vec<Role> = models.iter().chain(&others).map(|p| Role::new(target(p), "a file of -o")).collect();
     writes.extend(settings.reports.iter().cloned());
     io::check_run(&reads, &writes).map_err(usage)?;
+    io::check_writable(&writes).map_err(|e| anyhow::anyhow!(e))?;
     // Other files first (external data among them): models refer to them.
     let mut carried = Vec::new();
     for path in &others {

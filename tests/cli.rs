@@ -369,3 +369,44 @@ fn verify_sizes_beyond_the_memory_are_a_usage_error_naming_the_input() {
     assert_eq!(said.lines().count(), 1, "{said}");
     assert!(!out.exists());
 }
+
+#[test]
+fn an_unwritable_report_is_refused_before_anything_is_written() {
+    let dir = tempdir();
+    let out = dir.path().join("out.onnx");
+    let model = testdata("llama_ts_op14.onnx");
+    let not_a_folder = dir.path().join("file");
+    std::fs::write(&not_a_folder, "x").unwrap();
+    for (report, problem) in
+        [(dir.path().join("missing/r.json"), "does not exist"), (not_a_folder.join("r.json"), "is not a folder")]
+    {
+        let r = run(&[model.to_str().unwrap(), "-o", out.to_str().unwrap(), "--report-json", report.to_str().unwrap()]);
+        assert_eq!(r.status.code(), Some(1), "{}", stderr(&r));
+        let said = stderr(&r);
+        assert!(
+            said.contains(&format!(
+                "(--report-json): cannot write: its folder {} {problem}",
+                report.parent().unwrap().display()
+            )),
+            "{said}"
+        );
+        assert_eq!(said.matches(report.to_str().unwrap()).count(), 1, "{said}");
+        assert!(!out.exists(), "nothing is written");
+        // The same for a folder run, and for verify's report.
+        let folder = testdata("t5_optimum_folder");
+        let fused = dir.path().join("fused");
+        let r =
+            run(&[folder.to_str().unwrap(), "-o", fused.to_str().unwrap(), "--report-json", report.to_str().unwrap()]);
+        assert_eq!(r.status.code(), Some(1), "{}", stderr(&r));
+        assert!(!fused.exists(), "the output folder is not even made");
+        let r = run(&[
+            "verify",
+            model.to_str().unwrap(),
+            model.to_str().unwrap(),
+            "--report-json",
+            report.to_str().unwrap(),
+        ]);
+        assert_eq!(r.status.code(), Some(1), "{}", stderr(&r));
+        assert!(stderr(&r).contains(problem), "{}", stderr(&r));
+    }
+}

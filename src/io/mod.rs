@@ -24,7 +24,7 @@ mod maps;
 mod paths;
 mod staged;
 
-pub use paths::{check_run, Role};
+pub use paths::{check_run, check_writable, Role};
 pub use staged::cleanup_on_signals;
 use staged::Staged;
 

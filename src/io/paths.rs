@@ -65,6 +65,32 @@ pub fn check_run(reads: &[Role], writes: &[Role]) -> Result<(), String> {
     Ok(())
 }
 
+/// Refuses, before anything is written, a path whose folder is missing,
+/// not a folder, or not writable (every write is a new file linked into
+/// its folder, so the folder is what must allow it). The error names the
+/// path once, and what it is.
+pub fn check_writable(writes: &[Role]) -> Result<(), String> {
+    for w in writes {
+        let dir = super::parent(&w.path);
+        let problem = match std::fs::metadata(&dir) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => "does not exist".to_string(),
+            Err(e) => format!("cannot be read ({e})"),
+            Ok(m) if !m.is_dir() => "is not a folder".to_string(),
+            Ok(_) => {
+                let c = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(dir.as_os_str()));
+                // SAFETY: a valid C string; access(2) reads it only.
+                let writable = c.is_ok_and(|c| unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } == 0);
+                if writable {
+                    continue;
+                }
+                format!("is not writable ({})", std::io::Error::last_os_error())
+            }
+        };
+        return Err(format!("{} ({}): cannot write: its folder {} {problem}", w.path.display(), w.what, dir.display()));
+    }
+    Ok(())
+}
+
 /// Where an external-data location of a model in `dir` resolves: inside the
 /// model's directory, symlinks followed, and a regular file.
 pub fn resolve_location(dir: &Path, location: &str) -> Result<PathBuf, String> {
