@@ -38,6 +38,11 @@ macro_rules! require {
     };
 }
 
+/// A number a reason quotes, or `unknown`.
+pub fn known<T: std::fmt::Display>(value: Option<T>) -> String {
+    value.map_or_else(|| "unknown".to_string(), |v| v.to_string())
+}
+
 /// The node is no candidate at all (nothing to report) unless `cond` holds.
 #[macro_export]
 macro_rules! candidate {
@@ -384,6 +389,27 @@ impl<'a> Graph<'a> {
             _ => Err(Miss::Declined(
                 self.computed_by_malformed(value).unwrap_or_else(|| format!("{value} is not produced by {op_type}")),
             )),
+        }
+    }
+
+    /// `produced_by` at a pattern's first step: where no `op_type` computes
+    /// `value`, the anchor is no candidate at all, unless a malformed node
+    /// hides what computes it (then that is the reason).
+    pub fn first_step(&self, value: &str, op_type: &str) -> Check<usize> {
+        self.produced_by(value, op_type).map_err(|miss| self.at_first_step(value, miss))
+    }
+
+    /// `computing` at a pattern's first step: a value from outside (a graph
+    /// input, an enclosing graph's value) makes no candidate.
+    pub fn first_computing(&self, value: &str) -> Check<usize> {
+        self.computing(value).map_err(|miss| self.at_first_step(value, miss))
+    }
+
+    fn at_first_step(&self, value: &str, miss: Miss) -> Miss {
+        if self.computed_by_malformed(value).is_some() {
+            miss
+        } else {
+            Miss::NotCandidate
         }
     }
 

@@ -164,6 +164,37 @@ fn explain_says_why_a_candidate_did_not_fuse() {
 }
 
 #[test]
+fn explain_lists_only_real_candidates_in_words() {
+    // Every export: no anchor that failed its pattern's first step (a bias
+    // Add of a MatMul for layer-norm, a Mul of rotary tables or of a graph
+    // input for rms-norm, a Div by a constant), and no Rust Option in a reason.
+    let dir = tempdir();
+    let mut reasons = 0;
+    for entry in std::fs::read_dir(testdata("")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "onnx") {
+            continue;
+        }
+        let json = dir.path().join("r.json");
+        let out = dir.path().join("o.onnx");
+        let args = [path.to_str().unwrap(), "-o", out.to_str().unwrap(), "-q", "--explain"];
+        assert!(run(&[&args[..], &["--report-json", json.to_str().unwrap()]].concat()).status.success());
+        let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+        for d in report["declined"].as_array().into_iter().flatten() {
+            let reason = d["reason"].as_str().unwrap();
+            reasons += 1;
+            for first_step in
+                ["is not n * gamma", "is not x / r", "is not produced by Sqrt", "is not computed by the graph"]
+            {
+                assert!(!reason.contains(first_step), "{}: {d}", path.display());
+            }
+            assert!(!reason.contains("Some(") && !reason.contains("None"), "{}: {d}", path.display());
+        }
+    }
+    assert!(reasons > 40, "the near-misses explain themselves: {reasons}");
+}
+
+#[test]
 fn show_reads_back_the_provenance() {
     let dir = tempdir();
     let out = dir.path().join("out.onnx");

@@ -196,3 +196,13 @@ impl TensorProto {
         Some(self.values()?.into_iter().map(|v| v as i64).collect())
     }
 }
+
+/// An element type's name as ONNX spells it, lower case (`float`, `float16`, `int64`).
+pub fn type_name(elem_type: i32) -> String {
+    DataType::try_from(elem_type).map_or_else(|_| elem_type.to_string(), |t| t.as_str_name().to_ascii_lowercase())
+}
+
+/// An element type for a reason: its name, or `unknown`.
+pub fn type_text(elem_type: Option<i32>) -> String {
+    elem_type.map_or_else(|| "unknown".to_string(), type_name)
+}

@@ -26,9 +26,9 @@
 //! side values computed at run time become inputs after q, k, v in step
 //! order. docs/attention-core.md is the interface for kernel writers.
 
-use crate::graph::{Check, Graph, Miss, Target};
+use crate::graph::{known, Check, Graph, Miss, Target};
 use crate::onnx::{
-    AttributeProto, AttributeType, FunctionProto, NodeProto, TensorProto, BFLOAT16, DOUBLE, FLOAT, FLOAT16,
+    type_text, AttributeProto, AttributeType, FunctionProto, NodeProto, TensorProto, BFLOAT16, DOUBLE, FLOAT, FLOAT16,
     TRANSMUTER_DOMAIN,
 };
 use crate::pattern::{self, cast_to};
@@ -97,10 +97,7 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     let mut after = Vec::new();
     let (mut value, mut walked) = (probs, 0);
     let softmax = loop {
-        // A value from outside makes no candidate; one from a malformed node is a reason.
-        let Some(p) = g.producer(value) else {
-            return Err(g.computed_by_malformed(value).map_or(Miss::NotCandidate, Miss::Declined));
-        };
+        let p = g.first_computing(value)?;
         let node = g.node(p);
         if node.is("Softmax") {
             break p;
@@ -177,7 +174,8 @@ fn onnx_attention(g: &Graph, shapes: &Shapes, mut m: Match, [q, k, v]: [&str; 3]
     let elem = g.elem_type(q);
     require!(
         matches!(elem, Some(FLOAT | FLOAT16 | DOUBLE)),
-        "the portable Attention is written for f32, f16 and f64 only (q is {elem:?})"
+        "the portable Attention is written for f32, f16 and f64 only (q is {})",
+        type_text(elem)
     );
     let mut scale = 1.0;
     for step in steps {
@@ -204,7 +202,7 @@ fn onnx_attention(g: &Graph, shapes: &Shapes, mut m: Match, [q, k, v]: [&str; 3]
     // k = Transpose(key) over the last two axes; the 4-D form is
     // (batch, heads, seq, head size), the 3-D one has the heads in the batch.
     let rank = shapes.rank(q);
-    require!(matches!(rank, Some(3 | 4)), "q is not proved to have rank 3 or 4 (rank {rank:?})");
+    require!(matches!(rank, Some(3 | 4)), "q is not proved to have rank 3 or 4 (rank {})", known(rank));
     let rank = rank.unwrap_or_default();
     let transpose = g.produced_by(k, "Transpose").map_err(|_| {
         Miss::Declined(format!("the key {k} is not a Transpose: Attention reads the key before its transpose"))
@@ -301,7 +299,8 @@ fn softmax_over_last_axis(g: &Graph, shapes: &Shapes, softmax: usize) -> Check<(
     let rank = shapes.rank(&node.input[0]);
     require!(
         rank.is_some_and(|r| axis == r as i64 - 1),
-        "the Softmax is over axis {axis}, not provably the last axis (rank {rank:?}, opset {})",
+        "the Softmax is over axis {axis}, not provably the last axis (rank {}, opset {})",
+        known(rank),
         g.opset
     );
     Ok(())

@@ -14,8 +14,8 @@
 //! b may be the same tensor. ONNX Runtime has these two ops on CUDA only,
 //! so this pass is not in the default pipeline.
 
-use crate::graph::{Check, Graph, IntsArgument, Miss, Target};
-use crate::onnx::{NodeProto, FLOAT, FLOAT16};
+use crate::graph::{known, Check, Graph, IntsArgument, Miss, Target};
+use crate::onnx::{type_text, NodeProto, FLOAT, FLOAT16};
 use crate::pattern;
 use crate::require;
 use crate::rewrite::{node, Match, Pass, Rewrite};
@@ -106,9 +106,13 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     };
     for x in [a, b] {
         let last = shapes.shape(x).and_then(|s| s.last().and_then(|d| d.value()));
-        require!(last == Some(2), "the last axis of {x} is not proved to be 2 (found {last:?})");
+        require!(last == Some(2), "the last axis of {x} is not proved to be 2 (found {})", known(last));
         let t = g.elem_type(x);
-        require!(matches!(t, Some(FLOAT | FLOAT16)), "{x} is not f32 or f16 (the kernel's types), found {t:?}");
+        require!(
+            matches!(t, Some(FLOAT | FLOAT16)),
+            "{x} is not f32 or f16 (the kernel's types), found {}",
+            type_text(t)
+        );
     }
     require!(g.target == Target::Ort, "com.microsoft.{op} is ONNX Runtime's, not in the portable target");
     Ok(Match::new(index)

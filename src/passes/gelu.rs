@@ -25,7 +25,7 @@
 //! the sigmoid form: ONNX has no such op.
 
 use crate::graph::{Check, Graph, Miss, Target};
-use crate::onnx::{is_default_domain, AttributeProto, NodeProto, BFLOAT16, FLOAT, FLOAT16};
+use crate::onnx::{is_default_domain, type_text, AttributeProto, NodeProto, BFLOAT16, FLOAT, FLOAT16};
 use crate::pattern::{self, either_order};
 use crate::rewrite::{node, Match, Pass, Rewrite};
 use crate::{candidate, require};
@@ -144,7 +144,11 @@ fn bracket<'a>(g: &Graph<'a>, value: &str) -> Option<(Form, &'a str, &'a str)> {
 /// f16 or bf16 (constants are judged in it).
 fn elem_of(g: &Graph, x: &str, like: &str) -> Check<i32> {
     let elem = g.elem_type(x).or_else(|| g.elem_type(like));
-    require!(matches!(elem, Some(FLOAT | FLOAT16 | BFLOAT16)), "{x} is not f32, f16 or bf16 (found {elem:?})");
+    require!(
+        matches!(elem, Some(FLOAT | FLOAT16 | BFLOAT16)),
+        "{x} is not f32, f16 or bf16 (found {})",
+        type_text(elem)
+    );
     Ok(elem.unwrap_or_default())
 }
 
@@ -326,7 +330,8 @@ fn sigmoid_form(g: &Graph, index: usize, top: &NodeProto) -> Check<Rewrite> {
             let elem = g.elem_type(x);
             require!(
                 matches!(elem, Some(FLOAT | FLOAT16)),
-                "{x} is not f32 or f16 (the kernel's types), found {elem:?}"
+                "{x} is not f32 or f16 (the kernel's types), found {}",
+                type_text(elem)
             );
             require!(g.target == Target::Ort, "ONNX has no x·sigmoid(αx) op (QuickGelu is ONNX Runtime's)");
             has_an_axis(g, x)?;

@@ -181,7 +181,7 @@ struct Scaled<'a> {
 }
 
 fn scaled_norm<'a>(g: &Graph<'a>, scaled: &'a str) -> Check<Scaled<'a>> {
-    let p = g.computing(scaled)?;
+    let p = g.first_computing(scaled)?;
     let node = g.node(p);
     let fused = ["SimplifiedLayerNormalization", "RMSNormalization", "LayerNormalization"];
     if fused.iter().any(|op| node.is(op)) && node.input.len() == 2 {
@@ -193,7 +193,7 @@ fn scaled_norm<'a>(g: &Graph<'a>, scaled: &'a str) -> Check<Scaled<'a>> {
         let centered = node.is("LayerNormalization");
         return Ok(Scaled { input: &node.input[0], centered, gamma: &node.input[1], eps });
     }
-    require!(node.is("Mul"), "{scaled} is not n * gamma");
+    candidate!(node.is("Mul")); // n * gamma
     either_order(
         node,
         "a gamma of one axis (leading axes of 1 aside)",

@@ -104,14 +104,15 @@ pub struct RmsCore<'a> {
 
 /// Matches the core that ends in the value `n`.
 pub fn rms_core<'a>(g: &Graph<'a>, n: &'a str) -> Check<RmsCore<'a>> {
-    let last = g.computing(n)?;
+    let last = g.first_computing(n)?;
     let node = g.node(last);
     let (x, r) = if node.is("Div") && node.input.len() == 2 {
         (node.input[0].as_str(), node.input[1].as_str())
     } else if node.is("Mul") {
         either_order(node, "1 / r", |v| is_reciprocal(g, v), |x, inverse| Ok((x, reciprocal_of(g, inverse)?)))?
     } else {
-        return Err(Miss::Declined(format!("{n} is not x / r, x * (1 / r) or x * Reciprocal(r)")));
+        // Not x / r, x * (1 / r) or x * Reciprocal(r): no norm.
+        return Err(Miss::NotCandidate);
     };
     let sqrt = square_root(g, r)?;
     let add = g.produced_by(&g.node(sqrt).input[0], "Add")?;
@@ -144,7 +145,8 @@ fn square_root(g: &Graph, r: &str) -> Check<usize> {
         require!(exponent == 0.5, "the root's exponent is {exponent}, not 0.5");
         return Ok(pow);
     }
-    g.produced_by(r, "Sqrt")
+    // The first step: r is a root (Sqrt, or a Pow above).
+    g.first_step(r, "Sqrt")
 }
 
 fn is_reciprocal(g: &Graph, value: &str) -> bool {

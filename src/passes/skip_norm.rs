@@ -27,7 +27,7 @@
 //!   for (f64 fails to load); every input of one type.
 
 use crate::graph::{Check, Graph, Miss, Target};
-use crate::onnx::{is_default_domain, AttributeProto, NodeProto, FLOAT, FLOAT16};
+use crate::onnx::{is_default_domain, type_text, AttributeProto, NodeProto, FLOAT, FLOAT16};
 use crate::pattern::{self, cast_to, either_order, Weight};
 use crate::rewrite::{node, Kept, Match, Pass, Rewrite};
 use crate::shapes::{Dim, Shapes};
@@ -72,7 +72,11 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     let typed_like_x = (norm.is("LayerNormalization")).then(|| g.elem_type(&norm.input[1])).flatten();
     let elem = g.elem_type(s).or_else(|| g.elem_type(&operands[0])).or_else(|| g.elem_type(&operands[1]));
     let elem = elem.or(typed_like_x);
-    require!(matches!(elem, Some(FLOAT | FLOAT16)), "the sum is not f32 or f16 (the kernel's types), found {elem:?}");
+    require!(
+        matches!(elem, Some(FLOAT | FLOAT16)),
+        "the sum is not f32 or f16 (the kernel's types), found {}",
+        type_text(elem)
+    );
 
     let (input, skip, bias) = residual(g, &shapes, sum)?;
     let gamma = norm.input[1].as_str();

@@ -42,9 +42,7 @@ pub struct Compared {
     pub badness: f64,
 }
 
-pub(super) fn type_name(elem_type: i32) -> String {
-    DataType::try_from(elem_type).map_or_else(|_| elem_type.to_string(), |t| t.as_str_name().to_ascii_lowercase())
-}
+pub(super) use crate::onnx::type_name;
 
 pub(super) fn compare_values(
     name: &str,
