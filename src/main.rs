@@ -372,6 +372,11 @@ fn fuse(args: FuseArgs) -> Result<Done> {
         for (file, error) in &report.errors {
             eprintln!("onnx-fuse: error: {file}: {}", one_line(error));
         }
+        if !args.quiet {
+            for (file, why) in &report.skipped {
+                eprintln!("onnx-fuse: left alone: {file}: {why}");
+            }
+        }
         // (A file's own expectations were printed with the file.)
         for c in report.expectations.iter().filter(|c| !c.met && c.expectation.file.is_none()) {
             eprintln!("onnx-fuse: expectation not met: {}", c.text());

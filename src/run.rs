@@ -169,8 +169,12 @@ pub struct FolderReport {
     /// Models that could not be fused: file name and error.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub errors: Vec<(String, String)>,
-    /// Other files carried over unchanged (cloned or copied).
+    /// Other files carried over unchanged (cloned or copied), relative to the folder.
     pub carried: Vec<String>,
+    /// What the folder holds but the run left alone, and why (special files,
+    /// symbolic links to folders or out of the folder).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<(String, String)>,
     /// Fused nodes per pass over all files.
     pub totals: Vec<report::PassCount>,
     /// The folder's expectations (totals, or `FILE:PASS=N`).
@@ -200,6 +204,76 @@ impl FolderReport {
     }
 }
 
+/// What an export folder holds, at any depth: models (`.onnx` files), other
+/// files, subfolders (parents first), and what is left alone, with why.
+#[derive(Default)]
+struct Listing {
+    models: Vec<PathBuf>,
+    others: Vec<PathBuf>,
+    folders: Vec<PathBuf>,
+    skipped: Vec<(String, String)>,
+}
+
+/// Walks `input`: subfolders are entered (transformers.js keeps its models
+/// in `onnx/`, some exporters their external data in a subfolder); a
+/// symbolic link is followed only to a regular file inside the folder;
+/// special files are left alone. Nothing is left out without being listed.
+fn list_folder(input: &Path) -> Result<Listing> {
+    let root = std::fs::canonicalize(input).with_context(|| format!("{}: cannot read the folder", input.display()))?;
+    let mut listing = Listing::default();
+    let mut pending = vec![input.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        let read = |e: std::io::Error| anyhow::anyhow!("{}: cannot read the folder: {e}", dir.display());
+        let mut paths = Vec::new();
+        for entry in std::fs::read_dir(&dir).map_err(read)? {
+            paths.push(entry.map_err(read)?.path());
+        }
+        paths.sort();
+        for path in paths {
+            let link = std::fs::symlink_metadata(&path).with_context(|| format!("{}: cannot stat", path.display()))?;
+            let mut skip = |why: &str| listing.skipped.push((relative(input, &path), why.to_string()));
+            if link.file_type().is_symlink() {
+                match std::fs::canonicalize(&path) {
+                    Err(_) => {
+                        skip("a symbolic link to nothing");
+                        continue;
+                    }
+                    Ok(to) if to.is_dir() => {
+                        skip("a symbolic link to a folder (not followed)");
+                        continue;
+                    }
+                    Ok(to) if !to.starts_with(&root) => {
+                        skip("a symbolic link leading outside the folder");
+                        continue;
+                    }
+                    Ok(_) => {}
+                }
+            }
+            let meta = std::fs::metadata(&path).with_context(|| format!("{}: cannot stat", path.display()))?;
+            if meta.is_dir() {
+                listing.folders.push(path.clone());
+                pending.push(path);
+            } else if !meta.is_file() {
+                skip("not a regular file (a FIFO, socket or device)");
+            } else if path.extension().is_some_and(|e| e == "onnx") {
+                listing.models.push(path);
+            } else {
+                listing.others.push(path);
+            }
+        }
+    }
+    listing.models.sort();
+    listing.others.sort();
+    listing.folders.sort();
+    listing.skipped.sort();
+    Ok(listing)
+}
+
+/// A path of the input folder as reports name it: relative to the folder.
+fn relative(input: &Path, path: &Path) -> String {
+    path.strip_prefix(input).unwrap_or(path).to_string_lossy().into_owned()
+}
+
 /// Fuses an export folder into `output` (created if missing): the models in
 /// parallel, up to `workers` at once, each file committed atomically.
 pub fn fuse_folder(
@@ -209,30 +283,14 @@ pub fn fuse_folder(
     workers: usize,
     progress: &(dyn Fn(String) + Sync),
 ) -> Result<FolderReport> {
-    let entries = std::fs::read_dir(input).with_context(|| format!("{}: cannot read the folder", input.display()))?;
-    let mut models = Vec::new();
-    let mut others = Vec::new();
-    for entry in entries {
-        let entry = entry.with_context(|| format!("{}: cannot read the folder", input.display()))?;
-        let path = entry.path();
-        let meta = std::fs::metadata(&path).with_context(|| format!("{}: cannot stat", path.display()))?;
-        if !meta.is_file() {
-            continue;
-        }
-        if path.extension().is_some_and(|e| e == "onnx") {
-            models.push(path);
-        } else {
-            others.push(path);
-        }
-    }
-    models.sort();
-    others.sort();
+    let Listing { models, others, folders, skipped } = list_folder(input)?;
+
     if models.is_empty() {
         return Err(usage(format!("{}: the folder holds no .onnx file", input.display())));
     }
     for e in &settings.expectations {
         if let Some(file) = &e.file {
-            if !models.iter().any(|m| m.file_name().is_some_and(|n| n == file.as_str())) {
+            if !models.iter().any(|m| relative(input, m) == *file) {
                 return Err(usage(format!("--expect {file}:{}: the folder has no model {file}", e.pass)));
             }
         }
@@ -251,19 +309,29 @@ pub fn fuse_folder(
     if !out_meta.is_dir() {
         return Err(usage(format!("{} (-o) is not a folder; a folder's output is a folder", output.display())));
     }
-    // Every file written, against every file read and written.
-    let target = |p: &Path| output.join(p.file_name().expect("a file in the folder"));
+    // Every file written, against every file read and written; subfolders
+    // are made in the output folder as the input has them.
+    let target = |p: &Path| output.join(relative(input, p));
     let reads: Vec<Role> = models.iter().chain(&others).map(|p| Role::new(p, "a file of the input folder")).collect();
     let mut writes: Vec<Role> = models.iter().chain(&others).map(|p| Role::new(target(p), "a file of -o")).collect();
     writes.extend(settings.reports.iter().cloned());
     io::check_run(&reads, &writes).map_err(usage)?;
-    io::check_writable(&writes).map_err(|e| anyhow::anyhow!(e))?;
+    // (Files of subfolders go into folders the run makes in the output folder.)
+    let into_existing: Vec<Role> =
+        writes.iter().filter(|w| !folders.iter().any(|f| w.path.starts_with(target(f)))).cloned().collect();
+    io::check_writable(&into_existing).map_err(|e| anyhow::anyhow!(e))?;
+    for folder in &folders {
+        let made = target(folder);
+        if !made.is_dir() {
+            std::fs::create_dir(&made).with_context(|| format!("{}: cannot create the folder", made.display()))?;
+        }
+    }
     // Other files first (external data among them): models refer to them.
     let mut carried = Vec::new();
     for path in &others {
         progress(format!("carrying over {}", path.display()));
         io::carry_over(path, &target(path), settings.external)?;
-        carried.push(path.file_name().expect("a file").to_string_lossy().into_owned());
+        carried.push(relative(input, path));
     }
     // The data files are in place now: the models only write themselves.
     let queue = std::sync::Mutex::new(models.iter());
@@ -275,7 +343,7 @@ pub fn fuse_folder(
                     loop {
                         let next = queue.lock().unwrap_or_else(|e| e.into_inner()).next();
                         let Some(path) = next else { break };
-                        let name = path.file_name().expect("a file").to_string_lossy().into_owned();
+                        let name = relative(input, path);
                         let expectations: Vec<Expectation> = settings
                             .expectations
                             .iter()
@@ -347,6 +415,7 @@ pub fn fuse_folder(
         files,
         errors,
         carried,
+        skipped,
         totals,
         expectations,
     })

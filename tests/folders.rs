@@ -228,3 +228,67 @@ fn a_model_that_panics_fails_alone_and_is_reported() {
     assert_eq!(fused, ["decoder_with_past_model.onnx", "encoder_model.onnx"]);
     assert!(out.join("encoder_model.onnx").exists() && !out.join("decoder_model.onnx").exists());
 }
+
+#[test]
+fn subfolders_are_fused_and_carried_over_and_nothing_is_left_out_unsaid() {
+    // transformers.js keeps its models in onnx/; external data may sit in a
+    // subfolder beside its model. Special files and links that lead out of
+    // the folder, or to a folder, are left alone and listed.
+    let dir = tempdir();
+    let input = dir.path().join("export");
+    fs::create_dir_all(input.join("onnx/deeper")).unwrap();
+    fs::copy(testdata("llama_ts_op14.onnx"), input.join("onnx/model.onnx")).unwrap();
+    fs::copy(testdata("gpt2_ts_op14.onnx"), input.join("onnx/deeper/gpt2.onnx")).unwrap();
+    fs::write(input.join("config.json"), "{}").unwrap();
+    fs::write(input.join("onnx/tokenizer.json"), "{}").unwrap();
+    fs::create_dir(input.join("data")).unwrap();
+    for f in ["model.onnx", "model.weights"] {
+        fs::copy(testdata("external").join(f), input.join("data").join(f)).unwrap();
+    }
+    let outside = dir.path().join("secret.txt");
+    fs::write(&outside, "not the export's").unwrap();
+    std::os::unix::fs::symlink(&outside, input.join("leak.txt")).unwrap();
+    std::os::unix::fs::symlink(input.join("onnx"), input.join("loop")).unwrap();
+    let fifo = std::ffi::CString::new(input.join("pipe").to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    let (out, report) = (dir.path().join("fused"), dir.path().join("r.json"));
+    let r = run(&[
+        s(&input),
+        "-o",
+        s(&out),
+        "--verify",
+        "--report-json",
+        s(&report),
+        "--expect",
+        "onnx/model.onnx:rms-norm=1,onnx/deeper/gpt2.onnx:attention=2",
+    ]);
+    assert!(r.status.success(), "{}", stderr(&r));
+    let said = stderr(&r);
+    for left in
+        ["leak.txt: a symbolic link leading outside", "loop: a symbolic link to a folder", "pipe: not a regular file"]
+    {
+        assert!(said.contains(&format!("onnx-fuse: left alone: {left}")), "{left}: {said}");
+    }
+    let report = json(&report);
+    let inputs: Vec<&str> = report["files"].as_array().unwrap().iter().map(|f| f["input"].as_str().unwrap()).collect();
+    let expected: Vec<String> = ["data/model.onnx", "onnx/deeper/gpt2.onnx", "onnx/model.onnx"]
+        .iter()
+        .map(|f| s(&input.join(f)).to_string())
+        .collect();
+    assert_eq!(inputs, expected);
+    assert_eq!(report["carried"], serde_json::json!(["config.json", "data/model.weights", "onnx/tokenizer.json"]));
+    assert_eq!(report["skipped"].as_array().unwrap().len(), 3, "{}", report["skipped"]);
+    assert!(report["files"].as_array().unwrap().iter().all(|f| f["verification"]["passed"] == true));
+    assert!(report["expectations"].as_array().unwrap().iter().all(|e| e["met"] == true));
+    // The output tree mirrors the input's, minus what was left alone.
+    for f in ["config.json", "onnx/tokenizer.json", "onnx/model.onnx", "onnx/deeper/gpt2.onnx", "data/model.weights"] {
+        assert!(out.join(f).is_file(), "{f}");
+    }
+    for f in ["leak.txt", "loop", "pipe"] {
+        assert!(fs::symlink_metadata(out.join(f)).is_err(), "{f}");
+    }
+    assert_eq!(fs::read(&outside).unwrap(), b"not the export's");
+    // The model in data/ still finds its weights beside it.
+    let r = run(&["verify", s(&input.join("data/model.onnx")), s(&out.join("data/model.onnx"))]);
+    assert!(r.status.success(), "{}", stderr(&r));
+}
