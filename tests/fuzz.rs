@@ -38,36 +38,41 @@ enum Verdict {
     False(String),
 }
 
-/// Fuses `model` with `pass` for `target` and compares through ONNX Runtime.
-fn differential(model: &ModelProto, pass: &str, target: Target) -> Verdict {
-    let pipeline = passes::pipeline(&[pass.to_string()], &[]).expect("a known pass");
+/// Fuses `model` with `passes` for `target` and compares through ONNX
+/// Runtime. Which model fails decides: where verification cannot run, the
+/// original is run alone; if it runs, the fused model is what failed.
+fn differential(model: &ModelProto, passes: &[&str], target: Target) -> Verdict {
+    let names: Vec<String> = passes.iter().map(|p| p.to_string()).collect();
+    let pipeline = passes::pipeline(&names, &[]).expect("known passes");
     let mut fused = model.clone();
     let outcome = rewrite::run_for(&mut fused, &pipeline, target);
+    judge(model, (!outcome.fused.is_empty()).then_some(&fused))
+}
+
+/// The verdict on `model` and what was fused of it (`None`: nothing).
+fn judge(model: &ModelProto, fused: Option<&ModelProto>) -> Verdict {
     let dir = std::env::temp_dir();
     let dir = dir.as_path();
-    if outcome.fused.is_empty() {
+    let original_runs = |options: &verify::Options| verify::verify((model, dir), (model, dir), options).is_ok();
+    let Some(fused) = fused else {
         // Still a case only if the original runs.
-        let ran = SHAPES.iter().any(|dims| {
-            let options = verify::Options { dims: to_map(dims), ..Default::default() };
-            verify::verify((model, dir), (model, dir), &options).is_ok()
-        });
+        let ran =
+            SHAPES.iter().any(|dims| original_runs(&verify::Options { dims: to_map(dims), ..Default::default() }));
         return if ran { Verdict::NotFused } else { Verdict::Invalid };
-    }
+    };
     let mut ran = false;
     for (i, dims) in SHAPES.iter().enumerate() {
         for &seed in if i == 0 { SEEDS } else { &SEEDS[..1] } {
             let options = verify::Options { dims: to_map(dims), seed, ..Default::default() };
-            match verify::verify((model, dir), (&fused, dir), &options) {
+            match verify::verify((model, dir), (fused, dir), &options) {
                 // Tiny models accumulate no rounding: the outputs must agree too.
                 Ok(v) if v.passed && v.outputs.iter().all(|c| c.passed) => ran = true,
                 Ok(v) => return Verdict::False(format!("dims {dims:?} seed {seed}: {}", v.text())),
-                Err(e) => {
-                    let e = format!("{e:#}");
-                    if e.contains("rewritten model") {
-                        return Verdict::False(format!("dims {dims:?}: {e}"));
-                    }
-                    // The original does not run on these shapes.
+                Err(e) if original_runs(&options) => {
+                    return Verdict::False(format!("dims {dims:?}: the original runs, the fused model fails: {e:#}"));
                 }
+                // The original does not run on these shapes.
+                Err(_) => {}
             }
         }
     }
@@ -77,6 +82,9 @@ fn differential(model: &ModelProto, pass: &str, target: Target) -> Verdict {
         Verdict::Invalid
     }
 }
+
+/// Every pass at once, complex-mul included: the passes' interactions.
+const ALL_PASSES: &[&str] = &["default", "complex-mul"];
 
 fn to_map(dims: &[(&str, i64)]) -> HashMap<String, i64> {
     dims.iter().map(|(k, v)| (k.to_string(), *v)).collect()
@@ -102,6 +110,8 @@ struct Tally {
     false_fusions: usize,
     refused_equivalents: usize,
     fused_unexpectedly: usize,
+    /// Cases also run with every pass at once.
+    all_passes: usize,
 }
 
 /// Runs cases `first..` of every generator until `budget` cases each or the
@@ -110,6 +120,7 @@ fn campaign(seed: u64, budget: usize, deadline: Option<Instant>) -> (BTreeMap<&'
     let mut tallies: BTreeMap<&'static str, Tally> = BTreeMap::new();
     let mut failures = Vec::new();
     let mut refused: BTreeMap<String, usize> = BTreeMap::new();
+    let all_passes = std::env::var_os("FUZZ_ALL_PASSES").is_some();
     for i in 0..budget {
         if deadline.is_some_and(|d| Instant::now() > d) {
             break;
@@ -135,7 +146,23 @@ fn campaign(seed: u64, budget: usize, deadline: Option<Instant>) -> (BTreeMap<&'
             }
             let tally = tallies.entry(pass).or_default();
             tally.generated += 1;
-            let verdict = differential(&case.model, pass, target);
+            // Every pass at once (FUZZ_ALL_PASSES=1: every case; else one in
+            // five, besides its own pass): only a false fusion counts there,
+            // since another pass may take what this one expects.
+            if all_passes || case_seed % 5 == 2 {
+                let verdict = differential(&case.model, ALL_PASSES, target);
+                tally.all_passes += 1;
+                if let Verdict::False(why) = &verdict {
+                    tally.false_fusions += 1;
+                    failures.push(save_failure(pass, case_seed, &case, &format!("with every pass: {why}")));
+                }
+                if all_passes {
+                    tally.invalid += usize::from(verdict == Verdict::Invalid);
+                    tally.fused += usize::from(verdict == Verdict::Fused);
+                    continue;
+                }
+            }
+            let verdict = differential(&case.model, &[pass], target);
             let what = case.what.join("; ");
             match (&verdict, case.expect) {
                 (Verdict::Invalid, _) => tally.invalid += 1,
@@ -188,18 +215,19 @@ fn save_failure(pass: &str, seed: u64, case: &Case, why: &str) -> String {
 
 fn print(tallies: &BTreeMap<&'static str, Tally>, seconds: f64) {
     eprintln!(
-        "pass          generated  invalid    fused (portable)  false  unexpected  refused-equivalent  ({seconds:.0} s)"
+        "pass          generated  invalid    fused (portable)  false  unexpected  refused-equivalent  all-passes  ({seconds:.0} s)"
     );
     for (pass, t) in tallies {
         eprintln!(
-            "{pass:<12} {:>10} {:>8} {:>8} {:>10} {:>6} {:>11} {:>19}",
+            "{pass:<12} {:>10} {:>8} {:>8} {:>10} {:>6} {:>11} {:>19} {:>11}",
             t.generated,
             t.invalid,
             t.fused,
             t.fused_portable,
             t.false_fusions,
             t.fused_unexpectedly,
-            t.refused_equivalents
+            t.refused_equivalents,
+            t.all_passes
         );
     }
 }
@@ -232,7 +260,10 @@ fn campaign_until_deadline() {
 }
 
 /// Every false fusion the fuzzer ever found, kept as a model: none may fuse
-/// falsely again. The model's doc_string names the pass.
+/// falsely again, for either target, with its pass or with every pass. The
+/// model's doc_string names the pass; `expect: fused` holds for `ort` (the
+/// portable target may lack the op at the model's opset), `expect: not
+/// fused` for both.
 #[test]
 fn regressions() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/fuzz");
@@ -241,11 +272,44 @@ fn regressions() {
         let path = entry.unwrap().path();
         let model = ModelProto::decode(std::fs::read(&path).unwrap().as_slice()).unwrap();
         let pass = model.doc_string().strip_prefix("pass ").and_then(|s| s.split(';').next()).unwrap().to_string();
-        let verdict = differential(&model, &pass, Target::Ort);
-        assert!(!matches!(verdict, Verdict::False(_) | Verdict::Invalid), "{}: {verdict:?}", path.display());
         let expect_fused = model.doc_string().contains("expect: fused");
-        assert_eq!(verdict == Verdict::Fused, expect_fused, "{}: {verdict:?}", path.display());
+        for target in [Target::Ort, Target::Portable] {
+            let verdict = differential(&model, &[&pass], target);
+            let at = format!("{} ({target:?})", path.display());
+            assert!(!matches!(verdict, Verdict::False(_) | Verdict::Invalid), "{at}: {verdict:?}");
+            if target == Target::Ort || !expect_fused {
+                assert_eq!(verdict == Verdict::Fused, expect_fused, "{at}: {verdict:?}");
+            }
+            let verdict = differential(&model, ALL_PASSES, target);
+            assert!(!matches!(verdict, Verdict::False(_)), "{at}, every pass: {verdict:?}");
+        }
         checked += 1;
     }
     assert!(checked > 0, "testdata/fuzz holds the regression models");
+}
+
+/// Which model fails decides, not what a message says: an original that
+/// fails in a node whose name says "rewritten model" is no false fusion,
+/// and a fused model that fails where the original runs is one.
+#[test]
+fn the_model_that_fails_decides() {
+    use common::build::{sym, tensor, Builder};
+    use onnx_fuse::onnx::{FLOAT, INT64};
+    let model = |shape: f64, name: &str| {
+        let mut b = Builder::default();
+        let x = b.input("x", FLOAT, Some(&[sym("b"), sym("s")]));
+        let to = b.init("to", tensor(INT64, &[1], &[shape]));
+        let y = b.node("Reshape", &[&x, &to], vec![]);
+        let mut m = b.model(17);
+        let g = m.graph.as_mut().unwrap();
+        g.node[0].name = Some(name.into());
+        g.output.push(onnx_fuse::onnx::ValueInfoProto { name: Some(y), ..Default::default() });
+        m
+    };
+    // Reshape to 7 elements: no shape of SHAPES has them.
+    let broken = model(7.0, "the rewritten model");
+    assert_eq!(judge(&broken, Some(&broken)), Verdict::Invalid);
+    let (runs, fails) = (model(-1.0, "flatten"), model(7.0, "flatten"));
+    assert!(matches!(judge(&runs, Some(&fails)), Verdict::False(_)));
+    assert_eq!(judge(&runs, Some(&runs)), Verdict::Fused);
 }

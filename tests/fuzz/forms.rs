@@ -897,12 +897,103 @@ fn finish(rng: &mut Rng, mut c: Ctx, b: Builder, opset: i64, elem: i32) -> Case 
         _ => b.model(opset),
     };
     let mut model = model;
+    if rng.chance(0.1) {
+        extreme_integers(rng, &mut c, model.graph.as_mut().expect("a graph"));
+    }
     if rng.chance(0.3) {
         // Ground rule 10: the order of a node list carries no meaning.
         c.note("node lists shuffled");
         shuffle(rng, model.graph.as_mut().expect("a graph"));
     }
     Case { what: c.what, expect: c.expect, portable: c.portable, model }
+}
+
+/// Integers at the edges of i64 where shapes are computed (issue 21): one
+/// element of a Reshape, Slice, Expand, Range, Squeeze/Unsqueeze or Split
+/// integer constant, or a Slice of a graph input read as a further output.
+/// Shape derivation must not panic or wrap on them; whether anything fuses
+/// is then ONNX Runtime's verdict. (Values that make ONNX Runtime allocate
+/// by them, a Range of 2^62 elements, are not written.)
+fn extreme_integers(rng: &mut Rng, c: &mut Ctx, g: &mut onnx_fuse::onnx::GraphProto) {
+    const ANY: &[i64] =
+        &[i64::MIN, i64::MIN + 1, i64::MAX, i64::MAX - 1, 1 << 62, -(1 << 62), 1 << 31, -(1 << 31), -2, -1, 0];
+    const NOT_ALLOCATING: &[i64] = &[i64::MIN, i64::MIN + 1, -(1 << 62), -(1 << 31), -2, 0, 1];
+    // (op, input, extremes) where a constant may stand.
+    let slots: &[(&str, usize, &[i64])] = &[
+        ("Reshape", 1, ANY),
+        ("Slice", 1, ANY),
+        ("Slice", 2, ANY),
+        ("Slice", 3, ANY),
+        ("Slice", 4, ANY),
+        ("Expand", 1, NOT_ALLOCATING),
+        ("Range", 2, &[i64::MAX, i64::MIN, 1 << 62, -(1 << 62)]),
+        ("Squeeze", 1, ANY),
+        ("Unsqueeze", 1, ANY),
+        ("Split", 1, ANY),
+    ];
+    let mut found = Vec::new();
+    for node in &g.node {
+        for &(op, slot, values) in slots {
+            if node.op_type() == op {
+                if let Some(name) = node.input.get(slot).filter(|n| !n.is_empty()) {
+                    let int64 = |t: &onnx_fuse::onnx::TensorProto| {
+                        t.data_type() == INT64 && t.ints().is_some_and(|v| !v.is_empty())
+                    };
+                    if g.initializer.iter().any(|t| t.name() == name && int64(t)) {
+                        found.push((op, name.clone(), values));
+                    }
+                }
+            }
+        }
+    }
+    c.unsure("an extreme integer");
+    if found.is_empty() || rng.chance(0.4) {
+        // A Slice of the first graph input, read by a new graph output.
+        let Some(x) = g.input.first().map(|i| i.name().to_string()) else { return };
+        let pick = |rng: &mut Rng| rng.pick(ANY);
+        let values = [
+            pick(rng),
+            pick(rng),
+            rng.pick(&[0, -1, i64::MIN, i64::MAX]),
+            rng.pick(&[1, -1, i64::MAX, i64::MIN, 1 << 62]),
+        ];
+        let names: Vec<String> = ["starts", "ends", "axes", "steps"].iter().map(|n| format!("extreme_{n}")).collect();
+        for (name, v) in names.iter().zip(values) {
+            g.initializer.push(int64s(name, &[v]));
+        }
+        let out = "extreme_slice".to_string();
+        let mut inputs = vec![x];
+        inputs.extend(names);
+        g.node.push(onnx_fuse::onnx::NodeProto {
+            op_type: Some("Slice".into()),
+            name: Some("extreme_Slice".into()),
+            input: inputs,
+            output: vec![out.clone()],
+            ..Default::default()
+        });
+        g.output.push(onnx_fuse::onnx::ValueInfoProto { name: Some(out), ..Default::default() });
+        c.note(format!("a Slice of the input by {values:?}"));
+        return;
+    }
+    let (op, name, values) = found[rng.below(found.len())].clone();
+    let tensor = g.initializer.iter_mut().find(|t| t.name() == name).expect("found above");
+    let mut ints = tensor.ints().expect("found above");
+    let at = rng.below(ints.len());
+    ints[at] = rng.pick(values);
+    let dims = tensor.dims.clone();
+    *tensor = onnx_fuse::onnx::TensorProto { dims, ..int64s(&name, &ints) };
+    c.note(format!("{op} constant {name} set to {ints:?}"));
+}
+
+/// An int64 tensor of exactly these values (`tensor` goes through f64).
+fn int64s(name: &str, values: &[i64]) -> onnx_fuse::onnx::TensorProto {
+    onnx_fuse::onnx::TensorProto {
+        name: Some(name.into()),
+        dims: vec![values.len() as i64],
+        data_type: Some(INT64),
+        raw_data: Some(values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>().into()),
+        ..Default::default()
+    }
 }
 
 /// Permutes the node list of a graph and of every body in it.
