@@ -17,14 +17,19 @@
 #   4. a synthetic 1.6 GB one-file model (scripts/bench_synthetic.py, onnx and
 #      numpy only): onnx-fuse and onnx-fuse --verify
 # With --synthetic only case 4 runs (no exporter environment needed: python3
-# with onnx and numpy).
+# with onnx and numpy); with --gpt2 only case 1.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 synthetic_only=false
+gpt2_only=false
 if [ "${1:-}" = "--synthetic" ]; then synthetic_only=true; shift; fi
+if [ "${1:-}" = "--gpt2" ]; then gpt2_only=true; shift; fi
 bench="${1:-/tmp/onnx-fuse-bench}"
 mkdir -p "$bench"
-if ! $synthetic_only && { [ ! -f "$bench/gpt2-medium/model.onnx" ] || [ ! -f "$bench/tinyllama/model.onnx" ]; }; then
+if $gpt2_only && [ ! -f "$bench/gpt2-medium/model.onnx" ]; then
+  HF_HUB_OFFLINE=1 "$root/.venv/bin/python" "$root/scripts/bench_models.py" "$bench" gpt2
+fi
+if ! $synthetic_only && ! $gpt2_only && { [ ! -f "$bench/gpt2-medium/model.onnx" ] || [ ! -f "$bench/tinyllama/model.onnx" ]; }; then
   venv="$root/.venv"
   [ -x "$venv/bin/python" ] || "$root/scripts/gen_testdata.sh" --help >/dev/null 2>&1 || true
   HF_HUB_OFFLINE=1 "$venv/bin/python" "$root/scripts/bench_models.py" "$bench"
@@ -114,6 +119,7 @@ measure_rotating "rm -f '$bench/cp.onnx' '$bench/fused.onnx'" \
   "  onnx-fuse" "'$fuse' -q '$bench/gpt2-medium/model.onnx' -o '$bench/fused.onnx'"
 "$fuse" "$bench/gpt2-medium/model.onnx" -o "$bench/fused.onnx" 2>&1 | sed 's/^/  /'
 rm -f "$bench/cp.onnx" "$bench/fused.onnx"
+if $gpt2_only; then exit 0; fi
 
 echo "TinyLlama 1.1B, external data ($(size "$bench/tinyllama"))"
 cat "$bench"/tinyllama/* >/dev/null

@@ -2,7 +2,8 @@
 """Exports the two large models the benchmark needs, with random weights
 (no download): a GPT-2-medium-size model in one file (~1.4 GB, opset 14,
 decomposed LayerNorms) and a TinyLlama-size 1.1B-parameter Llama with its
-weights in external data (~4.4 GB). Usage: bench_models.py OUT_DIR"""
+weights in external data (~4.4 GB). Usage: bench_models.py OUT_DIR [gpt2]
+(gpt2: the first only)."""
 
 import os
 import sys
@@ -38,7 +39,7 @@ def main():
         cfg = transformers.GPT2Config(n_embd=1024, n_layer=24, n_head=16)
         export(transformers.GPT2LMHeadModel(cfg), "gpt2", gpt2)
     llama = os.path.join(out, "tinyllama", "model.onnx")
-    if not os.path.exists(llama):
+    if sys.argv[2:] != ["gpt2"] and not os.path.exists(llama):
         os.makedirs(os.path.dirname(llama), exist_ok=True)
         cfg = transformers.LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
                                        num_attention_heads=32, num_key_value_heads=4, vocab_size=32000,
