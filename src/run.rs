@@ -217,9 +217,11 @@ struct Listing {
 /// Walks `input`: subfolders are entered (transformers.js keeps its models
 /// in `onnx/`, some exporters their external data in a subfolder); a
 /// symbolic link is followed only to a regular file inside the folder;
-/// special files are left alone. Nothing is left out without being listed.
-fn list_folder(input: &Path) -> Result<Listing> {
+/// special files, and the output folder where it lies inside, are left
+/// alone. Nothing is left out without being listed.
+fn list_folder(input: &Path, output: &Path) -> Result<Listing> {
     let root = std::fs::canonicalize(input).with_context(|| format!("{}: cannot read the folder", input.display()))?;
+    let output = std::fs::canonicalize(output).ok();
     let mut listing = Listing::default();
     let mut pending = vec![input.to_path_buf()];
     while let Some(dir) = pending.pop() {
@@ -250,7 +252,9 @@ fn list_folder(input: &Path) -> Result<Listing> {
                 }
             }
             let meta = std::fs::metadata(&path).with_context(|| format!("{}: cannot stat", path.display()))?;
-            if meta.is_dir() {
+            if meta.is_dir() && output.is_some() && std::fs::canonicalize(&path).ok() == output {
+                skip("the output folder (-o)");
+            } else if meta.is_dir() {
                 listing.folders.push(path.clone());
                 pending.push(path);
             } else if !meta.is_file() {
@@ -283,8 +287,7 @@ pub fn fuse_folder(
     workers: usize,
     progress: &(dyn Fn(String) + Sync),
 ) -> Result<FolderReport> {
-    let Listing { models, others, folders, skipped } = list_folder(input)?;
-
+    let Listing { models, others, folders, skipped } = list_folder(input, output)?;
     if models.is_empty() {
         return Err(usage(format!("{}: the folder holds no .onnx file", input.display())));
     }

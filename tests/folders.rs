@@ -291,4 +291,13 @@ fn subfolders_are_fused_and_carried_over_and_nothing_is_left_out_unsaid() {
     // The model in data/ still finds its weights beside it.
     let r = run(&["verify", s(&input.join("data/model.onnx")), s(&out.join("data/model.onnx"))]);
     assert!(r.status.success(), "{}", stderr(&r));
+    // An output folder inside the input is never walked as input: run twice.
+    let (inside, again) = (input.join("fused"), dir.path().join("again.json"));
+    for _ in 0..2 {
+        let r = run(&[s(&input), "-o", s(&inside), "-q", "--report-json", s(&again)]);
+        assert!(r.status.success(), "{}", stderr(&r));
+        assert_eq!(json(&again)["files"].as_array().unwrap().len(), 3);
+    }
+    assert!(json(&again)["skipped"].as_array().unwrap().iter().any(|s| s[0] == "fused"));
+    assert!(!inside.join("fused").exists());
 }
