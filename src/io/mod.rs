@@ -25,6 +25,9 @@ mod paths;
 mod staged;
 
 pub use paths::{check_run, check_writable, Role};
+
+mod framing;
+use framing::{Framing, FramingBuf, FramingBytes};
 pub use staged::cleanup_on_signals;
 use staged::Staged;
 
@@ -63,12 +66,15 @@ pub fn load(path: &Path, options: LoadOptions) -> Result<Loaded> {
     // Decoding and the unknown-field walk never read tensor payloads, only
     // their positions; writing reads each once and lets it go again
     // (`FileSink`), so the map is not faulted in up front.
+    // Both read the framing with pread, never through the map (`framing`).
+    let reader = file.try_clone().with_context(|| format!("{shown}: cannot open"))?;
     let bytes = Bytes::from_owner(maps::Registered::new(map, file));
-    let unknown = match unknown::find_unknown_field(&bytes) {
+    let unknown = match unknown::find_unknown_field_in(&FramingBytes::new(Framing::new(&bytes, &reader))) {
         Err(why) => bail!("{shown}: not an ONNX model (invalid protobuf: {why})"),
         Ok(found) => found,
     };
-    let model = ModelProto::decode(bytes.clone()).map_err(|e| anyhow!("{shown}: not an ONNX model ({e})"))?;
+    let model = ModelProto::decode(FramingBuf::new(Framing::new(&bytes, &reader)))
+        .map_err(|e| anyhow!("{shown}: not an ONNX model ({e})"))?;
     // Bytes that happen to parse as protobuf are no model: a model has an
     // IR version and a graph.
     if model.graph.is_none() || model.ir_version.is_none() {
@@ -82,9 +88,8 @@ pub fn load(path: &Path, options: LoadOptions) -> Result<Loaded> {
         );
     }
     crate::validate::model(&model).map_err(|why| anyhow!("{shown}: invalid model: {why}"))?;
-    // Reading the fields among the payloads mapped large parts of the file
-    // (the kernel maps whole folios); what is read again later comes back
-    // from the page cache.
+    // Validation read small payloads through the map (constants); what is
+    // read again later comes back from the page cache.
     maps::release(&bytes);
     let dir = parent(path);
     for location in external_locations(&model) {

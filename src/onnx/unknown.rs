@@ -78,10 +78,32 @@ fn collect(schema: &mut Schema, scope: &str, message: &DescriptorProto) {
     schema.insert(full, fields);
 }
 
+/// Bytes the walk reads: a slice, or a file read in windows
+/// (`io::framing`, which never touches the map).
+pub trait Source {
+    fn len(&self) -> usize;
+    fn byte(&self, at: usize) -> Option<u8>;
+}
+
+impl Source for [u8] {
+    fn len(&self) -> usize {
+        <[u8]>::len(self)
+    }
+
+    fn byte(&self, at: usize) -> Option<u8> {
+        self.get(at).copied()
+    }
+}
+
 /// The first field in `bytes` (a serialized `ModelProto`) that the schema
 /// does not define, if any. Err when the bytes are not valid protobuf.
 pub fn find_unknown_field(bytes: &[u8]) -> Result<Option<UnknownField>, String> {
-    walk(schema(), ".onnx.ModelProto", bytes, &mut String::new(), 0)
+    find_unknown_field_in(bytes)
+}
+
+/// `find_unknown_field` over any source of the bytes.
+pub fn find_unknown_field_in(bytes: &(impl Source + ?Sized)) -> Result<Option<UnknownField>, String> {
+    walk(schema(), ".onnx.ModelProto", bytes, 0, bytes.len(), &mut String::new(), 0)
 }
 
 /// Messages nest at most this deep: prost's own decoding limit, so a model
@@ -89,10 +111,13 @@ pub fn find_unknown_field(bytes: &[u8]) -> Result<Option<UnknownField>, String> 
 /// stack here).
 pub const MAX_DEPTH: usize = 100;
 
+/// The message `message` in `bytes[at..end]`.
 fn walk(
     schema: &Schema,
     message: &str,
-    mut buf: &[u8],
+    bytes: &(impl Source + ?Sized),
+    mut at: usize,
+    end: usize,
     path: &mut String,
     depth: usize,
 ) -> Result<Option<UnknownField>, String> {
@@ -103,8 +128,8 @@ fn walk(
     }
     let fields = &schema[message];
     let mut counts: HashMap<u32, usize> = HashMap::new();
-    while !buf.is_empty() {
-        let key = varint(&mut buf)?;
+    while at < end {
+        let key = varint(bytes, &mut at, end)?;
         let number = (key >> 3) as u32;
         let wire = key & 7;
         let Some(field) = fields.get(&number) else {
@@ -114,16 +139,20 @@ fn walk(
                 path: if path.is_empty() { "top level".into() } else { path.clone() },
             }));
         };
+        let skip = |at: &mut usize, n: usize, what: &str| -> Result<(), String> {
+            *at = at.checked_add(n).filter(|&a| a <= end).ok_or_else(|| format!("truncated {what}"))?;
+            Ok(())
+        };
         match wire {
             0 => {
-                varint(&mut buf)?;
+                varint(bytes, &mut at, end)?;
             }
-            1 => buf = buf.get(8..).ok_or("truncated fixed64")?,
-            5 => buf = buf.get(4..).ok_or("truncated fixed32")?,
+            1 => skip(&mut at, 8, "fixed64")?,
+            5 => skip(&mut at, 4, "fixed32")?,
             2 => {
-                let len = usize::try_from(varint(&mut buf)?).map_err(|_| "length overflow")?;
-                let payload = buf.get(..len).ok_or("truncated length-delimited field")?;
-                buf = &buf[len..];
+                let len = usize::try_from(varint(bytes, &mut at, end)?).map_err(|_| "length overflow")?;
+                let payload = at;
+                skip(&mut at, len, "length-delimited field")?;
                 if let Some(nested) = &field.message {
                     let index = counts.entry(number).or_default();
                     let mark = path.len();
@@ -135,7 +164,7 @@ fn walk(
                         path.push_str(&format!("[{index}]"));
                     }
                     *index += 1;
-                    if let Some(found) = walk(schema, nested, payload, path, depth + 1)? {
+                    if let Some(found) = walk(schema, nested, bytes, payload, at, path, depth + 1)? {
                         return Ok(Some(found));
                     }
                     path.truncate(mark);
@@ -147,11 +176,11 @@ fn walk(
     Ok(None)
 }
 
-fn varint(buf: &mut &[u8]) -> Result<u64, String> {
+fn varint(bytes: &(impl Source + ?Sized), at: &mut usize, end: usize) -> Result<u64, String> {
     let mut value = 0u64;
     for shift in (0..64).step_by(7) {
-        let (&byte, rest) = buf.split_first().ok_or("truncated varint")?;
-        *buf = rest;
+        let byte = if *at < end { bytes.byte(*at) } else { None }.ok_or("truncated varint")?;
+        *at += 1;
         value |= u64::from(byte & 0x7f) << shift;
         if byte & 0x80 == 0 {
             return Ok(value);
