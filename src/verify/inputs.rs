@@ -24,13 +24,28 @@ pub(super) fn input_symbols(model: &ModelProto) -> Vec<String> {
     found
 }
 
+/// The names of the arrays `--inputs` holds (none without it, or where it
+/// cannot be read: `check_options` says why).
+fn npz_arrays(options: &Options) -> std::collections::HashSet<String> {
+    let Some(path) = &options.inputs else { return Default::default() };
+    npyz::npz::NpzArchive::open(path).map(|a| a.array_names().map(str::to_string).collect()).unwrap_or_default()
+}
+
+/// An input's shape at the sizes its symbols get (unknown axes: 1).
+fn input_shape(t: &crate::onnx::proto::type_proto::Tensor, dims: &HashMap<String, i64>) -> Vec<i64> {
+    let value = |d: &crate::onnx::proto::tensor_shape_proto::Dimension| match &d.value {
+        Some(Dim::DimValue(v)) => *v,
+        Some(Dim::DimParam(p)) => symbol_value(p, dims),
+        None => 1,
+    };
+    t.shape.iter().flat_map(|s| &s.dim).map(value).collect()
+}
+
 /// The symbols whose values the user set: by `--dim`, or as axes of an
 /// input given in `--inputs` (its array's shape sets them).
 pub(super) fn given_symbols(model: &ModelProto, options: &Options) -> std::collections::HashSet<String> {
     let mut given: std::collections::HashSet<String> = options.dims.keys().cloned().collect();
-    let Some(path) = &options.inputs else { return given };
-    let Ok(archive) = npyz::npz::NpzArchive::open(path) else { return given };
-    let arrays: std::collections::HashSet<&str> = archive.array_names().collect();
+    let arrays = npz_arrays(options);
     for vi in model.graph.iter().flat_map(|g| &g.input).filter(|i| arrays.contains(i.name())) {
         if let Some(TypeValue::TensorType(t)) = vi.r#type.as_ref().and_then(|t| t.value.as_ref()) {
             for d in t.shape.iter().flat_map(|s| &s.dim) {
@@ -257,16 +272,7 @@ pub(super) fn synthesize_inputs(model: &ModelProto, options: &Options) -> Result
                 continue;
             }
         }
-        let shape: Vec<i64> = t.shape.as_ref().map_or(vec![], |s| {
-            s.dim
-                .iter()
-                .map(|d| match &d.value {
-                    Some(Dim::DimValue(v)) => *v,
-                    Some(Dim::DimParam(p)) => symbol_value(p, &options.dims),
-                    None => 1,
-                })
-                .collect()
-        });
+        let shape = input_shape(t, &options.dims);
         let n = shape.iter().product::<i64>().max(0) as usize;
         let lower = name.to_ascii_lowercase();
         let ints = |rng: &mut SplitMix| -> Vec<i64> {
@@ -432,25 +438,11 @@ pub(super) fn check_budget(
     let (Some(graph), Some(available)) = (model.graph.as_ref(), available) else { return Ok(()) };
     let budget = available / BUDGET_SHARE;
     let initializers: std::collections::HashSet<&str> = graph.initializer.iter().map(|t| t.name()).collect();
-    let given: std::collections::HashSet<String> = match &options.inputs {
-        Some(path) => {
-            npyz::npz::NpzArchive::open(path).map(|a| a.array_names().map(str::to_string).collect()).unwrap_or_default()
-        }
-        None => Default::default(),
-    };
+    let given = npz_arrays(options);
     for vi in graph.input.iter().filter(|i| !initializers.contains(i.name()) && !given.contains(i.name())) {
         let Some(TypeValue::TensorType(t)) = vi.r#type.as_ref().and_then(|t| t.value.as_ref()) else { continue };
-        let dims: Vec<u128> = t
-            .shape
-            .iter()
-            .flat_map(|s| &s.dim)
-            .map(|d| match &d.value {
-                Some(Dim::DimValue(v)) => *v,
-                Some(Dim::DimParam(p)) => symbol_value(p, &options.dims),
-                None => 1,
-            })
-            .map(|d| u128::try_from(d).unwrap_or(0))
-            .collect();
+        let dims: Vec<u128> =
+            input_shape(t, &options.dims).into_iter().map(|d| u128::try_from(d).unwrap_or(0)).collect();
         let bytes = dims.iter().try_fold(element_bytes(t.elem_type()), |n, &d| n.checked_mul(d));
         if bytes.is_none_or(|b| b > budget) {
             return Err(too_large(
