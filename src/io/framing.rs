@@ -27,14 +27,27 @@ impl<'a> Framing<'a> {
     pub fn new(map: &'a Bytes, file: &'a std::fs::File) -> Self {
         Framing { map, file }
     }
+}
 
-    /// `out` filled with the file's bytes from `at` (as many as fit); from
-    /// the map only should `pread` fail (the same bytes, read the slow way).
-    fn fill(&self, at: usize, out: &mut Vec<u8>) {
-        let n = WINDOW.min(self.map.len().saturating_sub(at));
-        out.resize(n, 0);
-        if self.file.read_exact_at(out, at as u64).is_err() {
-            out.copy_from_slice(&self.map[at..at + n]);
+/// Up to `WINDOW` bytes of the file, from `start`.
+#[derive(Default)]
+struct Window {
+    start: usize,
+    bytes: Vec<u8>,
+}
+
+impl Window {
+    /// Moves the window to start at `at` unless it holds `at` already; read
+    /// from the map only should `pread` fail (the same bytes, the slow way).
+    fn hold(&mut self, framing: &Framing, at: usize) {
+        if at >= self.start && at < self.start + self.bytes.len() {
+            return;
+        }
+        let n = WINDOW.min(framing.map.len().saturating_sub(at));
+        self.start = at;
+        self.bytes.resize(n, 0);
+        if framing.file.read_exact_at(&mut self.bytes, at as u64).is_err() {
+            self.bytes.copy_from_slice(&framing.map[at..at + n]);
         }
     }
 }
@@ -44,22 +57,14 @@ impl<'a> Framing<'a> {
 pub struct FramingBuf<'a> {
     framing: Framing<'a>,
     pos: usize,
-    start: usize,
-    window: Vec<u8>,
+    window: Window,
 }
 
 impl<'a> FramingBuf<'a> {
     pub fn new(framing: Framing<'a>) -> Self {
-        let mut buf = FramingBuf { framing, pos: 0, start: 0, window: Vec::new() };
-        buf.refill();
-        buf
-    }
-
-    fn refill(&mut self) {
-        if self.pos < self.start || self.pos >= self.start + self.window.len() {
-            self.start = self.pos;
-            self.framing.fill(self.pos, &mut self.window);
-        }
+        let mut window = Window::default();
+        window.hold(&framing, 0);
+        FramingBuf { framing, pos: 0, window }
     }
 }
 
@@ -70,13 +75,14 @@ impl Buf for FramingBuf<'_> {
 
     fn chunk(&self) -> &[u8] {
         // The window always holds `pos` while anything remains.
-        &self.window[(self.pos - self.start).min(self.window.len())..]
+        let w = &self.window;
+        &w.bytes[(self.pos - w.start).min(w.bytes.len())..]
     }
 
     fn advance(&mut self, n: usize) {
         assert!(n <= self.remaining(), "advance past the end");
         self.pos += n;
-        self.refill();
+        self.window.hold(&self.framing, self.pos);
     }
 
     fn copy_to_bytes(&mut self, len: usize) -> Bytes {
@@ -101,12 +107,12 @@ impl Buf for FramingBuf<'_> {
 /// grow (it skips payloads by their length).
 pub struct FramingBytes<'a> {
     framing: Framing<'a>,
-    window: std::cell::RefCell<(usize, Vec<u8>)>,
+    window: std::cell::RefCell<Window>,
 }
 
 impl<'a> FramingBytes<'a> {
     pub fn new(framing: Framing<'a>) -> Self {
-        FramingBytes { framing, window: std::cell::RefCell::new((0, Vec::new())) }
+        FramingBytes { framing, window: Default::default() }
     }
 }
 
@@ -119,13 +125,9 @@ impl crate::onnx::unknown::Source for FramingBytes<'_> {
         if at >= self.framing.map.len() {
             return None;
         }
-        let mut w = self.window.borrow_mut();
-        let (start, window) = &mut *w;
-        if at < *start || at >= *start + window.len() {
-            *start = at;
-            self.framing.fill(at, window);
-        }
-        window.get(at - *start).copied()
+        let mut window = self.window.borrow_mut();
+        window.hold(&self.framing, at);
+        window.bytes.get(at - window.start).copied()
     }
 }
 
