@@ -38,6 +38,11 @@ macro_rules! require {
     };
 }
 
+/// The opset a reason written by `Graph::require_opset` asks for.
+pub fn needs_opset(reason: &str) -> Option<i64> {
+    reason.strip_prefix("needs opset ")?.split(' ').next()?.parse().ok()
+}
+
 /// A number a reason quotes, or `unknown`.
 pub fn known<T: std::fmt::Display>(value: Option<T>) -> String {
     value.map_or_else(|| "unknown".to_string(), |v| v.to_string())
@@ -444,6 +449,14 @@ impl<'a> Graph<'a> {
     /// or twice in this graph): which value a reader gets is not defined.
     pub fn is_ambiguous(&self, value: &str) -> bool {
         self.ambiguous.contains(value)
+    }
+
+    /// Declines a candidate whose op the target has only from opset
+    /// `version` on (read back by `needs_opset`). A rule checks this last,
+    /// so that the opset is all the candidate lacks.
+    pub fn require_opset(&self, version: i64, op: &str) -> Check<()> {
+        require!(self.opset >= version, "needs opset {version} for {op} (the model imports opset {})", self.opset);
+        Ok(())
     }
 
     /// The value of a constant with exactly one element.

@@ -16,5 +16,6 @@ pub mod report;
 pub mod rewrite;
 pub mod run;
 pub mod shapes;
+pub mod upgrade;
 pub mod validate;
 pub mod verify;

@@ -155,7 +155,7 @@ struct FuseArgs {
     /// Where to write the fused model (written atomically); for a folder, the output folder.
     #[arg(short, long, required_unless_present = "list_passes")]
     output: Option<PathBuf>,
-    /// Passes to run, in order: names, or `default` for every default pass.
+    /// Passes to run, in order: names, `default` for every default pass, or `none` (with --opset: only upgrade).
     #[arg(long, value_delimiter = ',', default_value = "default")]
     passes: Vec<String>,
     /// Passes to leave out of the pipeline.
@@ -165,6 +165,11 @@ struct FuseArgs {
     /// function) or `portable` (only operators the model's own opset defines; see docs/targets.md).
     #[arg(long, value_enum, default_value = "ort")]
     target: TargetArg,
+    /// Upgrade the model's default domain to opset N before fusing, every node in its version-N form
+    /// (exact adapters only; refused, naming the node, where none exists; never a downgrade; N at most
+    /// 26, the newest the pinned ONNX Runtime runs). See docs/targets.md.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(i64).range(1..=onnx_fuse::upgrade::MAX_OPSET))]
+    opset: Option<i64>,
     /// List the passes with a one-line description, and exit.
     #[arg(long)]
     list_passes: bool,
@@ -352,6 +357,7 @@ fn fuse(args: FuseArgs) -> Result<Done> {
             TargetArg::Ort => onnx_fuse::graph::Target::Ort,
             TargetArg::Portable => onnx_fuse::graph::Target::Portable,
         },
+        opset: args.opset,
         explain: args.explain,
         load: LoadOptions { allow_unknown_fields: args.allow_unknown_fields },
         external: if args.link_external_data { ExternalData::HardLink } else { ExternalData::Copy },

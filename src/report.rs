@@ -21,8 +21,15 @@ pub struct Report {
     /// what this run wrote, and why.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub not_loaded_by: Vec<String>,
+    /// `--opset N`: the upgrade before the passes, every node it adapted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upgrade: Option<crate::upgrade::Upgrade>,
     pub passes: Vec<PassCount>,
     pub fused: Vec<Fused>,
+    /// Candidates declined only because the model's opset lacks the op the
+    /// target writes (`--target portable`), and the opset that has them all.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub needs_opset: Option<NeedsOpset>,
     /// What the user must know about the output (e.g. runtimes it needs).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub cautions: Vec<String>,
@@ -146,6 +153,14 @@ impl Checked {
     }
 }
 
+/// Candidates a newer opset would let the target fuse.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+pub struct NeedsOpset {
+    pub candidates: usize,
+    /// The newest opset any of them needs: `--opset` this fuses them all.
+    pub opset: i64,
+}
+
 #[derive(Debug, Serialize)]
 pub struct PassCount {
     pub name: &'static str,
@@ -158,6 +173,8 @@ impl Report {
             .iter()
             .map(|p| PassCount { name: p.name, fused: outcome.fused.iter().filter(|f| f.pass == p.name).count() })
             .collect();
+        let needed: Vec<i64> = outcome.declined.iter().filter_map(|d| crate::graph::needs_opset(&d.reason)).collect();
+        let needs_opset = needed.iter().max().map(|&opset| NeedsOpset { candidates: needed.len(), opset });
         let declined = if explain { outcome.declined } else { Vec::new() };
         let cautions = pipeline
             .iter()
@@ -170,8 +187,10 @@ impl Report {
             output,
             target: crate::graph::Target::Ort,
             not_loaded_by: Vec::new(),
+            upgrade: None,
             passes,
             fused: outcome.fused,
+            needs_opset,
             cautions,
             declined,
             verification: None,
@@ -185,7 +204,16 @@ impl Report {
     /// per caution.
     pub fn summary(&self) -> String {
         let counts: Vec<String> = self.passes.iter().map(|p| format!("{} {}", p.name, p.fused)).collect();
-        let mut s = format!("{}: fused {} ({}) -> {}", self.input, self.fused.len(), counts.join(", "), self.output);
+        let upgraded = match &self.upgrade {
+            Some(u) if u.from != u.to => format!("opset {} -> {} ({} nodes adapted), ", u.from, u.to, u.adapted.len()),
+            _ => String::new(),
+        };
+        let mut s =
+            format!("{}: {upgraded}fused {} ({}) -> {}", self.input, self.fused.len(), counts.join(", "), self.output);
+        if let Some(n) = self.needs_opset {
+            let candidates = if n.candidates == 1 { "candidate needs" } else { "candidates need" };
+            s.push_str(&format!("; {} {candidates} opset {}: add --opset {}", n.candidates, n.opset, n.opset));
+        }
         for c in &self.cautions {
             s.push_str(&format!("\nwarning: {c}"));
         }
@@ -194,6 +222,29 @@ impl Report {
 
     pub fn text(&self) -> String {
         let mut s = String::new();
+        if let Some(u) = self.upgrade.as_ref().filter(|u| u.from != u.to) {
+            let _ = writeln!(
+                s,
+                "upgraded from opset {} to {}: {} nodes adapted, {} added",
+                u.from,
+                u.to,
+                u.adapted.len(),
+                u.added_nodes
+            );
+            for a in &u.adapted {
+                let place = if a.graph == "main" { String::new() } else { format!(" (in {})", a.graph) };
+                let _ = writeln!(
+                    s,
+                    "    {} {}{place}, {} to {}: {}",
+                    a.op_type,
+                    a.node,
+                    a.from_version,
+                    a.to_version,
+                    a.changes.join("; ")
+                );
+            }
+            s.push('\n');
+        }
         for p in &self.passes {
             let _ = writeln!(s, "{:<12} {} fused", p.name, p.fused);
         }

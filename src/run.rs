@@ -59,6 +59,8 @@ pub struct Settings {
     pub pipeline: Vec<&'static Pass>,
     /// What the outputs may contain.
     pub target: crate::graph::Target,
+    /// `--opset N`: upgrade the default domain before the passes run.
+    pub opset: Option<i64>,
     pub explain: bool,
     pub load: LoadOptions,
     pub external: ExternalData,
@@ -126,12 +128,28 @@ fn fuse_loaded(
     if let Some(options) = &settings.verify {
         verify::check_options(&loaded.model, options).map_err(usage)?;
     }
-    progress(format!("fusing {}", input.display()));
     // The original is kept only to verify against.
     let original = settings.verify.is_some().then(|| loaded.model.clone());
     let before = report::op_counts(&loaded.model);
+    let upgrade = match settings.opset {
+        Some(to) => {
+            progress(format!("upgrading {} to opset {to}", input.display()));
+            let (model, upgrade) = crate::upgrade::upgrade(&loaded.model, to).map_err(|e| {
+                let e = anyhow::anyhow!("{}: {e}", input.display());
+                if to < loaded.model.default_opset() {
+                    usage(e.to_string())
+                } else {
+                    e
+                }
+            })?;
+            loaded.model = model;
+            Some(upgrade)
+        }
+        None => None,
+    };
+    progress(format!("fusing {}", input.display()));
     let outcome = rewrite::run_for(&mut loaded.model, &settings.pipeline, settings.target);
-    let unchanged = outcome.fused.is_empty();
+    let unchanged = outcome.fused.is_empty() && upgrade.as_ref().is_none_or(|u| u.from == u.to);
     let mut report = Report::new(
         input.display().to_string(),
         output.display().to_string(),
@@ -140,6 +158,7 @@ fn fuse_loaded(
         settings.explain,
     );
     report.set_target(settings.target, loaded.model.default_opset());
+    report.upgrade = upgrade;
     report.ops = report::op_changes(&before, &report::op_counts(&loaded.model));
     report.expectations = expectations.iter().map(|e| e.check(&report.passes)).collect();
     if let (Some(options), Some(original)) = (&settings.verify, &original) {

@@ -89,6 +89,15 @@ impl AttributeProto {
         }
     }
 
+    pub fn tensor(name: &str, value: TensorProto) -> Self {
+        AttributeProto {
+            name: Some(name.into()),
+            r#type: Some(AttributeType::Tensor as i32),
+            t: Some(value),
+            ..Default::default()
+        }
+    }
+
     pub fn float(name: &str, value: f32) -> Self {
         AttributeProto {
             name: Some(name.into()),

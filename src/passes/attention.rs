@@ -170,7 +170,6 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
 /// of float lowest, OpenVINO averages, the spec's errata zeroes it
 /// (measured: docs/targets.md).
 fn onnx_attention(g: &Graph, shapes: &Shapes, mut m: Match, [q, k, v]: [&str; 3], steps: &[Step]) -> Check<Rewrite> {
-    require!(g.opset >= 23, "needs opset 23 for Attention (the model imports opset {})", g.opset);
     let elem = g.elem_type(q);
     require!(
         matches!(elem, Some(FLOAT | FLOAT16 | DOUBLE)),
@@ -239,6 +238,7 @@ fn onnx_attention(g: &Graph, shapes: &Shapes, mut m: Match, [q, k, v]: [&str; 3]
     } else {
         attributes.extend([AttributeProto::int("q_num_heads", 1), AttributeProto::int("kv_num_heads", 1)]);
     }
+    g.require_opset(23, "Attention")?;
     Ok(m.replace_with(crate::rewrite::node("Attention", &[q, key, v], attributes)))
 }
 

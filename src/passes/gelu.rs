@@ -275,7 +275,7 @@ fn replace(g: &Graph, index: usize, form: Form, x: &str, elem: i32) -> Check<Rew
     let mut m = Match::new(index);
     has_an_axis(g, x)?;
     if g.target == Target::Portable {
-        require!(g.opset >= 20, "needs opset 20 for Gelu (the model imports opset {})", g.opset);
+        g.require_opset(20, "Gelu")?;
         let approximate = if form == Form::Tanh { "tanh" } else { "none" };
         let attributes = vec![AttributeProto::string("approximate", approximate)];
         return Ok(m.replace_with(node("Gelu", &[x], attributes)));

@@ -92,11 +92,9 @@ fn without_gamma(g: &Graph, index: usize) -> Check<Rewrite> {
         Miss::Declined(format!("a LayerNorm without gamma: the last axis and type of {x} are not known numbers"))
     })?;
     require!(elem == Some(core.elem_type), "x and eps do not share one element type");
-    require!(
-        g.target == Target::Ort || g.opset >= 17,
-        "needs opset 17 for LayerNormalization (the model imports opset {})",
-        g.opset
-    );
+    if g.target == Target::Portable {
+        g.require_opset(17, "LayerNormalization")?;
+    }
     let mut m = Match::new(index);
     let gamma = m.weight_input(g, pattern::Weight::Made(Box::new(ones)), "gamma");
     Ok(m.replace_with(node("LayerNormalization", &[x, &gamma], norm_attributes(core.eps))))
@@ -141,11 +139,9 @@ fn layer_normalization<'a>(
     );
     // ONNX defines LayerNormalization from opset 17; below, only ONNX
     // Runtime's registration runs it.
-    require!(
-        g.target == Target::Ort || g.opset >= 17,
-        "needs opset 17 for LayerNormalization (the model imports opset {})",
-        g.opset
-    );
+    if g.target == Target::Portable {
+        g.require_opset(17, "LayerNormalization")?;
+    }
     let mut inputs = vec![x.to_string(), m.weight_input(g, gamma_weight, "gamma")];
     inputs.extend(beta_weight.map(|b| m.weight_input(g, b, "beta")));
     let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();

@@ -20,15 +20,19 @@ pub const ALL: &[&Pass] =
     &[&layer_norm::PASS, &rms_norm::PASS, &skip_norm::PASS, &attention::PASS, &gelu::PASS, &complex_mul::PASS];
 
 /// The pipeline a `--passes` list names (`default` expands to every default
-/// pass), less the `--disable` list. Unknown names are an error.
+/// pass, `none` to no pass: `--opset N --passes none` only upgrades), less
+/// the `--disable` list. Unknown names are an error.
 pub fn pipeline(passes: &[String], disable: &[String]) -> Result<Vec<&'static Pass>> {
     for name in disable {
         find(name)?;
     }
     let mut chosen: Vec<&'static Pass> = Vec::new();
     for name in passes {
-        let named: Vec<&'static Pass> =
-            if name == "default" { ALL.iter().copied().filter(|p| p.default).collect() } else { vec![find(name)?] };
+        let named: Vec<&'static Pass> = match name.as_str() {
+            "default" => ALL.iter().copied().filter(|p| p.default).collect(),
+            "none" => vec![],
+            _ => vec![find(name)?],
+        };
         for pass in named {
             if !chosen.iter().any(|p| p.name == pass.name) {
                 chosen.push(pass);
@@ -44,7 +48,7 @@ fn find(name: &str) -> Result<&'static Pass> {
         Some(pass) => Ok(pass),
         None => {
             let known: Vec<&str> = ALL.iter().map(|p| p.name).collect();
-            bail!("unknown pass {name:?} (known: default, {})", known.join(", "))
+            bail!("unknown pass {name:?} (known: default, none, {})", known.join(", "))
         }
     }
 }

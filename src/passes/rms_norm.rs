@@ -64,7 +64,7 @@ fn op_for(g: &Graph) -> Check<&'static str> {
     match g.target {
         Target::Ort => Ok("SimplifiedLayerNormalization"),
         Target::Portable => {
-            require!(g.opset >= 23, "needs opset 23 for RMSNormalization (the model imports opset {})", g.opset);
+            g.require_opset(23, "RMSNormalization")?;
             Ok("RMSNormalization")
         }
     }
