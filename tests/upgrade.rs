@@ -1,0 +1,394 @@
+//! `--opset N`: every adapter on a hand-made node at its old version,
+//! compared with the original through ONNX Runtime at zero tolerance; the
+//! refusals, each naming the node and the versions; subgraphs and local
+//! functions; untouched nodes byte for byte; the hint a portable run gives.
+
+mod common;
+
+use common::build::{attr_graph, attr_int, attr_ints, tensor, value_info, Builder, D};
+use common::*;
+use onnx_fuse::onnx::{
+    AttributeProto, FunctionProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, BOOL, FLOAT, INT64,
+};
+use onnx_fuse::upgrade::{self, Upgrade};
+use onnx_fuse::verify;
+use prost::Message;
+
+fn dims(d: &[i64]) -> Vec<D> {
+    d.iter().map(|&n| D::N(n)).collect()
+}
+
+fn attr_string(name: &str, v: &str) -> AttributeProto {
+    AttributeProto::string(name, v)
+}
+
+/// Upgrades `model` to `to`, proves the result equal to the original in
+/// ONNX Runtime at zero tolerance, and returns it with what was done.
+fn upgraded(model: &ModelProto, to: i64) -> (ModelProto, Upgrade) {
+    let (new, upgrade) = upgrade::upgrade(model, to).unwrap_or_else(|e| panic!("upgrade refused: {e}"));
+    assert_eq!(new.opset_import[0].version(), to);
+    let dir = tempdir();
+    let options = verify::Options { rtol: Some(0.0), atol: Some(0.0), ..Default::default() };
+    let v = verify::verify((model, dir.path()), (&new, dir.path()), &options)
+        .unwrap_or_else(|e| panic!("verification could not run: {e:#}"));
+    assert!(v.passed, "the upgraded model differs:\n{}", v.text());
+    (new, upgrade)
+}
+
+fn refused(model: &ModelProto, to: i64) -> String {
+    match upgrade::upgrade(model, to) {
+        Ok(_) => panic!("the upgrade to {to} was not refused"),
+        Err(e) => e,
+    }
+}
+
+/// The node computing `output`.
+fn producer<'a>(g: &'a GraphProto, output: &str) -> &'a NodeProto {
+    g.node.iter().find(|n| n.output.iter().any(|o| o == output)).unwrap_or_else(|| panic!("no node writes {output}"))
+}
+
+/// The int64 values of a Constant node's output.
+fn constant_ints(g: &GraphProto, value: &str) -> Vec<i64> {
+    let node = producer(g, value);
+    assert_eq!(node.op_type(), "Constant");
+    node.attribute[0].t.as_ref().and_then(|t| t.ints()).expect("int64 constant")
+}
+
+fn one_input(b: &mut Builder, shape: &[i64]) -> String {
+    b.input("x", FLOAT, Some(&dims(shape)))
+}
+
+#[test]
+fn reduce_axes_move_to_inputs_and_reduce_all_stays_as_it_is() {
+    let mut b = Builder::default();
+    let x = one_input(&mut b, &[2, 3, 4]);
+    let mean = b.node("ReduceMean", &[&x], vec![attr_ints("axes", &[-1])]);
+    let sum = b.node("ReduceSum", &[&x], vec![attr_ints("axes", &[1]), attr_int("keepdims", 0)]);
+    let all = b.node("ReduceMax", &[&x], vec![]);
+    for (v, d) in [(&mean, vec![2, 3, 1]), (&sum, vec![2, 4]), (&all, vec![1, 1, 1])] {
+        b.output(v, FLOAT, Some(&dims(&d)));
+    }
+    let model = b.model(11);
+    let (new, up) = upgraded(&model, 18);
+    let g = new.graph.as_ref().unwrap();
+    let m = producer(g, &mean);
+    assert!(m.attr("axes").is_none());
+    assert_eq!(constant_ints(g, &m.input[1]), vec![-1]);
+    let s = producer(g, &sum);
+    assert_eq!((constant_ints(g, &s.input[1]), s.attr_int("keepdims")), (vec![1], Some(0)));
+    // No axes: every axis, in both versions; the node keeps its bytes.
+    assert_eq!(producer(g, &all), producer(model.graph.as_ref().unwrap(), &all));
+    let ops: Vec<(&str, i64, i64)> =
+        up.adapted.iter().map(|a| (a.op_type.as_str(), a.from_version, a.to_version)).collect();
+    assert_eq!(ops, [("ReduceMean", 11, 18), ("ReduceSum", 11, 13)]);
+    assert_eq!(up.added_nodes, 2);
+}
+
+#[test]
+fn squeeze_unsqueeze_split_slice_and_topk_read_their_ints_as_inputs() {
+    let mut b = Builder::default();
+    let x = one_input(&mut b, &[2, 1, 6]);
+    let sq = b.node("Squeeze", &[&x], vec![attr_ints("axes", &[1])]);
+    let un = b.node("Unsqueeze", &[&sq], vec![attr_ints("axes", &[0, 3])]);
+    b.node_to("Split", &[&x], &["part_a", "part_b"], vec![attr_int("axis", 2), attr_ints("split", &[2, 4])]);
+    b.node_to("Split", &[&x], &["half_a", "half_b"], vec![attr_int("axis", -1)]);
+    let sl = b.node("Slice", &[&x], vec![attr_ints("starts", &[1]), attr_ints("ends", &[i64::MAX]), attr_ints("axes", &[2])]);
+    b.node_to("TopK", &[&x], &["top_v", "top_i"], vec![attr_int("k", 2)]);
+    for (v, d) in [
+        (un.as_str(), vec![1, 2, 6, 1]),
+        ("part_a", vec![2, 1, 2]),
+        ("part_b", vec![2, 1, 4]),
+        ("half_a", vec![2, 1, 3]),
+        ("half_b", vec![2, 1, 3]),
+        (sl.as_str(), vec![2, 1, 5]),
+        ("top_v", vec![2, 1, 2]),
+    ] {
+        b.output(v, FLOAT, Some(&dims(&d)));
+    }
+    b.output("top_i", INT64, Some(&dims(&[2, 1, 2])));
+    let model = b.model(9);
+    let (new, up) = upgraded(&model, 23);
+    let g = new.graph.as_ref().unwrap();
+    assert_eq!(constant_ints(g, &producer(g, &un).input[1]), vec![0, 3]);
+    let sized = producer(g, "part_a");
+    assert_eq!((constant_ints(g, &sized.input[1]), sized.attr("num_outputs").is_none()), (vec![2, 4], true));
+    // Equal parts: Split-18 is told how many.
+    let halves = producer(g, "half_a");
+    assert_eq!((halves.input.len(), halves.attr_int("num_outputs")), (1, Some(2)));
+    let slice = producer(g, &sl);
+    let read: Vec<Vec<i64>> = slice.input[1..].iter().map(|v| constant_ints(g, v)).collect();
+    assert_eq!(read, [vec![1], vec![i64::MAX], vec![2]]);
+    assert_eq!(constant_ints(g, &producer(g, "top_v").input[1]), vec![2]);
+    assert_eq!(up.adapted.len(), 6);
+    assert!(up.adapted.iter().all(|a| a.to_version > a.from_version));
+}
+
+#[test]
+fn clip_6_keeps_clamping_infinities_to_its_default_bounds() {
+    // Clip-6 without min clamps -inf to -FLT_MAX; Clip-11 without min
+    // would leave it: the adapter writes both bounds out.
+    let mut b = Builder::default();
+    let x = b.constant(tensor(FLOAT, &[5], &[f64::NEG_INFINITY, -1.0, 0.5, 7.0, f64::INFINITY]));
+    let only_max = b.node("Clip", &[&x], vec![common::build::attr_float("max", 2.0)]);
+    let plain = b.node("Clip", &[&x], vec![]);
+    b.output(&only_max, FLOAT, Some(&dims(&[5])));
+    b.output(&plain, FLOAT, Some(&dims(&[5])));
+    let model = b.model(9);
+    let (new, up) = upgraded(&model, 13);
+    let g = new.graph.as_ref().unwrap();
+    let clip = producer(g, &plain);
+    assert_eq!(clip.input.len(), 3);
+    let bound = |v: &str| producer(g, v).attribute[0].t.as_ref().and_then(|t| t.scalar()).unwrap();
+    assert_eq!((bound(&clip.input[1]), bound(&clip.input[2])), (f64::from(f32::MIN), f64::from(f32::MAX)));
+    assert_eq!(up.adapted.len(), 2);
+}
+
+#[test]
+fn pad_dropout_batch_norm_and_scatter_take_their_newer_forms() {
+    let mut b = Builder::default();
+    let x = one_input(&mut b, &[2, 3, 4]);
+    let padded = b.node("Pad", &[&x], vec![attr_ints("pads", &[0, 1, 0, 0, 2, 1]), common::build::attr_float("value", 1.5)]);
+    let reflected =
+        b.node("Pad", &[&x], vec![attr_ints("pads", &[0, 0, 1, 0, 0, 1]), attr_string("mode", "reflect")]);
+    let dropped = b.node("Dropout", &[&x], vec![common::build::attr_float("ratio", 0.3)]);
+    let scale = b.init("bn_scale", tensor(FLOAT, &[3], &[1.0, 2.0, 0.5]));
+    let bias = b.init("bn_bias", tensor(FLOAT, &[3], &[0.0, 1.0, -1.0]));
+    let mean = b.init("bn_mean", tensor(FLOAT, &[3], &[0.1, 0.2, 0.3]));
+    let var = b.init("bn_var", tensor(FLOAT, &[3], &[1.0, 4.0, 0.25]));
+    let normed = b.node("BatchNormalization", &[&x, &scale, &bias, &mean, &var], vec![]);
+    let indices = b.init("sc_idx", tensor(INT64, &[2, 1, 1], &[1.0, 3.0]));
+    let updates = b.init("sc_upd", tensor(FLOAT, &[2, 1, 1], &[9.0, -9.0]));
+    let scattered = b.node("Scatter", &[&x, &indices, &updates], vec![attr_int("axis", 2)]);
+    for (v, d) in [(&padded, vec![2, 6, 5]), (&reflected, vec![2, 3, 6]), (&dropped, vec![2, 3, 4])] {
+        b.output(v, FLOAT, Some(&dims(&d)));
+    }
+    b.output(&normed, FLOAT, Some(&dims(&[2, 3, 4])));
+    b.output(&scattered, FLOAT, Some(&dims(&[2, 3, 4])));
+    let model = b.model(9);
+    let (new, up) = upgraded(&model, 23);
+    let g = new.graph.as_ref().unwrap();
+    let pad = producer(g, &padded);
+    assert_eq!(constant_ints(g, &pad.input[1]), vec![0, 1, 0, 0, 2, 1]);
+    assert_eq!(producer(g, &pad.input[2]).attribute[0].t.as_ref().and_then(|t| t.scalar()), Some(1.5));
+    assert_eq!(producer(g, &reflected).input.len(), 2, "no constant value outside constant mode");
+    assert_eq!(producer(g, &dropped).input.len(), 2);
+    assert_eq!(producer(g, &scattered).op_type(), "ScatterElements");
+    let adapted: Vec<&str> = up.adapted.iter().map(|a| a.op_type.as_str()).collect();
+    assert_eq!(adapted, ["Pad", "Pad", "Dropout", "Scatter"]);
+}
+
+#[test]
+fn softmax_over_a_flattened_input_is_written_as_the_old_computation() {
+    let mut b = Builder::default();
+    let x = one_input(&mut b, &[2, 3, 4]);
+    let flat = b.node("Softmax", &[&x], vec![]); // axis 1 of rank 3: over the 12 values of each row
+    let last = b.node("Softmax", &[&x], vec![attr_int("axis", 2)]);
+    let log = b.node("LogSoftmax", &[&x], vec![attr_int("axis", 1)]);
+    let hard = b.node("Hardmax", &[&x], vec![attr_int("axis", 1)]);
+    let unknown = b.input("y", FLOAT, None);
+    let unproved = b.node("Softmax", &[&unknown], vec![attr_int("axis", 2)]);
+    for v in [&flat, &last, &log, &hard] {
+        b.output(v, FLOAT, Some(&dims(&[2, 3, 4])));
+    }
+    b.output(&unproved, FLOAT, None);
+    let model = b.model(12);
+    // y has no declared shape: verification needs one.
+    let mut runnable = model.clone();
+    runnable.graph.as_mut().unwrap().input[1] = value_info("y", FLOAT, Some(&dims(&[2, 3, 4])));
+    let (new, up) = upgraded(&runnable, 13);
+    let g = new.graph.as_ref().unwrap();
+    // Over the last axis: one node, axis -1.
+    assert_eq!(producer(g, &last).op_type(), "Softmax");
+    assert_eq!(producer(g, &last).attr_int("axis"), Some(-1));
+    // Otherwise Flatten, the op over the last axis, Reshape back.
+    for v in [&flat, &log, &hard] {
+        let reshape = producer(g, v);
+        assert_eq!(reshape.op_type(), "Reshape");
+        let op = producer(g, &reshape.input[0]);
+        assert_eq!(producer(g, &op.input[0]).op_type(), "Flatten");
+        assert_eq!(op.attr_int("axis"), Some(-1));
+    }
+    assert_eq!(up.adapted.len(), 5);
+    // Where the rank is not proved, axis 2 may not be the last one.
+    let (unshaped, _) = upgrade::upgrade(&model, 13).unwrap();
+    assert_eq!(producer(unshaped.graph.as_ref().unwrap(), &unproved).op_type(), "Reshape");
+}
+
+#[test]
+fn bodies_and_local_functions_are_upgraded_too() {
+    let mut body = Builder::default();
+    let inner = body.node("ReduceMean", &["x"], vec![attr_ints("axes", &[-1])]);
+    body.output(&inner, FLOAT, None);
+    let mut other = Builder::default();
+    // Axis 1 of x, which the enclosing graph declares [2, 3]: its last axis.
+    let softmax = other.node("Softmax", &["x"], vec![attr_int("axis", 1)]);
+    other.output(&softmax, FLOAT, None);
+    let mut b = Builder::default();
+    let x = one_input(&mut b, &[2, 3]);
+    let cond = b.input("cond", BOOL, Some(&[]));
+    body.graph.name = Some("then".into());
+    other.graph.name = Some("else".into());
+    let branch = b.node("If", &[&cond], vec![attr_graph("then_branch", body.graph), attr_graph("else_branch", other.graph)]);
+    b.output(&branch, FLOAT, None);
+    b.graph.node.push(NodeProto {
+        op_type: Some("SumLast".into()),
+        domain: Some("local".into()),
+        input: vec![x.clone()],
+        output: vec!["summed".into()],
+        ..Default::default()
+    });
+    b.output("summed", FLOAT, None);
+    let mut model = b.model(11);
+    model.opset_import.push(OperatorSetIdProto { domain: Some("local".into()), version: Some(1) });
+    model.functions.push(FunctionProto {
+        name: Some("SumLast".into()),
+        domain: Some("local".into()),
+        input: vec!["a".into()],
+        output: vec!["s".into()],
+        node: vec![NodeProto {
+            op_type: Some("ReduceSum".into()),
+            input: vec!["a".into()],
+            output: vec!["s".into()],
+            attribute: vec![attr_ints("axes", &[-1])],
+            ..Default::default()
+        }],
+        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(11) }],
+        ..Default::default()
+    });
+    let (new, up) = upgraded(&model, 18);
+    let places: Vec<(&str, &str)> = up.adapted.iter().map(|a| (a.op_type.as_str(), a.graph.as_str())).collect();
+    assert_eq!(
+        places,
+        [
+            ("ReduceMean", "main/n0_If.then_branch"),
+            ("Softmax", "main/n0_If.else_branch"),
+            ("ReduceSum", "function local.SumLast")
+        ]
+    );
+    let g = new.graph.as_ref().unwrap();
+    let else_branch = g.node[0].attribute[1].g.as_ref().unwrap();
+    assert_eq!((else_branch.node.len(), else_branch.node[0].attr_int("axis")), (1, Some(-1)), "the rank seen from the body");
+    assert_eq!(new.functions[0].opset_import[0].version(), 18);
+    assert_eq!(new.functions[0].node.len(), 2, "the axes Constant and the ReduceSum");
+}
+
+fn single(op: &str, inputs: &[&str], outputs: &[&str], attributes: Vec<AttributeProto>, opset: i64) -> ModelProto {
+    let mut b = Builder::default();
+    for i in inputs.iter().filter(|i| !i.is_empty()) {
+        b.input(i, FLOAT, Some(&dims(&[1, 2, 4, 4])));
+    }
+    b.node_to(op, inputs, outputs, attributes);
+    for o in outputs {
+        b.output(o, FLOAT, None);
+    }
+    b.model(opset)
+}
+
+#[test]
+fn an_upgrade_with_no_exact_adapter_is_refused_naming_the_node_and_versions() {
+    let cases = [
+        (single("Resize", &["x", "s"], &["y"], vec![], 10), 13, "Resize n0_Resize (main), version 10 to 11"),
+        (single("Upsample", &["x", "s"], &["y"], vec![], 9), 13, "Upsample n0_Upsample (main), version 9 to 10"),
+        (
+            single("GroupNormalization", &["x", "s", "b"], &["y"], vec![attr_int("num_groups", 2)], 18),
+            21,
+            "GroupNormalization n0_GroupNormalization (main), version 18 to 21",
+        ),
+        (
+            single("BatchNormalization", &["x", "s", "b", "m", "v"], &["y", "rm", "rv", "sm", "sv"], vec![], 9),
+            15,
+            "version 9 to 14: it has training outputs",
+        ),
+        (single("Dropout", &["x"], &["y", "mask"], vec![], 7), 12, "version 7 to 10: its mask output changes type"),
+        (
+            single("ConvTranspose", &["x", "w"], &["y"], vec![attr_string("auto_pad", "SAME_UPPER")], 9),
+            11,
+            "auto_pad SAME_*",
+        ),
+        (single("MaxPool", &["x"], &["y"], vec![attr_ints("kernel_shape", &[2, 2]), attr_int("ceil_mode", 1)], 10), 12, "ceil_mode 1"),
+        (single("Gelu", &["x"], &["y"], vec![], 14), 20, "Gelu n0_Gelu (main) is no ONNX operator at opset 14"),
+    ];
+    for (model, to, says) in cases {
+        let e = refused(&model, to);
+        assert!(e.starts_with(&format!("cannot upgrade to opset {to}: ")) && e.contains(says), "{e}");
+    }
+    let e = refused(&single("Relu", &["x"], &["y"], vec![], 14), 13);
+    assert!(e.contains("never downgrades"), "{e}");
+    let e = refused(&single("Relu", &["x"], &["y"], vec![], 6), 13);
+    assert!(e.contains("upgrades start from opset 7"), "{e}");
+}
+
+#[test]
+fn the_cli_refuses_an_upgrade_in_whole_and_writes_nothing() {
+    let dir = tempdir();
+    let mut model = single("Resize", &["x", "s"], &["y"], vec![], 10);
+    // An adaptable node beside the refused one: nothing is upgraded in part.
+    let g = model.graph.as_mut().unwrap();
+    g.node.push(NodeProto {
+        op_type: Some("ReduceSum".into()),
+        input: vec!["x".into()],
+        output: vec!["r".into()],
+        attribute: vec![attr_ints("axes", &[1])],
+        ..Default::default()
+    });
+    g.output.push(value_info("r", FLOAT, None));
+    let (input, output) = (dir.path().join("m.onnx"), dir.path().join("out.onnx"));
+    std::fs::write(&input, model.encode_to_vec()).unwrap();
+    let r = run(&["--opset", "13", input.to_str().unwrap(), "-o", output.to_str().unwrap()]);
+    assert_eq!(r.status.code(), Some(1), "{}", stderr(&r));
+    let said = stderr(&r);
+    assert_eq!(said.lines().count(), 1, "{said}");
+    assert!(said.contains("m.onnx: cannot upgrade to opset 13: Resize n0_Resize (main), version 10 to 11"), "{said}");
+    assert!(!output.exists());
+    for (args, says) in [
+        (vec!["--opset", "27"], "27 is not in 1..=26"),
+        (vec!["--opset", "9"], "never downgrades"),
+    ] {
+        let r = run(&[&args[..], &[input.to_str().unwrap(), "-o", output.to_str().unwrap()]].concat());
+        assert_eq!(r.status.code(), Some(2), "{}", stderr(&r));
+        assert!(stderr(&r).contains(says), "{}", stderr(&r));
+    }
+}
+
+#[test]
+fn untouched_nodes_keep_their_bytes() {
+    for name in ["llama_ts_op12.onnx", "bert_ts_op14.onnx", "t5_seq2seq_ts_op14.onnx"] {
+        let model = load(name);
+        let (new, up) = upgrade::upgrade(&model, 23).unwrap();
+        let (old, new) = (model.graph.as_ref().unwrap(), new.graph.as_ref().unwrap());
+        let adapted: std::collections::HashSet<&str> = up.adapted.iter().map(|a| a.node.as_str()).collect();
+        let kept: Vec<Vec<u8>> =
+            old.node.iter().filter(|n| !adapted.contains(n.name())).map(|n| n.encode_to_vec()).collect();
+        let added = new.node.len() - old.node.len();
+        assert_eq!(added, up.added_nodes, "{name}");
+        let unchanged: Vec<Vec<u8>> = new
+            .node
+            .iter()
+            .filter(|n| !adapted.contains(n.name()) && !(n.op_type() == "Constant" && n.name().ends_with("_axes")))
+            .map(|n| n.encode_to_vec())
+            .collect();
+        assert_eq!(kept, unchanged, "{name}");
+        assert_eq!((old.initializer.len(), &old.input, &old.output), (new.initializer.len(), &new.input, &new.output));
+    }
+}
+
+#[test]
+fn portable_says_which_candidates_need_an_upgrade_and_fuses_them_with_it() {
+    let (r, report) = run_with_report("llama_ts_op14.onnx", &["--target", "portable"]);
+    assert!(stderr(&r).contains("; 5 candidates need opset 23: add --opset 23"), "{}", stderr(&r));
+    assert_eq!(report["needs_opset"], serde_json::json!({"candidates": 5, "opset": 23}));
+    assert_eq!(report["fused"].as_array().unwrap().len(), 0);
+    let (r, report) = run_with_report("llama_ts_op14.onnx", &["--target", "portable", "--opset", "23", "--verify"]);
+    let said = stderr(&r);
+    assert!(said.contains("opset 14 -> 23 (5 nodes adapted), fused 5") && !said.contains("need opset"), "{said}");
+    assert!(report.get("needs_opset").is_none());
+    assert_eq!((report["upgrade"]["from"].as_i64(), report["upgrade"]["to"].as_i64()), (Some(14), Some(23)));
+    assert_eq!(report["upgrade"]["adapted"].as_array().unwrap().len(), 5);
+    assert_eq!(report["verification"]["passed"], true);
+    let ops: Vec<&str> = report["fused"].as_array().unwrap().iter().map(|f| f["op_type"].as_str().unwrap()).collect();
+    assert_eq!(ops, ["RMSNormalization"; 5]);
+    // The ort target fuses as usual at the upgraded opset.
+    let (_, plain) = run_with_report("llama_ts_op14.onnx", &[]);
+    let (_, up) = run_with_report("llama_ts_op14.onnx", &["--opset", "23"]);
+    assert_eq!(plain["passes"], up["passes"]);
+}
