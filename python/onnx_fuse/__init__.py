@@ -170,6 +170,7 @@ def fuse(
     passes: Union[None, str, Sequence[str]] = None,
     disable: Union[str, Sequence[str]] = (),
     target: str = "ort",
+    opset: Optional[int] = None,
     verify: bool = False,
     expect: Optional[Mapping[str, int]] = None,
     expect_min: Optional[Mapping[str, int]] = None,
@@ -190,7 +191,8 @@ def fuse(
     directly in it; ``output`` is then a folder and the report the folder's),
     or an ``onnx.ModelProto``. The arguments are the command line's:
     ``passes`` (names, or ``"default"``; ``None`` runs the default pipeline),
-    ``disable``, ``target`` (``"ort"`` or ``"portable"``), ``verify`` (prove
+    ``disable``, ``target`` (``"ort"`` or ``"portable"``), ``opset`` (upgrade
+    the default domain to that opset first, exactly, or raise), ``verify`` (prove
     the rewrite through ONNX Runtime before writing), ``expect`` and
     ``expect_min`` (``{"rms-norm": 5}``; ``"total"`` for the sum, and
     ``"FILE:PASS"`` for one file of a folder), and for verification ``dims``
@@ -217,6 +219,8 @@ def fuse(
         if disable:
             args += ["--disable", _names(disable)]
         args += ["--target", target]
+        if opset is not None:
+            args += ["--opset", str(_whole(opset, "opset"))]
         for flag, counts in (("--expect", expect), ("--expect-min", expect_min)):
             if counts:
                 args += [flag, ",".join(f"{k}={_whole(v, flag)}" for k, v in counts.items())]

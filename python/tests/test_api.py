@@ -72,6 +72,11 @@ def test_options_reach_the_command_line(testdata, tmp_path):
     report = onnx_fuse.fuse(testdata(LLAMA), out, disable="gelu,attention,skip-norm", target="portable")
     assert [p["name"] for p in report["passes"]] == ["layer-norm", "rms-norm"]
     assert report["target"] == "portable"
+    assert report["needs_opset"] == {"candidates": 5, "opset": 23}
+    report = onnx_fuse.fuse(testdata(LLAMA), out, target="portable", opset=23, verify=True)
+    assert (report["upgrade"]["from"], report["upgrade"]["to"]) == (14, 23) and "needs_opset" not in report
+    assert [f["op_type"] for f in report["fused"]] == ["RMSNormalization"] * 5
+    assert report["verification"]["passed"] is True
 
 
 def test_verify_with_dims_and_arrays(testdata, tmp_path):
@@ -103,6 +108,8 @@ def test_usage_errors(testdata, tmp_path):
         (dict(passes="nope"), 'unknown pass "nope"'),
         (dict(rtol=0.1), "--rtol is an option of --verify"),
         (dict(expect={"rms-norm": 1}, expect_min={"rms-norm": 2}), "contradicts"),
+        (dict(opset=12), "never downgrades"),
+        (dict(opset=27), "27 is not in 1..=26"),
     ]:
         with pytest.raises(onnx_fuse.UsageError) as e:
             onnx_fuse.fuse(testdata(LLAMA), tmp_path / "out.onnx", **kwargs)
