@@ -136,6 +136,13 @@ enum Extra {
     KeyAlreadyTransposed,
     /// The transposed key is also a graph output.
     KeyReadElsewhere,
+    /// An additive constant mask of the scores' last two axes holding this
+    /// fill in every other key (an ALiBi-like bias elsewhere).
+    ConstantMask(f64),
+    /// A constant mask of one row, broadcast over the queries.
+    ConstantMaskRow,
+    /// A constant mask added before the scale.
+    ConstantMaskBeforeScale,
 }
 
 fn attention_model(opset: i64, elem: i32, [q, key, v]: [&[i64]; 3], extra: Extra) -> ModelProto {
@@ -154,12 +161,28 @@ fn attention_model(opset: i64, elem: i32, [q, key, v]: [&[i64]; 3], extra: Extra
     };
     let v_in = b.input("v", elem, Some(&dims(v)));
     let mut s = b.node("MatMul", &[&q_in, &k], vec![]);
+    let (sq, t) = (q[rank - 2], key[rank - 2]);
+    let constant_mask = |b: &mut Builder, rows: i64, fill: f64| {
+        let values: Vec<f64> = (0..rows * t).map(|i| if i % 2 == 1 { fill } else { -0.25 * (i % t) as f64 }).collect();
+        b.init("bias_mask", tensor(elem, &[1, 1, rows, t][4 - rank..], &values))
+    };
+    if extra == Extra::ConstantMaskBeforeScale {
+        let mask = constant_mask(&mut b, sq, -1e9);
+        s = b.node("Add", &[&s, &mask], vec![]);
+    }
     let divisor = match extra {
         Extra::Divisor => b.input("d", elem, Some(&[])),
         _ => b.init("eight", tensor(elem, &[], &[8.0])),
     };
     s = b.node("Div", &[&s, &divisor], vec![]);
-    let (sq, t) = (q[rank - 2], key[rank - 2]);
+    if let Extra::ConstantMask(fill) = extra {
+        let mask = constant_mask(&mut b, sq, fill);
+        s = b.node("Add", &[&mask, &s], vec![]);
+    }
+    if extra == Extra::ConstantMaskRow {
+        let mask = constant_mask(&mut b, 1, -1e9);
+        s = b.node("Add", &[&s, &mask], vec![]);
+    }
     if extra == Extra::Mask {
         let mask = b.input("mask", elem, Some(&dims(&[1, 1, sq, t][4 - rank..])));
         s = b.node("Add", &[&s, &mask], vec![]);
@@ -181,8 +204,11 @@ fn attention_model(opset: i64, elem: i32, [q, key, v]: [&[i64]; 3], extra: Extra
 #[test]
 fn attention_is_onnx_attention_from_opset_23() {
     // (q, key, v) shapes: heads in axis 1, folded into the batch (3-D), one shared key/value head.
-    let cases: [(&str, [&[i64]; 3], Extra); 4] = [
+    let cases: [(&str, [&[i64]; 3], Extra); 7] = [
         ("4-D", [&[2, 4, 5, 8], &[2, 4, 6, 8], &[2, 4, 6, 8]], Extra::Nothing),
+        ("constant finite mask", [&[2, 4, 5, 8], &[2, 4, 6, 8], &[2, 4, 6, 8]], Extra::ConstantMask(-1e9)),
+        ("constant mask, fill -1e4", [&[2, 4, 5, 8], &[2, 4, 6, 8], &[2, 4, 6, 8]], Extra::ConstantMask(-1e4)),
+        ("constant mask, 3-D", [&[8, 5, 8], &[8, 6, 8], &[8, 6, 8]], Extra::ConstantMask(-3e38)),
         ("3-D", [&[8, 5, 8], &[8, 6, 8], &[8, 6, 8]], Extra::Nothing),
         ("one key/value head", [&[2, 4, 5, 8], &[2, 1, 6, 8], &[2, 1, 6, 3]], Extra::Nothing),
         ("key read elsewhere", [&[2, 4, 5, 8], &[2, 4, 6, 8], &[2, 4, 6, 8]], Extra::KeyReadElsewhere),
@@ -192,17 +218,17 @@ fn attention_is_onnx_attention_from_opset_23() {
         let (fused, outcome) = fuse_for(&original, Target::Portable);
         assert_eq!(outcome.fused.len(), 1, "{what}: {:?}", outcome.declined);
         let node = all_nodes(&fused).into_iter().find(|n| n.op_type() == "Attention").expect("Attention");
-        assert_eq!(
-            (node.domain(), node.input.as_slice()),
-            ("", &["q".to_string(), "key".into(), "v".into()][..]),
-            "{what}"
-        );
+        let mut inputs = vec!["q".to_string(), "key".into(), "v".into()];
+        if matches!(extra, Extra::ConstantMask(_)) {
+            inputs.push("bias_mask".into()); // handed over as it is: every row computes what the core does
+        }
+        assert_eq!((node.domain(), node.input.as_slice()), ("", &inputs[..]), "{what}");
         assert_eq!(node.attr_float("scale"), Some(0.125), "{what}: 1/8");
         let heads = (node.attr_int("q_num_heads"), node.attr_int("kv_num_heads"));
         assert_eq!(heads, if shapes[0].len() == 3 { (Some(1), Some(1)) } else { (None, None) }, "{what}");
         let transpose_kept = extra == Extra::KeyReadElsewhere;
         assert_eq!(count_op(&fused, "Transpose"), usize::from(transpose_kept), "{what}");
-        let removed = if transpose_kept { 4 } else { 5 };
+        let removed = if transpose_kept { 4 } else { 5 } + usize::from(inputs.len() == 4);
         assert_eq!(fused_list(node).len(), removed, "{what}: {:?}", fused_list(node));
         assert!(fused.functions.is_empty());
         verify_here(&original, &fused);
@@ -215,9 +241,13 @@ type NearMiss<'a> = (&'a str, i64, i32, [&'a [i64]; 3], Extra, &'a str);
 #[test]
 fn attention_that_onnx_attention_does_not_compute_stays_for_portable() {
     let four: [&[i64]; 3] = [&[2, 4, 5, 8], &[2, 4, 6, 8], &[2, 4, 6, 8]];
-    let cases: [NearMiss; 8] = [
+    let cases: [NearMiss; 12] = [
         ("opset 22", 22, FLOAT, four, Extra::Nothing, "needs opset 23 for Attention (the model imports opset 22)"),
-        ("additive mask", 23, FLOAT, four, Extra::Mask, "a masked core"),
+        ("additive mask", 23, FLOAT, four, Extra::Mask, "a masked core: its mask is computed at run time"),
+        ("constant mask of lowest", 23, FLOAT, four, Extra::ConstantMask(f64::from(f32::MIN)), "its type's lowest"),
+        ("constant mask of -inf", 23, FLOAT, four, Extra::ConstantMask(f64::NEG_INFINITY), "holds -inf"),
+        ("constant mask of one row", 23, FLOAT, four, Extra::ConstantMaskRow, "the mask's shape [1, 1, 1, 6]"),
+        ("mask before the scale", 23, FLOAT, four, Extra::ConstantMaskBeforeScale, "added before the scale"),
         ("bool keep", 23, FLOAT, four, Extra::Where, "a masked core"),
         ("divisor computed", 23, FLOAT, four, Extra::Divisor, "the divisor d is computed at run time"),
         ("key already transposed", 23, FLOAT, four, Extra::KeyAlreadyTransposed, "the key k is not a Transpose"),

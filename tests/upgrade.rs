@@ -92,7 +92,11 @@ fn squeeze_unsqueeze_split_slice_and_topk_read_their_ints_as_inputs() {
     let un = b.node("Unsqueeze", &[&sq], vec![attr_ints("axes", &[0, 3])]);
     b.node_to("Split", &[&x], &["part_a", "part_b"], vec![attr_int("axis", 2), attr_ints("split", &[2, 4])]);
     b.node_to("Split", &[&x], &["half_a", "half_b"], vec![attr_int("axis", -1)]);
-    let sl = b.node("Slice", &[&x], vec![attr_ints("starts", &[1]), attr_ints("ends", &[i64::MAX]), attr_ints("axes", &[2])]);
+    let sl = b.node(
+        "Slice",
+        &[&x],
+        vec![attr_ints("starts", &[1]), attr_ints("ends", &[i64::MAX]), attr_ints("axes", &[2])],
+    );
     b.node_to("TopK", &[&x], &["top_v", "top_i"], vec![attr_int("k", 2)]);
     for (v, d) in [
         (un.as_str(), vec![1, 2, 6, 1]),
@@ -147,9 +151,9 @@ fn clip_6_keeps_clamping_infinities_to_its_default_bounds() {
 fn pad_dropout_batch_norm_and_scatter_take_their_newer_forms() {
     let mut b = Builder::default();
     let x = one_input(&mut b, &[2, 3, 4]);
-    let padded = b.node("Pad", &[&x], vec![attr_ints("pads", &[0, 1, 0, 0, 2, 1]), common::build::attr_float("value", 1.5)]);
-    let reflected =
-        b.node("Pad", &[&x], vec![attr_ints("pads", &[0, 0, 1, 0, 0, 1]), attr_string("mode", "reflect")]);
+    let padded =
+        b.node("Pad", &[&x], vec![attr_ints("pads", &[0, 1, 0, 0, 2, 1]), common::build::attr_float("value", 1.5)]);
+    let reflected = b.node("Pad", &[&x], vec![attr_ints("pads", &[0, 0, 1, 0, 0, 1]), attr_string("mode", "reflect")]);
     let dropped = b.node("Dropout", &[&x], vec![common::build::attr_float("ratio", 0.3)]);
     let scale = b.init("bn_scale", tensor(FLOAT, &[3], &[1.0, 2.0, 0.5]));
     let bias = b.init("bn_bias", tensor(FLOAT, &[3], &[0.0, 1.0, -1.0]));
@@ -228,7 +232,8 @@ fn bodies_and_local_functions_are_upgraded_too() {
     let cond = b.input("cond", BOOL, Some(&[]));
     body.graph.name = Some("then".into());
     other.graph.name = Some("else".into());
-    let branch = b.node("If", &[&cond], vec![attr_graph("then_branch", body.graph), attr_graph("else_branch", other.graph)]);
+    let branch =
+        b.node("If", &[&cond], vec![attr_graph("then_branch", body.graph), attr_graph("else_branch", other.graph)]);
     b.output(&branch, FLOAT, None);
     b.graph.node.push(NodeProto {
         op_type: Some("SumLast".into()),
@@ -267,7 +272,11 @@ fn bodies_and_local_functions_are_upgraded_too() {
     );
     let g = new.graph.as_ref().unwrap();
     let else_branch = g.node[0].attribute[1].g.as_ref().unwrap();
-    assert_eq!((else_branch.node.len(), else_branch.node[0].attr_int("axis")), (1, Some(-1)), "the rank seen from the body");
+    assert_eq!(
+        (else_branch.node.len(), else_branch.node[0].attr_int("axis")),
+        (1, Some(-1)),
+        "the rank seen from the body"
+    );
     assert_eq!(new.functions[0].opset_import[0].version(), 18);
     assert_eq!(new.functions[0].node.len(), 2, "the axes Constant and the ReduceSum");
 }
@@ -305,7 +314,11 @@ fn an_upgrade_with_no_exact_adapter_is_refused_naming_the_node_and_versions() {
             11,
             "auto_pad SAME_*",
         ),
-        (single("MaxPool", &["x"], &["y"], vec![attr_ints("kernel_shape", &[2, 2]), attr_int("ceil_mode", 1)], 10), 12, "ceil_mode 1"),
+        (
+            single("MaxPool", &["x"], &["y"], vec![attr_ints("kernel_shape", &[2, 2]), attr_int("ceil_mode", 1)], 10),
+            12,
+            "ceil_mode 1",
+        ),
         (single("Gelu", &["x"], &["y"], vec![], 14), 20, "Gelu n0_Gelu (main) is no ONNX operator at opset 14"),
     ];
     for (model, to, says) in cases {
@@ -340,10 +353,7 @@ fn the_cli_refuses_an_upgrade_in_whole_and_writes_nothing() {
     assert_eq!(said.lines().count(), 1, "{said}");
     assert!(said.contains("m.onnx: cannot upgrade to opset 13: Resize n0_Resize (main), version 10 to 11"), "{said}");
     assert!(!output.exists());
-    for (args, says) in [
-        (vec!["--opset", "27"], "27 is not in 1..=26"),
-        (vec!["--opset", "9"], "never downgrades"),
-    ] {
+    for (args, says) in [(vec!["--opset", "27"], "27 is not in 1..=26"), (vec!["--opset", "9"], "never downgrades")] {
         let r = run(&[&args[..], &[input.to_str().unwrap(), "-o", output.to_str().unwrap()]].concat());
         assert_eq!(r.status.code(), Some(2), "{}", stderr(&r));
         assert!(stderr(&r).contains(says), "{}", stderr(&r));

@@ -163,12 +163,14 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
 /// `--target portable`: ONNX's `Attention` (from opset 23), which computes
 /// `softmax(scale · Q·Kᵀ) · V` from the key *before* its transpose.
 ///
-/// Only the unmasked core is written: it is the same function on every
-/// runtime. A masked core is not, because runtimes disagree on a row whose
-/// keys are all masked: the original averages the values (a finite fill)
-/// or gives NaN (-inf), ONNX Runtime's `Attention` writes zeros for a row
-/// of float lowest, OpenVINO averages, the spec's errata zeroes it
-/// (measured: docs/targets.md).
+/// Written for the unmasked core, and for a core whose one additive mask
+/// is a constant of finite values above its type's lowest, added after the
+/// scale: `Attention` adds it the same way. Any other mask is not handed
+/// over, because runtimes disagree on a row whose keys are all masked: the
+/// original averages the values (a finite fill) or gives NaN (-inf), ONNX
+/// Runtime's `Attention` writes zeros for a row of float lowest or -inf,
+/// OpenVINO averages, the spec's errata zeroes it (measured:
+/// docs/targets.md).
 fn onnx_attention(g: &Graph, shapes: &Shapes, mut m: Match, [q, k, v]: [&str; 3], steps: &[Step]) -> Check<Rewrite> {
     let elem = g.elem_type(q);
     require!(
@@ -177,9 +179,17 @@ fn onnx_attention(g: &Graph, shapes: &Shapes, mut m: Match, [q, k, v]: [&str; 3]
         type_text(elem)
     );
     let mut scale = 1.0;
-    for step in steps {
+    let mut mask = None;
+    for (i, step) in steps.iter().enumerate() {
         match step {
             Step::Softmax | Step::Reshape { .. } => {} // each Reshape pair gives back its shape (proved)
+            Step::Mask(value) if mask.is_none() => {
+                let later = &steps[i + 1..];
+                require!(!later.iter().any(|s| matches!(s, Step::Scale(..))), "the mask is added before the scale");
+                let reshaped = steps[..i].iter().any(|s| matches!(s, Step::Reshape { .. }));
+                require!(!reshaped, "the mask is added to reshaped scores");
+                mask = Some(handed_over_mask(g, value, elem)?);
+            }
             Step::Scale(op, c) => {
                 let c = c.scalar().expect("a constant with one value, proved when matched");
                 scale = if *op == "Div" { 1.0 / c } else { c };
@@ -187,9 +197,13 @@ fn onnx_attention(g: &Graph, shapes: &Shapes, mut m: Match, [q, k, v]: [&str; 3]
             Step::Cast(to) => {
                 require!(Some(*to) == elem, "a Cast between the MatMuls changes the type Attention computes in")
             }
-            Step::Where { .. } | Step::Mask(_) => {
+            Step::Mask(_) => return Err(Miss::Declined("more than one additive mask".into())),
+            Step::Where { .. } => {
                 return Err(Miss::Declined(
-                    "a masked core: runtimes' Attention differs from it on rows whose keys are all masked".into(),
+                    "a masked core: ONNX Runtime's Attention zeroes a row whose mask is all float lowest or -inf \
+                     (the fills exports write), where this core averages the values or gives NaN; a mask with \
+                     another fill would differ from the core wherever a score passes 2^103"
+                        .into(),
                 ))
             }
             Step::Divisor(d) => return Err(Miss::Declined(format!("the divisor {d} is computed at run time"))),
@@ -238,8 +252,59 @@ fn onnx_attention(g: &Graph, shapes: &Shapes, mut m: Match, [q, k, v]: [&str; 3]
     } else {
         attributes.extend([AttributeProto::int("q_num_heads", 1), AttributeProto::int("kv_num_heads", 1)]);
     }
+    let mut inputs = vec![q, key, v];
+    if let Some((value, dims)) = mask {
+        // Attention takes a mask of the scores' last two axes exactly, and
+        // before them one of 1 or the heads, then 1 or the batch (the heads
+        // are the batch of the 3-D form).
+        let (seq, total) = (&sq[rank - 2], &sk[rank - 2]);
+        let leading: Vec<&crate::shapes::Dim> = if rank == 4 { vec![&sq[1], &sq[0]] } else { vec![] };
+        let n = dims.len();
+        let fits = n >= 2
+            && n <= 2 + leading.len().max(1)
+            && seq.value() == Some(dims[n - 2])
+            && total.value() == Some(dims[n - 1])
+            && dims[..n - 2]
+                .iter()
+                .rev()
+                .enumerate()
+                .all(|(i, &d)| d == 1 || leading.get(i).and_then(|l| l.value()) == Some(d));
+        require!(
+            fits,
+            "the mask's shape {dims:?} is not the scores' last two axes ({seq}, {total}) with leading axes of 1 or theirs"
+        );
+        inputs.push(value);
+    }
     g.require_opset(23, "Attention")?;
-    Ok(m.replace_with(crate::rewrite::node("Attention", &[q, key, v], attributes)))
+    Ok(m.replace_with(crate::rewrite::node("Attention", &inputs, attributes)))
+}
+
+/// An additive mask Attention computes exactly as the core does: a
+/// constant of the core's type whose values are all finite and above the
+/// type's lowest (ONNX Runtime's `Attention` zeroes a row of lowest or
+/// -inf, where the core averages the values or gives NaN). Returns it and
+/// its shape.
+fn handed_over_mask<'a>(g: &Graph<'a>, value: &'a str, elem: Option<i32>) -> Check<(&'a str, Vec<i64>)> {
+    let Some(t) = g.constant(value) else {
+        return Err(Miss::Declined(
+            "a masked core: its mask is computed at run time and may hold float lowest or -inf (the fills exports \
+             write); ONNX Runtime's Attention zeroes a row of them, where this core averages the values or gives \
+             NaN, and a mask with another fill would differ from the core wherever a score passes 2^103"
+                .into(),
+        ));
+    };
+    require!(Some(t.data_type()) == elem, "the mask is {}, not the type of q", type_text(Some(t.data_type())));
+    let lowest = match t.data_type() {
+        FLOAT => f64::from(f32::MIN),
+        FLOAT16 => f64::from(half::f16::MIN),
+        _ => f64::MIN,
+    };
+    let values = t.values().ok_or_else(|| Miss::Declined("the mask's values cannot be read".into()))?;
+    require!(
+        values.iter().all(|v| v.is_finite() && *v > lowest),
+        "the mask holds -inf, NaN or its type's lowest: ONNX Runtime's Attention zeroes a row of them"
+    );
+    Ok((value, t.dims.clone()))
 }
 
 fn is_float(to: Option<i32>) -> bool {
