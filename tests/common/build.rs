@@ -92,12 +92,7 @@ pub fn attr_ints(name: &str, v: &[i64]) -> AttributeProto {
 }
 
 pub fn attr_tensor(name: &str, t: TensorProto) -> AttributeProto {
-    AttributeProto {
-        name: Some(name.into()),
-        r#type: Some(AttributeType::Tensor as i32),
-        t: Some(t),
-        ..Default::default()
-    }
+    AttributeProto::tensor(name, t)
 }
 
 pub fn attr_graph(name: &str, g: GraphProto) -> AttributeProto {
