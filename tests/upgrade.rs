@@ -325,6 +325,37 @@ fn an_upgrade_with_no_exact_adapter_is_refused_naming_the_node_and_versions() {
         let e = refused(&model, to);
         assert!(e.starts_with(&format!("cannot upgrade to opset {to}: ")) && e.contains(says), "{e}");
     }
+    // An attribute of another type than the version defines.
+    let e = refused(&single("ReduceSum", &["x"], &["y"], vec![attr_int("axes", 1)], 11), 13);
+    assert!(
+        e.contains("ReduceSum n0_ReduceSum (main), version 11 to 13: its attribute axes is not of type INTS"),
+        "{e}"
+    );
+    // A function body's attribute taken from its caller is not known.
+    let mut model = single("Relu", &["x"], &["y"], vec![], 11);
+    let by_reference =
+        AttributeProto { name: Some("axes".into()), ref_attr_name: Some("dims".into()), ..Default::default() };
+    model.functions.push(FunctionProto {
+        name: Some("Sum".into()),
+        domain: Some("local".into()),
+        input: vec!["a".into()],
+        output: vec!["s".into()],
+        attribute: vec!["dims".into()],
+        node: vec![NodeProto {
+            op_type: Some("ReduceSum".into()),
+            input: vec!["a".into()],
+            output: vec!["s".into()],
+            attribute: vec![by_reference],
+            ..Default::default()
+        }],
+        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(11) }],
+        ..Default::default()
+    });
+    let e = refused(&model, 13);
+    assert!(
+        e.contains("(function local.Sum), version 11 to 13: its attribute axes is the function's attribute dims"),
+        "{e}"
+    );
     let e = refused(&single("Relu", &["x"], &["y"], vec![], 14), 13);
     assert!(e.contains("never downgrades"), "{e}");
     let e = refused(&single("Relu", &["x"], &["y"], vec![], 6), 13);

@@ -129,24 +129,24 @@ fn float_scalar(elem: Option<i32>, value: f32, what: &str) -> Result<TensorProto
 }
 
 /// An attribute of ints becomes the constant input at `slot` (absent stays absent).
-fn ints_to_input(site: &mut Site, attribute: &str, slot: usize) -> Option<String> {
-    let values = site.take_attribute(attribute)?.ints;
+fn ints_to_input(site: &mut Site, attribute: &str, slot: usize) -> Result<Option<String>, String> {
+    let Some(values) = site.take_ints(attribute)? else { return Ok(None) };
     site.set_input(slot, int64s(&values), attribute);
-    Some(format!("{attribute} {values:?} from attribute to input"))
+    Ok(Some(format!("{attribute} {values:?} from attribute to input")))
 }
 
 fn axes_to_input(site: &mut Site) -> Result<String, String> {
     if site.node.input.get(1).is_some_and(|i| !i.is_empty()) {
         return Err("it has a second input, which its version does not define".into());
     }
-    Ok(ints_to_input(site, "axes", 1).unwrap_or_else(|| "no axes: unchanged".into()))
+    Ok(ints_to_input(site, "axes", 1)?.unwrap_or_else(|| "no axes: unchanged".into()))
 }
 
 fn split_to_input(site: &mut Site) -> Result<String, String> {
     if site.node.input.len() > 1 {
         return Err("it has a second input, which its version does not define".into());
     }
-    Ok(ints_to_input(site, "split", 1).unwrap_or_else(|| "equal parts: unchanged".into()))
+    Ok(ints_to_input(site, "split", 1)?.unwrap_or_else(|| "equal parts: unchanged".into()))
 }
 
 /// Split-18 splits into equal parts only when told how many
@@ -166,11 +166,11 @@ fn slice_to_inputs(site: &mut Site) -> Result<String, String> {
     if site.node.input.len() > 1 {
         return Err("it has more than one input, which its version does not define".into());
     }
-    let starts = site.take_attribute("starts").ok_or("it has no starts")?.ints;
-    let ends = site.take_attribute("ends").ok_or("it has no ends")?.ints;
+    let starts = site.take_ints("starts")?.ok_or("it has no starts")?;
+    let ends = site.take_ints("ends")?.ok_or("it has no ends")?;
     site.set_input(1, int64s(&starts), "starts");
     site.set_input(2, int64s(&ends), "ends");
-    let axes = site.take_attribute("axes").map(|a| a.ints);
+    let axes = site.take_ints("axes")?;
     if let Some(axes) = &axes {
         site.set_input(3, int64s(axes), "axes");
     }
@@ -184,7 +184,7 @@ fn slice_to_inputs(site: &mut Site) -> Result<String, String> {
 }
 
 fn k_to_input(site: &mut Site) -> Result<String, String> {
-    let k = site.take_attribute("k").ok_or("it has no k")?.i();
+    let k = site.take_int("k")?.ok_or("it has no k")?;
     site.set_input(1, int64s(&[k]), "k");
     Ok(format!("k {k} from attribute to input"))
 }
@@ -199,17 +199,17 @@ fn clip_bounds_to_inputs(site: &mut Site) -> Result<String, String> {
         // another type is not something a runtime showed.
         return Err(format!("its data is {}, and Clip-6 is adapted for f32 only", crate::onnx::type_text(elem)));
     }
-    let min = site.take_attribute("min").map_or(f32::MIN, |a| a.f());
-    let max = site.take_attribute("max").map_or(f32::MAX, |a| a.f());
+    let min = site.take_float("min")?.unwrap_or(f32::MIN);
+    let max = site.take_float("max")?.unwrap_or(f32::MAX);
     site.set_input(1, float_scalar(elem, min, "min")?, "min");
     site.set_input(2, float_scalar(elem, max, "max")?, "max");
     Ok(format!("min {min:e}, max {max:e} from attributes to inputs"))
 }
 
 fn pads_to_inputs(site: &mut Site) -> Result<String, String> {
-    let pads = site.take_attribute("pads").ok_or("it has no pads")?.ints;
+    let pads = site.take_ints("pads")?.ok_or("it has no pads")?;
     let mode = site.node.attr("mode").map(|a| String::from_utf8_lossy(a.s()).to_string());
-    let value = site.take_attribute("value").map_or(0.0, |a| a.f());
+    let value = site.take_float("value")?.unwrap_or(0.0);
     let elem = site.elem_type(0);
     site.set_input(1, int64s(&pads), "pads");
     if mode.as_deref().is_none_or(|m| m == "constant") {
@@ -230,7 +230,7 @@ fn dropout_mask_unread(site: &Site) -> Result<(), String> {
 /// Dropout-12 reads the ratio as an input, and runs in inference mode
 /// unless `training_mode` says otherwise: the same as before.
 fn dropout_ratio_to_input(site: &mut Site) -> Result<String, String> {
-    let Some(ratio) = site.take_attribute("ratio").map(|a| a.f()) else {
+    let Some(ratio) = site.take_float("ratio")? else {
         return Ok("default ratio: unchanged".into());
     };
     site.set_input(1, float_scalar(Some(FLOAT), ratio, "ratio")?, "ratio");
@@ -273,7 +273,7 @@ fn one_axis_from_flattened(site: &mut Site) -> Result<String, String> {
 
 /// BatchNormalization-9 dropped `spatial`, whose default (1) it keeps.
 fn batch_norm_spatial(site: &mut Site) -> Result<String, String> {
-    match site.take_attribute("spatial").map(|a| a.i()) {
+    match site.take_int("spatial")? {
         None => Ok("unchanged".into()),
         Some(1) => Ok("spatial 1 (the only meaning left) dropped".into()),
         Some(s) => Err(format!("spatial {s}: per-activation statistics have no later form")),

@@ -15,7 +15,9 @@ pub mod history;
 use std::collections::HashSet;
 
 use crate::graph::{Graph, Scope};
-use crate::onnx::{AttributeProto, FunctionProto, GraphProto, ModelProto, NodeProto, TensorProto, ValueInfoProto};
+use crate::onnx::{
+    AttributeProto, AttributeType, FunctionProto, GraphProto, ModelProto, NodeProto, TensorProto, ValueInfoProto,
+};
 use crate::rewrite::{body_path, display_name};
 
 pub use history::MAX_OPSET;
@@ -213,6 +215,14 @@ impl Run<'_> {
         let crossed: Vec<i64> = history_of(op).iter().copied().filter(|&v| v > old && v <= new).collect();
         let mut site = Site { node: node.clone(), before: vec![], after: vec![], g, names: &mut self.names };
         let mut notes = Vec::new();
+        // An attribute a function body takes from its caller is not known
+        // here: no adapter or check can read it.
+        let referenced = node.attribute.iter().find(|a| !a.ref_attr_name().is_empty());
+        if let (Some(a), true) = (referenced, crossed.iter().any(|&v| changes::change(op, v).is_some())) {
+            let why = format!("its attribute {} is the function's attribute {}", a.name(), a.ref_attr_name());
+            self.refused.push(format!("{op} {name} ({path}), version {old} to {new}: {why}"));
+            return None;
+        }
         for version in crossed {
             let outcome = match changes::change(op, version) {
                 None => Ok(None),
@@ -261,10 +271,28 @@ pub struct Site<'g, 'a> {
 }
 
 impl Site<'_, '_> {
-    /// Removes an attribute and returns it.
-    pub fn take_attribute(&mut self, name: &str) -> Option<AttributeProto> {
-        let i = self.node.attribute.iter().position(|a| a.name() == name)?;
-        Some(self.node.attribute.remove(i))
+    /// Removes an attribute and returns it, if it has the type `kind`
+    /// (an attribute of another type is a node its version does not
+    /// define: refused).
+    fn take(&mut self, name: &str, kind: AttributeType) -> Result<Option<AttributeProto>, String> {
+        let Some(i) = self.node.attribute.iter().position(|a| a.name() == name) else { return Ok(None) };
+        let a = &self.node.attribute[i];
+        if a.r#type.is_some_and(|t| t != kind as i32) {
+            return Err(format!("its attribute {name} is not of type {}", kind.as_str_name()));
+        }
+        Ok(Some(self.node.attribute.remove(i)))
+    }
+
+    pub fn take_ints(&mut self, name: &str) -> Result<Option<Vec<i64>>, String> {
+        Ok(self.take(name, AttributeType::Ints)?.map(|a| a.ints))
+    }
+
+    pub fn take_int(&mut self, name: &str) -> Result<Option<i64>, String> {
+        Ok(self.take(name, AttributeType::Int)?.map(|a| a.i()))
+    }
+
+    pub fn take_float(&mut self, name: &str) -> Result<Option<f32>, String> {
+        Ok(self.take(name, AttributeType::Float)?.map(|a| a.f()))
     }
 
     pub fn string_attr(&self, name: &str) -> Option<String> {
