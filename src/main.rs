@@ -168,7 +168,7 @@ struct FuseArgs {
     /// Upgrade the model's default domain to opset N before fusing, every node in its version-N form
     /// (exact adapters only; refused, naming the node, where none exists; never a downgrade; N at most
     /// 26, the newest the pinned ONNX Runtime runs). See docs/targets.md.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(i64).range(1..=onnx_fuse::upgrade::MAX_OPSET))]
+    #[arg(long, value_name = "N", value_parser = parse_opset)]
     opset: Option<i64>,
     /// List the passes with a one-line description, and exit.
     #[arg(long)]
@@ -204,6 +204,16 @@ struct FuseArgs {
     verify: bool,
     #[command(flatten)]
     verify_args: VerifyArgs,
+}
+
+/// `--opset N`: a whole number up to the newest opset the pinned ONNX Runtime runs.
+fn parse_opset(text: &str) -> Result<i64, String> {
+    let n: i64 = text.parse().map_err(|_| format!("{text:?} is not an opset number"))?;
+    let max = onnx_fuse::upgrade::MAX_OPSET;
+    if !(1..=max).contains(&n) {
+        return Err(format!("opset {n}: the pinned ONNX Runtime (1.31.1) runs opsets 1 to {max}"));
+    }
+    Ok(n)
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
