@@ -143,6 +143,9 @@ enum Extra {
     ConstantMaskRow,
     /// A constant mask added before the scale.
     ConstantMaskBeforeScale,
+    /// A constant mask of two batches on scores of one: the sum broadcasts
+    /// the scores to the mask's batch.
+    ConstantMaskWiderBatch,
 }
 
 fn attention_model(opset: i64, elem: i32, [q, key, v]: [&[i64]; 3], extra: Extra) -> ModelProto {
@@ -178,6 +181,11 @@ fn attention_model(opset: i64, elem: i32, [q, key, v]: [&[i64]; 3], extra: Extra
     if let Extra::ConstantMask(fill) = extra {
         let mask = constant_mask(&mut b, sq, fill);
         s = b.node("Add", &[&mask, &s], vec![]);
+    }
+    if extra == Extra::ConstantMaskWiderBatch {
+        let values: Vec<f64> = (0..2 * sq * t).map(|i| -0.5 * (i % 3) as f64).collect();
+        let mask = b.init("bias_mask", tensor(elem, &[2, 1, sq, t], &values));
+        s = b.node("Add", &[&s, &mask], vec![]);
     }
     if extra == Extra::ConstantMaskRow {
         let mask = constant_mask(&mut b, 1, -1e9);
@@ -241,13 +249,21 @@ type NearMiss<'a> = (&'a str, i64, i32, [&'a [i64]; 3], Extra, &'a str);
 #[test]
 fn attention_that_onnx_attention_does_not_compute_stays_for_portable() {
     let four: [&[i64]; 3] = [&[2, 4, 5, 8], &[2, 4, 6, 8], &[2, 4, 6, 8]];
-    let cases: [NearMiss; 12] = [
+    let cases: [NearMiss; 13] = [
         ("opset 22", 22, FLOAT, four, Extra::Nothing, "needs opset 23 for Attention (the model imports opset 22)"),
         ("additive mask", 23, FLOAT, four, Extra::Mask, "a masked core: its mask is computed at run time"),
         ("constant mask of lowest", 23, FLOAT, four, Extra::ConstantMask(f64::from(f32::MIN)), "its type's lowest"),
         ("constant mask of -inf", 23, FLOAT, four, Extra::ConstantMask(f64::NEG_INFINITY), "holds -inf"),
         ("constant mask of one row", 23, FLOAT, four, Extra::ConstantMaskRow, "the mask's shape [1, 1, 1, 6]"),
         ("mask before the scale", 23, FLOAT, four, Extra::ConstantMaskBeforeScale, "added before the scale"),
+        (
+            "mask of a wider batch",
+            23,
+            FLOAT,
+            [&[1, 4, 5, 8], &[1, 4, 6, 8], &[1, 4, 6, 8]],
+            Extra::ConstantMaskWiderBatch,
+            "the mask's shape [2, 1, 5, 6]",
+        ),
         ("bool keep", 23, FLOAT, four, Extra::Where, "a masked core"),
         ("divisor computed", 23, FLOAT, four, Extra::Divisor, "the divisor d is computed at run time"),
         ("key already transposed", 23, FLOAT, four, Extra::KeyAlreadyTransposed, "the key k is not a Transpose"),
