@@ -198,14 +198,7 @@ fn onnx_attention(g: &Graph, shapes: &Shapes, mut m: Match, [q, k, v]: [&str; 3]
                 require!(Some(*to) == elem, "a Cast between the MatMuls changes the type Attention computes in")
             }
             Step::Mask(_) => return Err(Miss::Declined("more than one additive mask".into())),
-            Step::Where { .. } => {
-                return Err(Miss::Declined(
-                    "a masked core: ONNX Runtime's Attention zeroes a row whose mask is all float lowest or -inf \
-                     (the fills exports write), where this core averages the values or gives NaN; a mask with \
-                     another fill would differ from the core wherever a score passes 2^103"
-                        .into(),
-                ))
-            }
+            Step::Where { .. } => return Err(Miss::Declined(format!("a masked core (Where): {MASK_FILLS}"))),
             Step::Divisor(d) => return Err(Miss::Declined(format!("the divisor {d} is computed at run time"))),
             Step::NanGuard(_) => return Err(Miss::Declined("a NaN guard: Attention does not zero NaN rows".into())),
         }
@@ -279,6 +272,11 @@ fn onnx_attention(g: &Graph, shapes: &Shapes, mut m: Match, [q, k, v]: [&str; 3]
     Ok(m.replace_with(crate::rewrite::node("Attention", &inputs, attributes)))
 }
 
+/// Why a mask that may hold the fills exports write is not handed over.
+const MASK_FILLS: &str = "ONNX Runtime's Attention zeroes a row whose mask is all float lowest or -inf (the fills \
+                          exports write), where this core averages the values or gives NaN; a mask with another \
+                          fill would differ from the core wherever a score passes 2^103";
+
 /// An additive mask Attention computes exactly as the core does: a
 /// constant of the core's type whose values are all finite and above the
 /// type's lowest (ONNX Runtime's `Attention` zeroes a row of lowest or
@@ -286,12 +284,7 @@ fn onnx_attention(g: &Graph, shapes: &Shapes, mut m: Match, [q, k, v]: [&str; 3]
 /// its shape.
 fn handed_over_mask<'a>(g: &Graph<'a>, value: &'a str, elem: Option<i32>) -> Check<(&'a str, Vec<i64>)> {
     let Some(t) = g.constant(value) else {
-        return Err(Miss::Declined(
-            "a masked core: its mask is computed at run time and may hold float lowest or -inf (the fills exports \
-             write); ONNX Runtime's Attention zeroes a row of them, where this core averages the values or gives \
-             NaN, and a mask with another fill would differ from the core wherever a score passes 2^103"
-                .into(),
-        ));
+        return Err(Miss::Declined(format!("a masked core: its mask is computed at run time; {MASK_FILLS}")));
     };
     require!(Some(t.data_type()) == elem, "the mask is {}, not the type of q", type_text(Some(t.data_type())));
     let lowest = match t.data_type() {
