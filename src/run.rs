@@ -134,13 +134,9 @@ fn fuse_loaded(
     let upgrade = match settings.opset {
         Some(to) => {
             progress(format!("upgrading {} to opset {to}", input.display()));
-            let (model, upgrade) = crate::upgrade::upgrade(&loaded.model, to).map_err(|e| {
-                let e = anyhow::anyhow!("{}: {e}", input.display());
-                if to < loaded.model.default_opset() {
-                    usage(e.to_string())
-                } else {
-                    e
-                }
+            let (model, upgrade) = crate::upgrade::upgrade(&loaded.model, to).map_err(|e| match e {
+                crate::upgrade::Refused::Asked(why) => usage(format!("{}: {why}", input.display())),
+                crate::upgrade::Refused::Model(why) => anyhow::anyhow!("{}: {why}", input.display()),
             })?;
             loaded.model = model;
             Some(upgrade)

@@ -38,7 +38,7 @@ fn upgraded(model: &ModelProto, to: i64) -> (ModelProto, Upgrade) {
 fn refused(model: &ModelProto, to: i64) -> String {
     match upgrade::upgrade(model, to) {
         Ok(_) => panic!("the upgrade to {to} was not refused"),
-        Err(e) => e,
+        Err(e) => e.to_string(),
     }
 }
 

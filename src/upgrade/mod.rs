@@ -82,14 +82,35 @@ fn ir_version_for(opset: i64) -> i64 {
     }
 }
 
+/// Why a model was not upgraded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refused {
+    /// How the tool was asked: a downgrade, or an opset past `MAX_OPSET`.
+    Asked(String),
+    /// The model: a node without an exact adapter (the first, and how many more).
+    Model(String),
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refused::Asked(why) | Refused::Model(why) => f.write_str(why),
+        }
+    }
+}
+
 /// `model` upgraded to opset `to`, and what was done; or why it cannot be.
-pub fn upgrade(model: &ModelProto, to: i64) -> Result<(ModelProto, Upgrade), String> {
+pub fn upgrade(model: &ModelProto, to: i64) -> Result<(ModelProto, Upgrade), Refused> {
     let from = model.default_opset();
     if to > MAX_OPSET {
-        return Err(format!("opset {to} is beyond the newest the pinned ONNX Runtime runs ({MAX_OPSET})"));
+        return Err(Refused::Asked(format!(
+            "opset {to} is beyond the newest the pinned ONNX Runtime runs ({MAX_OPSET})"
+        )));
     }
     if to < from {
-        return Err(format!("the model imports opset {from}, newer than {to}: onnx-fuse never downgrades"));
+        return Err(Refused::Asked(format!(
+            "the model imports opset {from}, newer than {to}: onnx-fuse never downgrades"
+        )));
     }
     let mut upgrade = Upgrade { from, to, adapted: vec![], added_nodes: 0 };
     let mut model = model.clone();
@@ -97,7 +118,7 @@ pub fn upgrade(model: &ModelProto, to: i64) -> Result<(ModelProto, Upgrade), Str
         return Ok((model, upgrade));
     }
     if from < MIN_FROM {
-        return Err(format!("the model imports opset {from}; upgrades start from opset {MIN_FROM}"));
+        return Err(Refused::Model(format!("the model imports opset {from}; upgrades start from opset {MIN_FROM}")));
     }
     let mut run = Run { to, names: all_names(&model), refused: vec![], upgrade: &mut upgrade };
     if let Some(graph) = model.graph.as_mut() {
@@ -111,7 +132,7 @@ pub fn upgrade(model: &ModelProto, to: i64) -> Result<(ModelProto, Upgrade), Str
             0 => String::new(),
             n => format!(" (and {n} more node{})", if n == 1 { "" } else { "s" }),
         };
-        return Err(format!("cannot upgrade to opset {to}: {first}{more}"));
+        return Err(Refused::Model(format!("cannot upgrade to opset {to}: {first}{more}")));
     }
     for import in model.opset_import.iter_mut().filter(|o| crate::onnx::is_default_domain(o.domain())) {
         import.version = Some(to);
