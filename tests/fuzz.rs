@@ -181,6 +181,25 @@ fn campaign(seed: u64, budget: usize, deadline: Option<Instant>) -> (BTreeMap<&'
             }
             let tally = tallies.entry(pass).or_default();
             tally.generated += 1;
+            // One case in three also upgraded to a newer opset before its
+            // pass runs (the forms are written at old opsets: attribute
+            // axes, old Softmax, Split with attributes): original against
+            // upgraded and fused (with every pass under FUZZ_ALL_PASSES).
+            // Only a false result counts, since an upgraded form may rightly
+            // fuse where the old one could not.
+            let upgrade = upgrade_target(&case.model, case_seed).filter(|_| case_seed % 3 == 1 && !random(&case.model));
+            if let Some(to) = upgrade {
+                tally.upgraded += 1;
+                let passes: &[&str] = if all_passes { ALL_PASSES } else { &[pass] };
+                match upgraded_differential(&case.model, to, passes, target) {
+                    Ok(Verdict::False(why)) => {
+                        tally.false_fusions += 1;
+                        failures.push(save_failure(pass, case_seed, &case, &format!("upgraded to {to}: {why}")));
+                    }
+                    Ok(verdict) => tally.upgraded_fused += usize::from(verdict == Verdict::Fused),
+                    Err(why) => failures.push(save_failure(pass, case_seed, &case, &why)),
+                }
+            }
             // Every pass at once (FUZZ_ALL_PASSES=1: every case; else one in
             // five, besides its own pass): only a false fusion counts there,
             // since another pass may take what this one expects.
@@ -195,23 +214,6 @@ fn campaign(seed: u64, budget: usize, deadline: Option<Instant>) -> (BTreeMap<&'
                     tally.invalid += usize::from(verdict == Verdict::Invalid);
                     tally.fused += usize::from(verdict == Verdict::Fused);
                     continue;
-                }
-            }
-            // One case in three also upgraded to a newer opset before its
-            // pass runs (the forms are written at old opsets: attribute
-            // axes, old Softmax, Split with attributes): original against
-            // upgraded and fused. Only a false result counts, since an
-            // upgraded form may rightly fuse where the old one could not.
-            let upgrade = upgrade_target(&case.model, case_seed).filter(|_| case_seed % 3 == 1 && !random(&case.model));
-            if let Some(to) = upgrade {
-                tally.upgraded += 1;
-                match upgraded_differential(&case.model, to, &[pass], target) {
-                    Ok(Verdict::False(why)) => {
-                        tally.false_fusions += 1;
-                        failures.push(save_failure(pass, case_seed, &case, &format!("upgraded to {to}: {why}")));
-                    }
-                    Ok(verdict) => tally.upgraded_fused += usize::from(verdict == Verdict::Fused),
-                    Err(why) => failures.push(save_failure(pass, case_seed, &case, &why)),
                 }
             }
             let verdict = differential(&case.model, &[pass], target);
