@@ -155,9 +155,11 @@ impl Run<'_> {
         let view = Graph::new(graph, from, outer);
         let rewritten: Vec<Option<Rewritten>> =
             graph.node.iter().map(|node| self.node(&view, node, from, path)).collect();
-        let mut scope = view.scope_for_subgraphs();
         let holders: Vec<usize> =
             (0..graph.node.len()).filter(|&i| graph.node[i].subgraphs().next().is_some()).collect();
+        // What the bodies see (the graph's shapes and types): derived only
+        // where there are bodies.
+        let mut scope = if holders.is_empty() { Scope::default() } else { view.scope_for_subgraphs() };
         let hidden: Vec<HashSet<String>> = holders.iter().map(|&i| view.hidden_from_bodies_of(i)).collect();
         drop(view);
         for (&i, names) in holders.iter().zip(hidden) {
