@@ -26,8 +26,8 @@ pub struct Report {
     pub upgrade: Option<crate::upgrade::Upgrade>,
     pub passes: Vec<PassCount>,
     pub fused: Vec<Fused>,
-    /// Candidates declined only because the model's opset lacks the op the
-    /// target writes (`--target portable`), and the opset that has them all.
+    /// What `--opset N` would add (`--target portable`, where candidates
+    /// were declined because the model's opset lacks the op): set by the run.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub needs_opset: Option<NeedsOpset>,
     /// What the user must know about the output (e.g. runtimes it needs).
@@ -153,12 +153,17 @@ impl Checked {
     }
 }
 
-/// Candidates a newer opset would let the target fuse.
-#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+/// What an upgrade to the opset the declined candidates need would fuse.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct NeedsOpset {
-    pub candidates: usize,
-    /// The newest opset any of them needs: `--opset` this fuses them all.
+    /// The newest opset any of them needs.
     pub opset: i64,
+    /// How many more fusions the run makes with `--opset` that opset
+    /// (counted by running the passes on the upgraded model).
+    pub candidates: usize,
+    /// Why the model cannot be upgraded to it, if it cannot.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -173,8 +178,6 @@ impl Report {
             .iter()
             .map(|p| PassCount { name: p.name, fused: outcome.fused.iter().filter(|f| f.pass == p.name).count() })
             .collect();
-        let needed: Vec<i64> = outcome.declined.iter().filter_map(|d| crate::graph::needs_opset(&d.reason)).collect();
-        let needs_opset = needed.iter().max().map(|&opset| NeedsOpset { candidates: needed.len(), opset });
         let declined = if explain { outcome.declined } else { Vec::new() };
         let cautions = pipeline
             .iter()
@@ -190,7 +193,7 @@ impl Report {
             upgrade: None,
             passes,
             fused: outcome.fused,
-            needs_opset,
+            needs_opset: None,
             cautions,
             declined,
             verification: None,
@@ -210,9 +213,15 @@ impl Report {
         };
         let mut s =
             format!("{}: {upgraded}fused {} ({}) -> {}", self.input, self.fused.len(), counts.join(", "), self.output);
-        if let Some(n) = self.needs_opset {
-            let candidates = if n.candidates == 1 { "candidate needs" } else { "candidates need" };
-            s.push_str(&format!("; {} {candidates} opset {}: add --opset {}", n.candidates, n.opset, n.opset));
+        match &self.needs_opset {
+            Some(NeedsOpset { refused: Some(why), opset, .. }) => {
+                s.push_str(&format!("; candidates need opset {opset}, and the model cannot be upgraded to it: {why}"))
+            }
+            Some(n) => {
+                let candidates = if n.candidates == 1 { "candidate needs" } else { "candidates need" };
+                s.push_str(&format!("; {} {candidates} opset {}: add --opset {}", n.candidates, n.opset, n.opset));
+            }
+            None => {}
         }
         for c in &self.cautions {
             s.push_str(&format!("\nwarning: {c}"));

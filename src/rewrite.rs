@@ -285,6 +285,14 @@ pub struct Outcome {
     imports: Vec<(&'static str, i64)>,
 }
 
+impl Outcome {
+    /// The newest opset a candidate was declined for lacking (reasons of
+    /// `Graph::require_opset`).
+    pub fn needed_opset(&self) -> Option<i64> {
+        self.declined.iter().filter_map(|d| crate::graph::needs_opset(&d.reason)).max()
+    }
+}
+
 /// Runs `passes` over the model's graph and every subgraph body, each graph
 /// to a fixed point, for the `ort` target.
 pub fn run(model: &mut ModelProto, passes: &[&Pass]) -> Outcome {

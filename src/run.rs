@@ -144,7 +144,10 @@ fn fuse_loaded(
         None => None,
     };
     progress(format!("fusing {}", input.display()));
+    // For portable, what an upgrade would add is counted on this model.
+    let unfused = (settings.target == crate::graph::Target::Portable).then(|| loaded.model.clone());
     let outcome = rewrite::run_for(&mut loaded.model, &settings.pipeline, settings.target);
+    let needed = outcome.needed_opset();
     let unchanged = outcome.fused.is_empty() && upgrade.as_ref().is_none_or(|u| u.from == u.to);
     let mut report = Report::new(
         input.display().to_string(),
@@ -155,6 +158,9 @@ fn fuse_loaded(
     );
     report.set_target(settings.target, loaded.model.default_opset());
     report.upgrade = upgrade;
+    if let (Some(opset), Some(model)) = (needed, unfused) {
+        report.needs_opset = with_opset(model, opset, settings, report.fused.len());
+    }
     report.ops = report::op_changes(&before, &report::op_counts(&loaded.model));
     report.expectations = expectations.iter().map(|e| e.check(&report.passes)).collect();
     if let (Some(options), Some(original)) = (&settings.verify, &original) {
@@ -170,6 +176,27 @@ fn fuse_loaded(
         report.written = true;
     }
     Ok(report)
+}
+
+/// What `--opset opset` would add to a run that fused `fused` nodes of
+/// `model`: the passes run again on it upgraded, so the count is what the
+/// user gets (a candidate two passes declined counts once, one a later
+/// check declines not at all); or why it cannot be upgraded.
+fn with_opset(
+    mut model: crate::onnx::ModelProto,
+    opset: i64,
+    settings: &Settings,
+    fused: usize,
+) -> Option<report::NeedsOpset> {
+    match crate::upgrade::upgrade(&model, opset) {
+        Ok((upgraded, _)) => {
+            model = upgraded;
+            let more =
+                rewrite::run_for(&mut model, &settings.pipeline, settings.target).fused.len().saturating_sub(fused);
+            (more > 0).then_some(report::NeedsOpset { opset, candidates: more, refused: None })
+        }
+        Err(why) => Some(report::NeedsOpset { opset, candidates: 0, refused: Some(why.to_string()) }),
+    }
 }
 
 /// A folder run: every `.onnx` file directly in the folder fused, every

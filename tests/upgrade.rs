@@ -428,8 +428,51 @@ fn portable_says_which_candidates_need_an_upgrade_and_fuses_them_with_it() {
     assert_eq!(report["verification"]["passed"], true);
     let ops: Vec<&str> = report["fused"].as_array().unwrap().iter().map(|f| f["op_type"].as_str().unwrap()).collect();
     assert_eq!(ops, ["RMSNormalization"; 5]);
+    // Counted by running the passes on the upgraded model: a LayerNorm that
+    // layer-norm (opset 17) and rms-norm (23, its inner core) both declined
+    // is one fusion.
+    let (r, report) = run_with_report("bert_ts_op14.onnx", &["--target", "portable"]);
+    assert!(stderr(&r).contains("; 7 candidates need opset 23: add --opset 23"), "{}", stderr(&r));
+    let (_, upgraded) = run_with_report("bert_ts_op14.onnx", &["--target", "portable", "--opset", "23"]);
+    assert_eq!(report["needs_opset"]["candidates"], upgraded["fused"].as_array().unwrap().len());
     // The ort target fuses as usual at the upgraded opset.
     let (_, plain) = run_with_report("llama_ts_op14.onnx", &[]);
     let (_, up) = run_with_report("llama_ts_op14.onnx", &["--opset", "23"]);
     assert_eq!(plain["passes"], up["passes"]);
+}
+
+#[test]
+fn a_hint_whose_upgrade_is_refused_says_why() {
+    let mut b = Builder::default();
+    let x = b.input("x", FLOAT, Some(&dims(&[1, 4, 4, 8])));
+    let n = common::build::rms_norm(&mut b, &x, FLOAT, &[1.0; 8]);
+    b.output(&n, FLOAT, None);
+    let pooled = b.node("MaxPool", &[&x], vec![attr_ints("kernel_shape", &[2, 2]), attr_int("ceil_mode", 1)]);
+    b.output(&pooled, FLOAT, None);
+    let dir = tempdir();
+    let (input, output, json) = (dir.path().join("m.onnx"), dir.path().join("o.onnx"), dir.path().join("r.json"));
+    std::fs::write(&input, b.model(14).encode_to_vec()).unwrap();
+    let r = run(&[
+        "--target",
+        "portable",
+        input.to_str().unwrap(),
+        "-o",
+        output.to_str().unwrap(),
+        "--report-json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(r.status.success(), "{}", stderr(&r));
+    let said = stderr(&r);
+    assert!(
+        said.contains(
+            "; candidates need opset 23, and the model cannot be upgraded to it: cannot upgrade to opset 23: MaxPool"
+        ),
+        "{said}"
+    );
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(
+        (report["needs_opset"]["opset"].as_i64(), report["needs_opset"]["candidates"].as_i64()),
+        (Some(23), Some(0))
+    );
+    assert!(report["needs_opset"]["refused"].as_str().unwrap().contains("ceil_mode 1"));
 }
