@@ -5,7 +5,7 @@ mod common;
 use common::build::{attr_int, attr_ints, tensor, Builder, D};
 use common::*;
 use onnx_fuse::graph::Target;
-use onnx_fuse::onnx::{ModelProto, BFLOAT16, BOOL, FLOAT, INT64};
+use onnx_fuse::onnx::{ModelProto, BFLOAT16, BOOL, FLOAT, FLOAT16, INT64};
 use onnx_fuse::{passes, rewrite};
 
 fn fuse_for(model: &ModelProto, target: Target) -> (ModelProto, rewrite::Outcome) {
@@ -249,13 +249,21 @@ type NearMiss<'a> = (&'a str, i64, i32, [&'a [i64]; 3], Extra, &'a str);
 #[test]
 fn attention_that_onnx_attention_does_not_compute_stays_for_portable() {
     let four: [&[i64]; 3] = [&[2, 4, 5, 8], &[2, 4, 6, 8], &[2, 4, 6, 8]];
-    let cases: [NearMiss; 13] = [
+    let cases: [NearMiss; 14] = [
         ("opset 22", 22, FLOAT, four, Extra::Nothing, "needs opset 23 for Attention (the model imports opset 22)"),
         ("additive mask", 23, FLOAT, four, Extra::Mask, "a masked core: its mask is computed at run time"),
         ("constant mask of lowest", 23, FLOAT, four, Extra::ConstantMask(f64::from(f32::MIN)), "its type's lowest"),
         ("constant mask of -inf", 23, FLOAT, four, Extra::ConstantMask(f64::NEG_INFINITY), "holds -inf"),
         ("constant mask of one row", 23, FLOAT, four, Extra::ConstantMaskRow, "the mask's shape [1, 1, 1, 6]"),
         ("mask before the scale", 23, FLOAT, four, Extra::ConstantMaskBeforeScale, "added before the scale"),
+        (
+            "constant mask in f16",
+            23,
+            FLOAT16,
+            four,
+            Extra::ConstantMask(-1e4),
+            "on f32 scores only (these are float16)",
+        ),
         (
             "mask of a wider batch",
             23,
