@@ -518,10 +518,7 @@ fn find(g: &Graph, pass: &Pass, path: &str, functions: &[FunctionProto], decline
 fn name_constants(g: &Graph, rewrite: &mut Rewrite, taken: &mut HashSet<String>) {
     for t in &mut rewrite.constants {
         let base = t.name().to_string();
-        let name = std::iter::once(base.clone())
-            .chain((1..).map(|i| format!("{base}_{i}")))
-            .find(|n| !g.is_name_taken(n) && !taken.contains(n))
-            .expect("an unused suffix exists");
+        let name = unused_name(&base, |n| g.is_name_taken(n) || taken.contains(n));
         for input in rewrite.replacement.input.iter_mut().filter(|i| **i == base) {
             *input = name.clone();
         }
@@ -745,11 +742,15 @@ fn values_read(graph: &GraphProto) -> HashSet<String> {
 /// with a numeric suffix when taken; just `OpType` for an unscoped anchor.
 fn unique_name(names: &mut HashSet<String>, anchor: &str, op_type: &str) -> String {
     let scope = anchor.rfind('/').map_or("", |i| &anchor[..=i]);
-    let base = format!("{scope}{op_type}");
-    let name = std::iter::once(base.clone())
-        .chain((1..).map(|i| format!("{base}_{i}")))
-        .find(|n| !names.contains(n))
-        .expect("an unused suffix exists");
+    let name = unused_name(&format!("{scope}{op_type}"), |n| names.contains(n));
     names.insert(name.clone());
     name
+}
+
+/// `base`, or `base_1`, `base_2`, … : the first that `taken` does not claim.
+pub fn unused_name(base: &str, taken: impl Fn(&str) -> bool) -> String {
+    std::iter::once(base.to_string())
+        .chain((1..).map(|i| format!("{base}_{i}")))
+        .find(|n| !taken(n))
+        .expect("an unused suffix exists")
 }

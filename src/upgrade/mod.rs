@@ -338,11 +338,7 @@ impl Site<'_, '_> {
 
     /// A name no value of the model has: `BASE_WHAT`, or with a suffix.
     pub fn fresh(&mut self, base: &str, what: &str) -> String {
-        let stem = format!("{base}_{what}");
-        let name = std::iter::once(stem.clone())
-            .chain((1..).map(|i| format!("{stem}_{i}")))
-            .find(|n| !self.names.contains(n))
-            .expect("an unused suffix exists");
+        let name = crate::rewrite::unused_name(&format!("{base}_{what}"), |n| self.names.contains(n));
         self.names.insert(name.clone());
         name
     }
