@@ -245,21 +245,7 @@ fn bodies_and_local_functions_are_upgraded_too() {
     b.output("summed", FLOAT, None);
     let mut model = b.model(11);
     model.opset_import.push(OperatorSetIdProto { domain: Some("local".into()), version: Some(1) });
-    model.functions.push(FunctionProto {
-        name: Some("SumLast".into()),
-        domain: Some("local".into()),
-        input: vec!["a".into()],
-        output: vec!["s".into()],
-        node: vec![NodeProto {
-            op_type: Some("ReduceSum".into()),
-            input: vec!["a".into()],
-            output: vec!["s".into()],
-            attribute: vec![attr_ints("axes", &[-1])],
-            ..Default::default()
-        }],
-        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(11) }],
-        ..Default::default()
-    });
+    model.functions.push(reduce_sum_function("SumLast", attr_ints("axes", &[-1]), vec![]));
     let (new, up) = upgraded(&model, 18);
     let places: Vec<(&str, &str)> = up.adapted.iter().map(|a| (a.op_type.as_str(), a.graph.as_str())).collect();
     assert_eq!(
@@ -279,6 +265,27 @@ fn bodies_and_local_functions_are_upgraded_too() {
     );
     assert_eq!(new.functions[0].opset_import[0].version(), 18);
     assert_eq!(new.functions[0].node.len(), 2, "the axes Constant and the ReduceSum");
+}
+
+/// A local function `local.NAME(a) -> s` at opset 11 whose body is one
+/// ReduceSum with `axes`; `attributes` are the function's own.
+fn reduce_sum_function(name: &str, axes: AttributeProto, attributes: Vec<String>) -> FunctionProto {
+    FunctionProto {
+        name: Some(name.into()),
+        domain: Some("local".into()),
+        input: vec!["a".into()],
+        output: vec!["s".into()],
+        attribute: attributes,
+        node: vec![NodeProto {
+            op_type: Some("ReduceSum".into()),
+            input: vec!["a".into()],
+            output: vec!["s".into()],
+            attribute: vec![axes],
+            ..Default::default()
+        }],
+        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(11) }],
+        ..Default::default()
+    }
 }
 
 fn single(op: &str, inputs: &[&str], outputs: &[&str], attributes: Vec<AttributeProto>, opset: i64) -> ModelProto {
@@ -335,22 +342,7 @@ fn an_upgrade_with_no_exact_adapter_is_refused_naming_the_node_and_versions() {
     let mut model = single("Relu", &["x"], &["y"], vec![], 11);
     let by_reference =
         AttributeProto { name: Some("axes".into()), ref_attr_name: Some("dims".into()), ..Default::default() };
-    model.functions.push(FunctionProto {
-        name: Some("Sum".into()),
-        domain: Some("local".into()),
-        input: vec!["a".into()],
-        output: vec!["s".into()],
-        attribute: vec!["dims".into()],
-        node: vec![NodeProto {
-            op_type: Some("ReduceSum".into()),
-            input: vec!["a".into()],
-            output: vec!["s".into()],
-            attribute: vec![by_reference],
-            ..Default::default()
-        }],
-        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(11) }],
-        ..Default::default()
-    });
+    model.functions.push(reduce_sum_function("Sum", by_reference, vec!["dims".into()]));
     let e = refused(&model, 13);
     assert!(
         e.contains("(function local.Sum), version 11 to 13: its attribute axes is the function's attribute dims"),
