@@ -1,5 +1,6 @@
-//! The four passes' outputs, byte for byte: every testdata export (and
-//! every fuzz regression) fused for both targets, each output's hash held
+//! Every pass's output, byte for byte: every testdata export (and every
+//! fuzz regression) fused by the first four passes, by every pass, both
+//! targets, and by every pass after `--opset 23`, each output's hash held
 //! against `testdata/golden/outputs.txt`. A change to the driver or the
 //! toolkit that is not meant to change what a pass writes must keep every
 //! line; one that is, rewrites the file (`ONNX_FUSE_BLESS=1`) and the diff
@@ -9,10 +10,10 @@ mod common;
 
 use common::*;
 use onnx_fuse::graph::Target;
-use onnx_fuse::{passes, rewrite};
+use onnx_fuse::{passes, rewrite, upgrade};
 use prost::Message;
 
-const PASSES: &[&str] = &["layer-norm", "rms-norm", "attention", "complex-mul"];
+const FIRST_FOUR: &[&str] = &["layer-norm", "rms-norm", "attention", "complex-mul"];
 const MANIFEST: &str = "golden/outputs.txt";
 
 /// FNV-1a, 64 bits: stable across Rust versions, unlike `DefaultHasher`.
@@ -28,16 +29,41 @@ fn outputs() -> String {
         .collect();
     fuzz.sort();
     names.extend(fuzz);
-    let names_owned: Vec<String> = PASSES.iter().map(|s| s.to_string()).collect();
-    let pipeline = passes::pipeline(&names_owned, &[]).unwrap();
+    let first_four: Vec<String> = FIRST_FOUR.iter().map(|s| s.to_string()).collect();
+    let every: Vec<String> = passes::ALL.iter().map(|p| p.name.to_string()).collect();
+    let pipelines =
+        [("", passes::pipeline(&first_four, &[]).unwrap()), ("every-pass ", passes::pipeline(&every, &[]).unwrap())];
     let mut lines = String::new();
     for name in names {
         let model = load(&name);
+        let upgraded = upgrade::upgrade(&model, 23);
+        for (prefix, pipeline) in &pipelines {
+            for (target, label) in [(Target::Ort, "ort"), (Target::Portable, "portable")] {
+                let mut fused = model.clone();
+                let outcome = rewrite::run_for(&mut fused, pipeline, target);
+                lines += &format!(
+                    "{name} {prefix}{label} fused={} {:016x}\n",
+                    outcome.fused.len(),
+                    fnv(&fused.encode_to_vec())
+                );
+            }
+        }
+        let (_, every_pass) = &pipelines[1];
         for (target, label) in [(Target::Ort, "ort"), (Target::Portable, "portable")] {
-            let mut fused = model.clone();
-            let outcome = rewrite::run_for(&mut fused, &pipeline, target);
-            let bytes = fused.encode_to_vec();
-            lines += &format!("{name} {label} fused={} {:016x}\n", outcome.fused.len(), fnv(&bytes));
+            match &upgraded {
+                Ok((model, _)) => {
+                    let mut fused = model.clone();
+                    let outcome = rewrite::run_for(&mut fused, every_pass, target);
+                    let hash = fnv(&fused.encode_to_vec());
+                    lines += &format!("{name} every-pass opset-23 {label} fused={} {hash:016x}\n", outcome.fused.len());
+                }
+                Err(why) => {
+                    lines += &format!(
+                        "{name} every-pass opset-23 {label} refused {:016x}\n",
+                        fnv(why.to_string().as_bytes())
+                    )
+                }
+            }
         }
     }
     lines
