@@ -122,8 +122,9 @@ pub struct Graph<'a> {
     /// Names defined twice: in this graph and an enclosing one, or by two
     /// nodes of this graph. No match may read or write them.
     ambiguous: HashSet<&'a str>,
-    /// Nodes without an input their op requires (`ops::malformed`), and why:
-    /// hidden from rules, which may then read required inputs unchecked.
+    /// Nodes their op does not define so (`ops::malformed`: an input or
+    /// output missing, or too many), and why: hidden from rules, which may
+    /// then read the positions an op requires unchecked.
     malformed: HashMap<usize, String>,
     consts: HashMap<&'a str, Cow<'a, TensorProto>>,
     outer: &'a Scope,
@@ -366,8 +367,7 @@ impl<'a> Graph<'a> {
         self.producer.get(value).copied().filter(|p| !self.malformed.contains_key(p))
     }
 
-    /// Why node `index` is malformed (an input its op requires is missing),
-    /// if it is.
+    /// Why node `index` is malformed (`ops::malformed`), if it is.
     pub fn malformed(&self, index: usize) -> Option<&str> {
         self.malformed.get(&index).map(String::as_str)
     }

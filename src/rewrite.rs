@@ -477,11 +477,12 @@ fn find(g: &Graph, pass: &Pass, path: &str, functions: &[FunctionProto], decline
     let mut new_names = HashSet::new();
     let mut found: Vec<Rewrite> = Vec::new();
     for &anchor in g.order() {
-        if claimed.contains(&anchor) {
+        // A rule reads the positions an op requires without checking them:
+        // a node that lacks one is never an anchor, and the view hides it
+        // as a producer (`Graph::malformed`).
+        if claimed.contains(&anchor) || g.malformed(anchor).is_some() {
             continue;
         }
-        // A rule reads the inputs an op requires without checking them: the
-        // view hides nodes that lack one (`Graph::malformed`).
         let checked = (pass.rule)(g, anchor).and_then(|mut rewrite| {
             let (walked, nodes) = matched_nodes(g, &rewrite);
             rewrite.nodes = nodes;

@@ -48,7 +48,7 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
         "SimplifiedLayerNormalization" => "SkipSimplifiedLayerNormalization",
         _ => return Err(Miss::NotCandidate),
     };
-    candidate!(is_default_domain(norm.domain()) && g.target == Target::Ort && g.malformed(index).is_none());
+    candidate!(is_default_domain(norm.domain()) && g.target == Target::Ort);
     // fp32 exports pass the sum on through a Cast to its own type, which the
     // residual stream reads too: that Cast stays for it where it does.
     let x = norm.input[0].as_str();
