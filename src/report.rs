@@ -6,7 +6,7 @@ use std::fmt::Write;
 use serde::Serialize;
 
 use crate::onnx::{GraphProto, ModelProto, FUSED_KEY};
-use crate::rewrite::{body_path, display_name, Declined, Fused, Outcome, Pass};
+use crate::rewrite::{body_path, display_name, Absorbed, Declined, Fused, Outcome, Pass};
 use crate::verify::Verification;
 
 #[derive(Debug, Serialize)]
@@ -24,8 +24,18 @@ pub struct Report {
     /// `--opset N`: the upgrade before the passes, every node it adapted.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upgrade: Option<crate::upgrade::Upgrade>,
+    /// What each pass fused, whether or not a later pass took the node it
+    /// wrote into its own (adding a pass never lowers another's count).
     pub passes: Vec<PassCount>,
+    /// The fused nodes in the output: `fused`'s length.
+    pub total: usize,
+    /// The fused nodes in the output.
     pub fused: Vec<Fused>,
+    /// Fused nodes a later pass took into its own node (skip-norm's
+    /// residual Add joined to a norm): counted for their pass, not in the
+    /// output.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub absorbed: Vec<Absorbed>,
     /// What `--opset N` would add (`--target portable`, where candidates
     /// were declined because the model's opset lacks the op): set by the run.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -131,10 +141,11 @@ impl Expectation {
         Ok(Expectation { pass: pass.to_string(), kind, expected, file })
     }
 
-    /// Checks it against per-pass counts.
-    pub fn check(&self, counts: &[PassCount]) -> Checked {
+    /// Checks it against per-pass counts and the fused nodes in the output
+    /// (`total`).
+    pub fn check(&self, counts: &[PassCount], total: usize) -> Checked {
         let found = if self.pass == "total" {
-            counts.iter().map(|c| c.fused).sum()
+            total
         } else {
             counts.iter().find(|c| c.name == self.pass).map_or(0, |c| c.fused)
         };
@@ -169,15 +180,68 @@ pub struct NeedsOpset {
 #[derive(Debug, Serialize)]
 pub struct PassCount {
     pub name: &'static str,
+    /// The nodes this pass fused, those a later pass absorbed included.
     pub fused: usize,
+    /// Of those, the ones still in the output.
+    pub in_output: usize,
+    /// Of those, how many each later pass took into its own nodes.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub absorbed: std::collections::BTreeMap<&'static str, usize>,
+}
+
+impl PassCount {
+    /// `pass`'s count in `fused` (in the output) and `absorbed`.
+    pub fn of(pass: &'static str, fused: &[Fused], absorbed: &[Absorbed]) -> Self {
+        let in_output = fused.iter().filter(|f| f.pass == pass).count();
+        let mut by = std::collections::BTreeMap::new();
+        for a in absorbed.iter().filter(|a| a.fused.pass == pass) {
+            *by.entry(a.by).or_default() += 1;
+        }
+        PassCount { name: pass, fused: in_output + by.values().sum::<usize>(), in_output, absorbed: by }
+    }
+
+    /// The sum of several (a folder's files).
+    pub fn sum<'a>(name: &'static str, counts: impl Iterator<Item = &'a PassCount>) -> Self {
+        let mut total = PassCount { name, fused: 0, in_output: 0, absorbed: Default::default() };
+        for c in counts.filter(|c| c.name == name) {
+            total.fused += c.fused;
+            total.in_output += c.in_output;
+            for (by, n) in &c.absorbed {
+                *total.absorbed.entry(by).or_default() += n;
+            }
+        }
+        total
+    }
+}
+
+/// `rms-norm 5 (2 of them with their residual Add: skip-norm 2), attention 2`:
+/// each pass's count, with what later passes absorbed of it; a pass whose
+/// every node is named inside another's parentheses is not listed again.
+pub fn counts_text(passes: &[PassCount]) -> String {
+    let absorbs = |name: &str| crate::passes::ALL.iter().find(|p| p.name == name).and_then(|p| p.absorbs);
+    let absorbs = |name: &str| absorbs(name).unwrap_or("absorbed");
+    let named: std::collections::HashMap<&str, usize> = passes.iter().fold(Default::default(), |mut m, p| {
+        for (by, n) in &p.absorbed {
+            *m.entry(*by).or_default() += n;
+        }
+        m
+    });
+    let shown = passes.iter().filter(|p| p.fused == 0 || named.get(p.name).is_none_or(|&n| n < p.fused));
+    let text = shown.map(|p| {
+        let inner: Vec<String> =
+            p.absorbed.iter().map(|(by, n)| format!("{n} of them {}: {by} {n}", absorbs(by))).collect();
+        if inner.is_empty() {
+            format!("{} {}", p.name, p.fused)
+        } else {
+            format!("{} {} ({})", p.name, p.fused, inner.join("; "))
+        }
+    });
+    text.collect::<Vec<_>>().join(", ")
 }
 
 impl Report {
     pub fn new(input: String, output: String, pipeline: &[&Pass], outcome: Outcome, explain: bool) -> Self {
-        let passes = pipeline
-            .iter()
-            .map(|p| PassCount { name: p.name, fused: outcome.fused.iter().filter(|f| f.pass == p.name).count() })
-            .collect();
+        let passes = pipeline.iter().map(|p| PassCount::of(p.name, &outcome.fused, &outcome.absorbed)).collect();
         let declined = if explain { outcome.declined } else { Vec::new() };
         let cautions = pipeline
             .iter()
@@ -192,7 +256,9 @@ impl Report {
             not_loaded_by: Vec::new(),
             upgrade: None,
             passes,
+            total: outcome.fused.len(),
             fused: outcome.fused,
+            absorbed: outcome.absorbed,
             needs_opset: None,
             cautions,
             declined,
@@ -206,13 +272,17 @@ impl Report {
     /// The summary printed unless `--quiet`: one line, and a warning line
     /// per caution.
     pub fn summary(&self) -> String {
-        let counts: Vec<String> = self.passes.iter().map(|p| format!("{} {}", p.name, p.fused)).collect();
         let upgraded = match &self.upgrade {
             Some(u) if u.from != u.to => format!("opset {} -> {} ({} nodes adapted), ", u.from, u.to, u.adapted.len()),
             _ => String::new(),
         };
-        let mut s =
-            format!("{}: {upgraded}fused {} ({}) -> {}", self.input, self.fused.len(), counts.join(", "), self.output);
+        let mut s = format!(
+            "{}: {upgraded}fused {} ({}) -> {}",
+            self.input,
+            self.total,
+            counts_text(&self.passes),
+            self.output
+        );
         match &self.needs_opset {
             Some(NeedsOpset { refused: Some(why), opset, .. }) => {
                 s.push_str(&format!("; candidates need opset {opset}, and the model cannot be upgraded to it: {why}"))
@@ -255,7 +325,9 @@ impl Report {
             s.push('\n');
         }
         for p in &self.passes {
-            let _ = writeln!(s, "{:<12} {} fused", p.name, p.fused);
+            let absorbed: Vec<String> = p.absorbed.iter().map(|(by, n)| format!("{n} taken into {by} nodes")).collect();
+            let absorbed = if absorbed.is_empty() { String::new() } else { format!(" ({})", absorbed.join(", ")) };
+            let _ = writeln!(s, "{:<12} {} fused{absorbed}", p.name, p.fused);
         }
         for f in &self.fused {
             let place = if f.graph == "main" { String::new() } else { format!(" (in {})", f.graph) };

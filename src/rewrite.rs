@@ -30,6 +30,9 @@ pub struct Pass {
     pub default: bool,
     /// What a user must know when this pass fused something (reported).
     pub caution: Option<&'static str>,
+    /// How a report says what this pass does to the nodes of earlier passes
+    /// it takes into its own ("with their residual Add"), if it does.
+    pub absorbs: Option<&'static str>,
     pub rule: fn(&Graph, usize) -> Check<Rewrite>,
 }
 
@@ -265,6 +268,18 @@ pub struct Fused {
     pub replaced: Vec<String>,
 }
 
+/// A replacement a later pass took into its own node (skip-norm's residual
+/// Add joined to a norm): it counts for the pass that made it, but is no
+/// longer in the output.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Absorbed {
+    #[serde(flatten)]
+    pub fused: Fused,
+    /// The node that took it in, and the pass that wrote that node.
+    pub into: String,
+    pub by: &'static str,
+}
+
 /// An anchor candidate a rule looked at and turned down.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Declined {
@@ -276,7 +291,10 @@ pub struct Declined {
 
 #[derive(Debug, Default)]
 pub struct Outcome {
+    /// The fused nodes in the output.
     pub fused: Vec<Fused>,
+    /// Fused nodes a later pass took into its own (not in the output).
+    pub absorbed: Vec<Absorbed>,
     pub declined: Vec<Declined>,
     /// The model's functions, then those rewrites call, in the order first
     /// needed: a rewrite may only call a function whose body is its own.
@@ -458,7 +476,7 @@ fn fixed_point(
                     }
                 }
                 outcome.imports.extend(rewrites.iter().filter_map(|r| r.import));
-                apply(graph, rewrites, pass.name, path, &mut outcome.fused);
+                apply(graph, rewrites, pass.name, path, outcome);
                 changed = true;
             }
         }
@@ -651,7 +669,7 @@ fn provenance(graph: &GraphProto, rewrite: &Rewrite) -> Vec<String> {
         .collect()
 }
 
-fn apply(graph: &mut GraphProto, rewrites: Vec<Rewrite>, pass: &'static str, path: &str, fused: &mut Vec<Fused>) {
+fn apply(graph: &mut GraphProto, rewrites: Vec<Rewrite>, pass: &'static str, path: &str, outcome: &mut Outcome) {
     let mut names: HashSet<String> = graph.node.iter().map(|n| n.name().to_string()).collect();
     let mut removed_values = HashSet::new();
     let mut read_by_removed = HashSet::new();
@@ -671,7 +689,7 @@ fn apply(graph: &mut GraphProto, rewrites: Vec<Rewrite>, pass: &'static str, pat
         }
         node.metadata_props = anchor.metadata_props.iter().filter(|p| p.key() != FUSED_KEY).cloned().collect();
         node.metadata_props.push(StringStringEntryProto::new(FUSED_KEY, replaced.join(", ")));
-        fused.push(Fused {
+        outcome.fused.push(Fused {
             pass,
             op_type: node.op_type().to_string(),
             name: node.name().to_string(),
@@ -680,9 +698,13 @@ fn apply(graph: &mut GraphProto, rewrites: Vec<Rewrite>, pass: &'static str, pat
         });
         for &n in &rewrite.nodes {
             let old = &graph.node[n];
-            // A replacement absorbed into this one is no longer in the output.
+            // A replacement absorbed into this one is no longer in the
+            // output, but still counts for the pass that made it.
             if old.metadata(FUSED_KEY).is_some() {
-                fused.retain(|f| f.graph != path || f.name != old.name());
+                let at = outcome.fused.iter().position(|f| f.graph == path && f.name == old.name());
+                if let Some(fused) = at.map(|i| outcome.fused.remove(i)) {
+                    outcome.absorbed.push(Absorbed { fused, into: node.name().to_string(), by: pass });
+                }
             }
             removed_values.extend(old.output.iter().filter(|o| !node.output.contains(o)).cloned());
             read_by_removed.extend(old.input.iter().cloned());

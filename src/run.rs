@@ -162,7 +162,7 @@ fn fuse_loaded(
         report.needs_opset = with_opset(model, opset, settings, report.fused.len());
     }
     report.ops = report::op_changes(&before, &report::op_counts(&loaded.model));
-    report.expectations = expectations.iter().map(|e| e.check(&report.passes)).collect();
+    report.expectations = expectations.iter().map(|e| e.check(&report.passes, report.total)).collect();
     if let (Some(options), Some(original)) = (&settings.verify, &original) {
         progress(format!("verifying {} through ONNX Runtime", input.display()));
         let dir = io::parent(&input);
@@ -217,8 +217,10 @@ pub struct FolderReport {
     /// symbolic links to folders or out of the folder).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub skipped: Vec<(String, String)>,
-    /// Fused nodes per pass over all files.
+    /// Fused nodes per pass over all files (as each file's `passes`).
     pub totals: Vec<report::PassCount>,
+    /// The fused nodes in the outputs, over all files.
+    pub total: usize,
     /// The folder's expectations (totals, or `FILE:PASS=N`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub expectations: Vec<Checked>,
@@ -233,13 +235,12 @@ impl FolderReport {
     }
 
     pub fn summary(&self) -> String {
-        let counts: Vec<String> = self.totals.iter().map(|p| format!("{} {}", p.name, p.fused)).collect();
-        let fused: usize = self.totals.iter().map(|p| p.fused).sum();
         format!(
-            "{}: {} models, fused {fused} ({}), {} other files carried over -> {}",
+            "{}: {} models, fused {} ({}), {} other files carried over -> {}",
             self.input,
             self.files.len() + self.errors.len(),
-            counts.join(", "),
+            self.total,
+            report::counts_text(&self.totals),
             self.carried.len(),
             self.output
         )
@@ -438,18 +439,16 @@ pub fn fuse_folder(
     let totals: Vec<report::PassCount> = settings
         .pipeline
         .iter()
-        .map(|p| report::PassCount {
-            name: p.name,
-            fused: files.iter().flat_map(|f| &f.passes).filter(|c| c.name == p.name).map(|c| c.fused).sum(),
-        })
+        .map(|p| report::PassCount::sum(p.name, files.iter().flat_map(|f| &f.passes)))
         .collect();
+    let total = files.iter().map(|f| f.total).sum();
     // In the order given: the totals' checks, and each file's own (made
     // with that file's report; none for a file that failed).
     let expectations = settings
         .expectations
         .iter()
         .filter_map(|e| match &e.file {
-            None => Some(e.check(&totals)),
+            None => Some(e.check(&totals, total)),
             Some(_) => files.iter().flat_map(|f| &f.expectations).find(|c| &c.expectation == e).cloned(),
         })
         .collect();
@@ -462,6 +461,7 @@ pub fn fuse_folder(
         carried,
         skipped,
         totals,
+        total,
         expectations,
     })
 }

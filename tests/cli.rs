@@ -91,14 +91,18 @@ fn report_lists_counts_and_replaced_nodes() {
     assert!(r.status.success());
     let text = String::from_utf8(r.stdout.clone()).unwrap();
     // Three of the five LayerNorms read a residual sum: skip-norm takes them
-    // over, and the report lists what the output holds.
-    assert!(text.contains("layer-norm   2 fused") && text.contains("skip-norm    3 fused"), "{text}");
+    // over; they still count for layer-norm, and the report lists what the
+    // output holds.
+    assert!(text.contains("layer-norm   5 fused (3 taken into skip-norm nodes)"), "{text}");
+    assert!(text.contains("skip-norm    3 fused\n"), "{text}");
     assert!(text.contains("LayerNormalization /model/transformer/h.0/ln_2/LayerNormalization  [layer-norm]"));
     assert!(text.contains("SkipLayerNormalization /model/transformer/h.0/ln_1/SkipLayerNormalization  [skip-norm]"));
     assert!(!text.contains("LayerNormalization /model/transformer/h.0/ln_1/LayerNormalization"), "absorbed: {text}");
     assert!(text.contains("    Sub /model/transformer/h.0/ln_1/Sub"));
     assert!(
-        stderr(&r).contains("fused 9 (layer-norm 2, rms-norm 0, skip-norm 3, attention 2, gelu 2)"),
+        stderr(&r).contains(
+            "fused 9 (layer-norm 5 (3 of them with their residual Add: skip-norm 3), rms-norm 0, attention 2, gelu 2)"
+        ),
         "{}",
         stderr(&r)
     );
@@ -110,9 +114,14 @@ fn report_json_has_the_documented_fields() {
     assert!(r.stderr.is_empty() && r.stdout.is_empty(), "quiet");
     assert_eq!(report["schema"], 1);
     assert_eq!(report["passes"][1]["name"], "rms-norm");
-    assert_eq!(report["passes"][1]["fused"], 1, "four of five norms read a residual sum");
+    assert_eq!(report["passes"][1]["fused"], 5, "every RMSNorm counts, those skip-norm took in too");
+    assert_eq!(report["passes"][1]["in_output"], 1, "four of five norms read a residual sum");
+    assert_eq!(report["passes"][1]["absorbed"]["skip-norm"], 4);
     assert_eq!(report["passes"][2]["name"], "skip-norm");
     assert_eq!(report["passes"][2]["fused"], 4);
+    assert_eq!(report["total"], 9);
+    assert_eq!(report["absorbed"].as_array().unwrap().len(), 4);
+    assert_eq!(report["absorbed"][0]["by"], "skip-norm");
     let first = &report["fused"][0];
     assert_eq!(first["op_type"], "SimplifiedLayerNormalization");
     assert_eq!(first["graph"], "main");

@@ -57,9 +57,13 @@ def test_fuse_returns_the_report_and_prints_nothing(testdata, tmp_path, capfd):
     report = onnx_fuse.fuse(testdata(LLAMA), out)
     assert capfd.readouterr() == ("", "")
     counts = {p["name"]: p["fused"] for p in report["passes"]}
-    assert counts == {"layer-norm": 0, "rms-norm": 1, "skip-norm": 4, "attention": 2, "gelu": 2}
+    # A pass's count is what it fused: four of the five RMSNorms were then
+    # joined to their residual Add by skip-norm, and still count.
+    assert counts == {"layer-norm": 0, "rms-norm": 5, "skip-norm": 4, "attention": 2, "gelu": 2}
+    assert {p["name"]: p["in_output"] for p in report["passes"]}["rms-norm"] == 1
     assert report["written"] is True and report["output"] == str(out) and "verification" not in report
-    assert len(report["fused"]) == 9
+    assert len(report["fused"]) == 9 == report["total"]
+    assert [a["by"] for a in report["absorbed"]] == ["skip-norm"] * 4
     # show reads the same entries back from the written model.
     assert sorted(onnx_fuse.show(out), key=lambda f: f["name"]) == shown(report)
     assert onnx_fuse.show(testdata(LLAMA)) == []

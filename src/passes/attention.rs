@@ -41,6 +41,7 @@ pub const PASS: Pass = Pass {
     summary: "softmax(q·k * scale + mask) · v  ->  transmuter.AttentionCore (with a local function)",
     default: true,
     caution: None,
+    absorbs: None,
     rule,
 };
 

@@ -29,6 +29,7 @@ pub const PASS: Pass = Pass {
         "com.microsoft.ComplexMul and ComplexMulConj run on ONNX Runtime's CUDA execution provider only: \
          the output does not load on the CPU provider",
     ),
+    absorbs: None,
     rule,
 };
 

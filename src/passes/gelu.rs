@@ -35,6 +35,7 @@ pub const PASS: Pass = Pass {
     summary: "x·Φ(x) and x·sigmoid(αx) in their exported forms  ->  Gelu, BiasGelu, FastGelu, QuickGelu",
     default: true,
     caution: None,
+    absorbs: None,
     rule,
 };
 

@@ -27,6 +27,7 @@ pub const PASS: Pass = Pass {
     summary: "(x - mean(x)) / sqrt(var(x) + eps) * gamma + beta  ->  LayerNormalization",
     default: true,
     caution: None,
+    absorbs: None,
     rule,
 };
 

@@ -27,6 +27,7 @@ pub const PASS: Pass = Pass {
     summary: "x / sqrt(mean(x^2) + eps) * weight  ->  SimplifiedLayerNormalization",
     default: true,
     caution: None,
+    absorbs: None,
     rule,
 };
 

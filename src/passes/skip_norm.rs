@@ -38,6 +38,7 @@ pub const PASS: Pass = Pass {
     summary: "norm(a + b + bias)  ->  com.microsoft.SkipLayerNormalization / SkipSimplifiedLayerNormalization",
     default: true,
     caution: None,
+    absorbs: Some("with their residual Add"),
     rule,
 };
 
