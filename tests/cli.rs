@@ -450,3 +450,41 @@ fn an_unwritable_report_is_refused_before_anything_is_written() {
         assert!(stderr(&r).contains(problem), "{}", stderr(&r));
     }
 }
+
+/// A guard written against the version before skip-norm and gelu (13fdc48;
+/// its counts in testdata/golden/counts_before_skip_norm.txt, written by
+/// scripts/counts_of.sh) holds today on every testdata export: adding a
+/// pass never lowers another pass's count.
+#[test]
+fn expectations_written_before_skip_norm_and_gelu_still_hold() {
+    let known: Vec<&str> = onnx_fuse::passes::ALL.iter().map(|p| p.name).collect();
+    let pipeline = onnx_fuse::passes::pipeline(&["default".to_string()], &[]).unwrap();
+    let old = fs::read_to_string(testdata("golden/counts_before_skip_norm.txt")).unwrap();
+    let mut checked = 0;
+    for line in old.lines() {
+        let (name, counts) = line.split_once(' ').unwrap();
+        let mut model = load(name);
+        let outcome = onnx_fuse::rewrite::run(&mut model, &pipeline);
+        let report = onnx_fuse::report::Report::new(name.into(), "out.onnx".into(), &pipeline, outcome, false);
+        for expected in counts.split(' ') {
+            let e = onnx_fuse::report::Expectation::parse(expected, "exact", &known).unwrap();
+            let c = e.check(&report.passes, report.total);
+            assert!(c.met, "{name}: --expect {expected} written before skip-norm: {}", c.text());
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 306, "every pass of every export that version fused");
+    // The guard, through the command line.
+    let dir = tempdir();
+    let out = dir.path().join("out.onnx");
+    let t5 = testdata("t5_encoder_ts_op14.onnx");
+    let r = run(&[t5.to_str().unwrap(), "-o", out.to_str().unwrap(), "--expect", "rms-norm=5,attention=2"]);
+    assert_eq!(r.status.code(), Some(0), "{}", stderr(&r));
+    assert!(
+        stderr(&r).contains(
+            "fused 7 (layer-norm 0, rms-norm 5 (2 of them with their residual Add: skip-norm 2), attention 2, gelu 0)"
+        ),
+        "{}",
+        stderr(&r)
+    );
+}
