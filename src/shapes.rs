@@ -266,6 +266,12 @@ impl<'g, 'a> Shapes<'g, 'a> {
                 let Some(target) = self.shape_tensor(node.input.get(1)?) else {
                     return length().map(opaque);
                 };
+                // A size below -1, or two -1s, is a Reshape that fails at run
+                // time: there is no output shape to tell.
+                let known = || target.iter().filter_map(|d| d.as_ref().and_then(Dim::value));
+                if known().any(|n| n < -1) || known().filter(|&n| n == -1).count() > 1 {
+                    return None;
+                }
                 let x = input(0);
                 let allowzero = node.attr_int("allowzero").unwrap_or(0) == 1;
                 // An element computed at run time may be 0 or -1: its axis,
@@ -382,7 +388,8 @@ impl<'g, 'a> Shapes<'g, 'a> {
             "Tile" => {
                 let x = input(0)?;
                 let repeats = self.shape_tensor(&node.input[1])?;
-                if repeats.len() != x.len() {
+                // A negative repeat fails at run time.
+                if repeats.len() != x.len() || repeats.iter().flatten().any(|r| r.value().is_some_and(|r| r < 0)) {
                     return None;
                 }
                 x.iter()
@@ -451,6 +458,10 @@ impl<'g, 'a> Shapes<'g, 'a> {
             "Expand" => {
                 // Broadcast of the input with the target shape.
                 let target = self.shape_tensor(&node.input[1])?;
+                // A negative size fails at run time.
+                if target.iter().flatten().any(|d| d.value().is_some_and(|n| n < 0)) {
+                    return None;
+                }
                 let target = target
                     .into_iter()
                     .enumerate()
