@@ -149,7 +149,8 @@ fn parse_dim(s: &str) -> Result<(String, i64), String> {
 
 #[derive(Args)]
 struct FuseArgs {
-    /// The ONNX model to read (never modified), or an export folder: every .onnx file directly in it.
+    /// The ONNX model to read (never modified), or an export folder: every .onnx file in it, subfolders
+    /// included, fused into the same place in the output folder; other files carried over.
     #[arg(required_unless_present = "list_passes")]
     input: Option<PathBuf>,
     /// Where to write the fused model (written atomically); for a folder, the output folder.

@@ -199,8 +199,8 @@ fn with_opset(
     }
 }
 
-/// A folder run: every `.onnx` file directly in the folder fused, every
-/// other file carried over, one report.
+/// A folder run: every `.onnx` file in the folder and its subfolders fused,
+/// every other file carried over, one report.
 #[derive(Debug, serde::Serialize)]
 pub struct FolderReport {
     pub schema: u32,

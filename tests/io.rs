@@ -297,7 +297,13 @@ fn malformed_nodes_never_crash_the_tool() {
     }
     // The other layer still fuses.
     // (skip-norm takes three of the four norms over; the SiLUs fuse too.)
-    assert!(stderr(&r).contains("(layer-norm 0, rms-norm 4 (3 of them with their residual Add: skip-norm 3), attention 1, gelu 2)"), "{}", stderr(&r));
+    assert!(
+        stderr(&r).contains(
+            "(layer-norm 0, rms-norm 4 (3 of them with their residual Add: skip-norm 3), attention 1, gelu 2)"
+        ),
+        "{}",
+        stderr(&r)
+    );
 }
 
 /// Payloads of the input go to the output inside the kernel

@@ -6,7 +6,11 @@ another one on ``PATH``) and return what its JSON report holds
 
     import onnx_fuse
     report = onnx_fuse.fuse("model.onnx", "out.onnx", verify=True)
-    report["passes"], report["fused"]
+    report["passes"], report["total"], report["fused"]
+
+``report["passes"]`` says what each pass fused, those nodes a later pass
+took into its own included (``in_output``, ``absorbed``); ``report["total"]``
+is the number of fused nodes in the output.
 
 A failed run raises :class:`Error` (exit code 1), :class:`UsageError` (2),
 :class:`VerificationFailed` (3) or :class:`ExpectationNotMet` (4), each with
@@ -187,8 +191,9 @@ def fuse(
 ) -> Union[Report, Tuple["onnx.ModelProto", Report]]:
     """Fuse ``model`` into ``output`` and return the JSON report.
 
-    ``model`` is an ``.onnx`` file, an export folder (every ``.onnx`` file
-    directly in it; ``output`` is then a folder and the report the folder's),
+    ``model`` is an ``.onnx`` file, an export folder (every ``.onnx`` file in
+    it, subfolders included, each fused into the same place under ``output``,
+    which is then a folder, and the report the folder's),
     or an ``onnx.ModelProto``. The arguments are the command line's:
     ``passes`` (names, or ``"default"``; ``None`` runs the default pipeline),
     ``disable``, ``target`` (``"ort"`` or ``"portable"``), ``opset`` (upgrade
