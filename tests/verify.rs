@@ -121,3 +121,54 @@ fn sizes_nothing_suggests_are_asked_for_by_name() {
     let e = format!("{e:#}");
     assert!(e.contains("--dim NAME=VALUE for seq") && e.contains("seq=7"), "{e}");
 }
+
+/// `LayerNormalization(a + 1000 + b)`: a residual stream with a large mean.
+fn residual_with_a_large_mean() -> ModelProto {
+    let mut b = Builder::default();
+    let a = b.input("a", FLOAT, Some(&[D::N(2), D::N(3), D::N(64)]));
+    let y = b.input("b", FLOAT, Some(&[D::N(2), D::N(3), D::N(64)]));
+    let offset = b.init("offset", tensor(FLOAT, &[], &[1000.0]));
+    let big = b.node("Add", &[&a, &offset], vec![]);
+    let sum = b.node("Add", &[&big, &y], vec![]);
+    let gamma = b.init("gamma", tensor(FLOAT, &[64], &(0..64).map(|i| 0.5 + i as f64 / 42.0).collect::<Vec<_>>()));
+    let beta = b.init("beta", tensor(FLOAT, &[64], &(0..64).map(|i| i as f64 / 160.0).collect::<Vec<_>>()));
+    let out = b.node("LayerNormalization", &[&sum, &gamma, &beta], vec![attr_int("axis", -1)]);
+    b.output(&out, FLOAT, None);
+    b.model(17)
+}
+
+#[test]
+fn a_failed_node_is_judged_against_exact_arithmetic_and_a_known_kernel_is_named() {
+    let dir = tempdir();
+    let input = dir.path().join("large_mean.onnx");
+    std::fs::write(&input, prost::Message::encode_to_vec(&residual_with_a_large_mean())).unwrap();
+    let out = dir.path().join("out.onnx");
+    let json = dir.path().join("r.json");
+    let args =
+        [input.to_str().unwrap(), "-o", out.to_str().unwrap(), "--verify", "--report-json", json.to_str().unwrap()];
+    let r = run(&args);
+    assert_eq!(r.status.code(), Some(3), "{}", stderr(&r));
+    let said = format!("{}{}", String::from_utf8_lossy(&r.stdout), stderr(&r));
+    assert!(said.contains("FAIL node SkipLayerNormalization"), "{said}");
+    assert!(
+        said.contains("the fused node is further from exact arithmetic than the nodes it replaces (original "),
+        "{said}"
+    );
+    assert!(said.contains("SkipLayerNormalization computes the variance in one pass"), "{said}");
+    assert!(said.contains("--disable skip-norm keeps the unfused form"), "{said}");
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let node = &report["verification"]["nodes"][0];
+    let exact = &node["exact"];
+    assert_eq!(exact["further"], "fused", "{node}");
+    let (original, fused) = (exact["original"].as_f64().unwrap(), exact["fused"].as_f64().unwrap());
+    // Both are measured, and the fused kernel is the one further off: the
+    // original LayerNormalization is itself off by rounding.
+    assert!(0.0 < original && original < fused && fused <= node["max_abs"].as_f64().unwrap() + original, "{node}");
+    assert!(!out.exists(), "nothing written");
+    // The option the message names keeps the unfused form, which verifies.
+    let r = run(&[&args[..], &["--disable", "skip-norm"]].concat());
+    assert_eq!(r.status.code(), Some(0), "{}", stderr(&r));
+    // A node that passes is not judged.
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert!(report["verification"]["nodes"].as_array().unwrap().iter().all(|n| n.get("exact").is_none()));
+}

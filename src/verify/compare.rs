@@ -37,6 +37,10 @@ pub struct Compared {
     /// Why it failed when not by size (shape, NaN positions, type).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub problem: Option<String>,
+    /// For a fused node that failed: which of it and the nodes it replaced
+    /// is further from exact arithmetic.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exact: Option<super::exact::Exact>,
     /// max over elements of |a - b| / (atol + rtol |a|): above 1 fails.
     #[serde(skip)]
     pub badness: f64,
@@ -61,6 +65,7 @@ pub(super) fn compare_values(
         tolerance,
         passed: true,
         problem: None,
+        exact: None,
         badness: 0.0,
     };
     let fail = |mut c: Compared, why: String| {

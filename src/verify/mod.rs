@@ -23,12 +23,14 @@ use prost::Message;
 use serde::Serialize;
 
 mod compare;
+mod exact;
 mod inputs;
 mod reference;
 mod runtime;
 
 use compare::*;
 pub use compare::{default_tolerance, Compared, Tolerance};
+pub use exact::Exact;
 use inputs::*;
 pub use inputs::{check_options, SplitMix};
 pub use runtime::find_library;
@@ -122,6 +124,9 @@ impl Verification {
                 let _ = write!(s, ", {p}");
             }
             s.push('\n');
+            if let Some(e) = &c.exact {
+                let _ = writeln!(s, "       {}", e.text());
+            }
         }
         if self.nodes.len() > 3 && self.passed {
             let _ = writeln!(s, "  ... and {} more fused nodes within tolerance", self.nodes.len() - 3);
@@ -149,7 +154,10 @@ pub fn verify(
         original.0.graph.iter().flat_map(|g| g.node.iter().flat_map(|n| n.output.iter().map(String::as_str))).collect();
     let mut probe: Vec<String> = Vec::new();
     for node in &fused {
-        for v in node.input.iter().chain(node.output.iter().filter(|o| !o.is_empty())) {
+        // What the replaced nodes read too: a failed node is run again as
+        // those nodes in f64 (`exact`).
+        let replaced = exact::reads(&exact::replaced(original.0, node));
+        for v in node.input.iter().chain(node.output.iter().filter(|o| !o.is_empty())).chain(&replaced) {
             let wanted = computed.contains(v.as_str()) && !constants.contains_key(v.as_str());
             if wanted && !model_inputs.contains(v.as_str()) && !probe.contains(v) {
                 probe.push(v.clone());
@@ -195,7 +203,11 @@ pub fn verify(
         for out in node.output.iter().filter(|o| !o.is_empty()) {
             let expected = a.get(out).ok_or_else(|| anyhow!("the original does not compute {out}"))?;
             let got = got.get(out).ok_or_else(|| anyhow!("{label} alone did not compute {out}"))?;
-            nodes.push(compare_values(out, Some(label.clone()), expected, got, tolerance_for(expected.elem_type)));
+            let mut c = compare_values(out, Some(label.clone()), expected, got, tolerance_for(expected.elem_type));
+            if !c.passed {
+                c.exact = Some(exact::judge(env, original, node, out, &a, got, &mut reference_ops));
+            }
+            nodes.push(c);
         }
     }
     let blamed = nodes.iter().find(|c| !c.passed).and_then(|c| c.node.clone());
