@@ -301,6 +301,9 @@ pub struct Outcome {
     functions: Vec<FunctionProto>,
     /// Operator sets rewrites need imported.
     imports: Vec<(&'static str, i64)>,
+    /// Nodes the export never had (added by `--opset`'s adapters): a
+    /// replacement's provenance does not name them.
+    unexported: HashSet<String>,
 }
 
 impl Outcome {
@@ -319,8 +322,16 @@ pub fn run(model: &mut ModelProto, passes: &[&Pass]) -> Outcome {
 
 /// `run` for a target: what the passes may write.
 pub fn run_for(model: &mut ModelProto, passes: &[&Pass], target: Target) -> Outcome {
+    run_upgraded(model, passes, target, HashSet::new())
+}
+
+/// `run_for` on a model `--opset` upgraded: `added` names the nodes the
+/// upgrade added, which no provenance list names (ground rule 6: a list
+/// names the original nodes of the exported model; an adapted node keeps
+/// its name and stands for its original).
+pub fn run_upgraded(model: &mut ModelProto, passes: &[&Pass], target: Target, added: HashSet<String>) -> Outcome {
     let opset = model.default_opset();
-    let mut outcome = Outcome { functions: model.functions.clone(), ..Default::default() };
+    let mut outcome = Outcome { functions: model.functions.clone(), unexported: added, ..Default::default() };
     let context = Context { opset, opset_implied: model.imported_default_opset().is_none(), target };
     if let Some(graph) = model.graph.as_mut() {
         run_graph(graph, context, &Scope::default(), passes, "main", &mut outcome);
@@ -656,13 +667,14 @@ pub fn display_name(node: &NodeProto) -> String {
 
 /// The provenance of a rewrite: the anchor first, then the other nodes in
 /// graph order; a node that is itself a replacement stands for its list.
-fn provenance(graph: &GraphProto, rewrite: &Rewrite) -> Vec<String> {
+fn provenance(graph: &GraphProto, rewrite: &Rewrite, unexported: &HashSet<String>) -> Vec<String> {
     let order = std::iter::once(rewrite.anchor).chain(rewrite.nodes.iter().copied().filter(|&n| n != rewrite.anchor));
     order
         .flat_map(|n| {
             let node = &graph.node[n];
             match node.metadata(FUSED_KEY) {
                 Some(list) => list.split(", ").map(str::to_string).collect(),
+                None if unexported.contains(node.name()) => vec![],
                 None => vec![provenance_entry(node)],
             }
         })
@@ -677,7 +689,7 @@ fn apply(graph: &mut GraphProto, rewrites: Vec<Rewrite>, pass: &'static str, pat
     let mut removed = HashSet::new();
     for rewrite in rewrites {
         let anchor = &graph.node[rewrite.anchor];
-        let replaced = provenance(graph, &rewrite);
+        let replaced = provenance(graph, &rewrite, &outcome.unexported);
         let mut node = rewrite.replacement.clone();
         node.name = Some(unique_name(&mut names, anchor.name(), node.op_type()));
         node.output = vec![anchor.output[0].clone()];

@@ -146,7 +146,8 @@ fn fuse_loaded(
     progress(format!("fusing {}", input.display()));
     // For portable, what an upgrade would add is counted on this model.
     let unfused = (settings.target == crate::graph::Target::Portable).then(|| loaded.model.clone());
-    let outcome = rewrite::run_for(&mut loaded.model, &settings.pipeline, settings.target);
+    let added = upgrade.as_ref().map(|u| u.added.clone()).unwrap_or_default();
+    let outcome = rewrite::run_upgraded(&mut loaded.model, &settings.pipeline, settings.target, added);
     let needed = outcome.needed_opset();
     let unchanged = outcome.fused.is_empty() && upgrade.as_ref().is_none_or(|u| u.from == u.to);
     let mut report = Report::new(

@@ -51,9 +51,9 @@ fn outputs() -> String {
         let (_, every_pass) = &pipelines[1];
         for (target, label) in [(Target::Ort, "ort"), (Target::Portable, "portable")] {
             match &upgraded {
-                Ok((model, _)) => {
+                Ok((model, upgrade)) => {
                     let mut fused = model.clone();
-                    let outcome = rewrite::run_for(&mut fused, every_pass, target);
+                    let outcome = rewrite::run_upgraded(&mut fused, every_pass, target, upgrade.added.clone());
                     let hash = fnv(&fused.encode_to_vec());
                     lines += &format!("{name} every-pass opset-23 {label} fused={} {hash:016x}\n", outcome.fused.len());
                 }

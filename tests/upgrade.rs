@@ -468,3 +468,37 @@ fn a_hint_whose_upgrade_is_refused_says_why() {
     );
     assert!(report["needs_opset"]["refused"].as_str().unwrap().contains("ceil_mode 1"));
 }
+
+/// Ground rule 6 under `--opset`: a fused node's provenance names nodes of
+/// the exported model only, never a `Constant` (or Flatten/Reshape) the
+/// upgrade added; an adapted node keeps its name and stands for its
+/// original. Every export, every pass, both targets.
+#[test]
+fn provenance_after_an_upgrade_names_only_exported_nodes() {
+    let every: Vec<String> = onnx_fuse::passes::ALL.iter().map(|p| p.name.to_string()).collect();
+    let pipeline = onnx_fuse::passes::pipeline(&every, &[]).unwrap();
+    let mut lists = 0;
+    for name in exports() {
+        let model = load(&name);
+        let exported: std::collections::HashSet<String> =
+            all_nodes(&model).iter().map(|n| n.name().to_string()).collect();
+        let (up, upgrade) = upgrade::upgrade(&model, 23).unwrap();
+        for target in [onnx_fuse::graph::Target::Ort, onnx_fuse::graph::Target::Portable] {
+            let mut fused = up.clone();
+            let outcome = onnx_fuse::rewrite::run_upgraded(&mut fused, &pipeline, target, upgrade.added.clone());
+            for f in outcome.fused.iter().chain(outcome.absorbed.iter().map(|a| &a.fused)) {
+                for entry in &f.replaced {
+                    let (_, node) = entry.split_once(' ').unwrap();
+                    assert!(
+                        exported.contains(node),
+                        "{name}: {} {} names {entry}, not in the export",
+                        f.op_type,
+                        f.name
+                    );
+                }
+                lists += 1;
+            }
+        }
+    }
+    assert!(lists > 300, "{lists} provenance lists");
+}

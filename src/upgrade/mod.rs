@@ -36,6 +36,10 @@ pub struct Upgrade {
     /// Nodes the adapters added (the constants that became inputs, and the
     /// Flatten/Shape/Reshape of a softmax over a flattened input).
     pub added_nodes: usize,
+    /// The names of those nodes: the export never had them, so no fused
+    /// node's provenance names them (`rewrite::run_upgraded`).
+    #[serde(skip)]
+    pub added: HashSet<String>,
 }
 
 /// One adapted node.
@@ -112,7 +116,7 @@ pub fn upgrade(model: &ModelProto, to: i64) -> Result<(ModelProto, Upgrade), Ref
             "the model imports opset {from}, newer than {to}: onnx-fuse never downgrades"
         )));
     }
-    let mut upgrade = Upgrade { from, to, adapted: vec![], added_nodes: 0 };
+    let mut upgrade = Upgrade { from, to, adapted: vec![], added_nodes: 0, added: HashSet::new() };
     let mut model = model.clone();
     if to == from {
         return Ok((model, upgrade));
@@ -183,6 +187,7 @@ impl Run<'_> {
                 Some((before, adapted, after)) => {
                     debug_assert!(node.subgraphs().next().is_none(), "no adapter rewrites a node with bodies");
                     self.upgrade.added_nodes += before.len() + after.len();
+                    self.upgrade.added.extend(before.iter().chain(&after).map(|n| n.name().to_string()));
                     graph.node.extend(before);
                     graph.node.push(adapted);
                     graph.node.extend(after);
