@@ -51,6 +51,14 @@ pub struct Rewrite {
     /// Further outputs of the replacement: (slot, the value of the match it
     /// takes over). Output 0 always takes over the anchor's output.
     pub takes_over: Vec<(usize, String)>,
+    /// Outputs the replacement can compute besides: (slot, value). The
+    /// driver takes each over where anything outside the match reads it
+    /// (or it is a graph output), and drops it otherwise.
+    pub offers: Vec<(usize, String)>,
+    /// The rewrite to try instead where this one fails the driver's checks
+    /// (a value it folds in is read elsewhere): the same replacement
+    /// reading less.
+    pub fallback: Option<Box<Rewrite>>,
     /// Values the match stops at although the replacement does not read
     /// them: their producers stay for other readers.
     pub kept: Vec<Kept>,
@@ -101,6 +109,23 @@ impl Rewrite {
         self.takes_over.push((slot, value.to_string()));
         self
     }
+
+    /// The replacement's output `slot` computes `value` too: the driver
+    /// takes it over where something outside the match reads it.
+    pub fn offering(mut self, slot: usize, value: &str) -> Self {
+        self.offers.push((slot, value.to_string()));
+        self
+    }
+
+    /// `fallback` is tried where this rewrite fails the driver's checks.
+    pub fn or(mut self, fallback: Rewrite) -> Self {
+        let last = match self.fallback.take() {
+            Some(first) => first.or(fallback),
+            None => fallback,
+        };
+        self.fallback = Some(Box::new(last));
+        self
+    }
 }
 
 /// What a rule builds its rewrite on: the anchor, the values it leaves in
@@ -134,19 +159,14 @@ impl Match {
         self.kept.push(kept);
     }
 
-    /// True when the nodes a replacement reading `inputs` would replace
-    /// are all that read `value` (and it is no graph output).
-    pub fn alone_reads(&self, g: &Graph, value: &str, inputs: &[&str]) -> bool {
-        let (_, nodes) = matched(g, vec![self.anchor], inputs, &self.kept);
-        !g.is_graph_output(value) && g.consumers(value).iter().all(|c| nodes.contains(c))
-    }
-
     pub fn replace_with(self, replacement: NodeProto) -> Rewrite {
         Rewrite {
             anchor: self.anchor,
             nodes: BTreeSet::new(),
             replacement,
             takes_over: vec![],
+            offers: vec![],
+            fallback: None,
             kept: self.kept,
             place: self.anchor,
             function: None,
@@ -168,7 +188,7 @@ impl Match {
 /// Also returns the nodes walked on the way (the matched ones and those
 /// the inputs are computed from), which the checks of names cover.
 fn matched_nodes(g: &Graph, rewrite: &Rewrite) -> (BTreeSet<usize>, BTreeSet<usize>) {
-    let outputs = rewrite.takes_over.iter().map(|(_, v)| v.as_str());
+    let outputs = rewrite.takes_over.iter().chain(&rewrite.offers).map(|(_, v)| v.as_str());
     let roots = std::iter::once(rewrite.anchor).chain(outputs.filter_map(|v| g.producer(v))).collect();
     let inputs: Vec<&str> = rewrite.replacement.input.iter().map(String::as_str).collect();
     matched(g, roots, &inputs, &rewrite.kept)
@@ -512,16 +532,9 @@ fn find(g: &Graph, pass: &Pass, path: &str, functions: &[FunctionProto], decline
         if claimed.contains(&anchor) || g.malformed(anchor).is_some() {
             continue;
         }
-        let checked = (pass.rule)(g, anchor).and_then(|mut rewrite| {
-            let (walked, nodes) = matched_nodes(g, &rewrite);
-            rewrite.nodes = nodes;
-            absorb_constants(g, &mut rewrite);
-            check_nothing_escapes(g, &rewrite)?;
-            check_unambiguous(g, &rewrite, &walked.union(&rewrite.nodes).copied().collect())?;
-            let earlier = functions.iter().chain(found.iter().filter_map(|r| r.function.as_ref()));
-            check_function_identity(earlier, &rewrite)?;
-            Ok(rewrite)
-        });
+        let earlier: Vec<&FunctionProto> =
+            functions.iter().chain(found.iter().filter_map(|r| r.function.as_ref())).collect();
+        let checked = (pass.rule)(g, anchor).and_then(|rewrite| settle(g, rewrite, &earlier));
         match checked {
             Ok(mut rewrite) if rewrite.nodes.iter().all(|n| !claimed.contains(n)) => {
                 claimed.extend(rewrite.nodes.iter().copied());
@@ -540,6 +553,34 @@ fn find(g: &Graph, pass: &Pass, path: &str, functions: &[FunctionProto], decline
         }
     }
     found
+}
+
+/// The rewrite with the nodes it replaces derived and the outputs it offers
+/// settled, once it passes every check; else its fallback, settled the
+/// same way (the last one's reason is given when none passes).
+fn settle(g: &Graph, mut rewrite: Rewrite, functions: &[&FunctionProto]) -> Check<Rewrite> {
+    let fallback = rewrite.fallback.take();
+    let checked = (|| {
+        let (walked, nodes) = matched_nodes(g, &rewrite);
+        rewrite.nodes = nodes;
+        absorb_constants(g, &mut rewrite);
+        // An offered output is taken over where the match does not hold all
+        // its readers.
+        for (slot, value) in std::mem::take(&mut rewrite.offers) {
+            let outside = g.consumers(&value).iter().any(|c| !rewrite.nodes.contains(c));
+            if g.is_graph_output(&value) || outside {
+                rewrite.takes_over.push((slot, value));
+            }
+        }
+        check_nothing_escapes(g, &rewrite)?;
+        check_unambiguous(g, &rewrite, &walked.union(&rewrite.nodes).copied().collect())?;
+        check_function_identity(functions.iter().copied(), &rewrite)?;
+        Ok(rewrite)
+    })();
+    match (checked, fallback) {
+        (Err(_), Some(fallback)) => settle(g, *fallback, functions),
+        (checked, _) => checked,
+    }
 }
 
 /// Gives the constants a rewrite adds names no value of the graph, of an

@@ -273,7 +273,7 @@ fn ulps(elem: i32, value: f64, exact: f64) -> Option<u64> {
 /// The op for the form and target, with a bias folded in where the form's
 /// op takes one.
 fn replace(g: &Graph, index: usize, form: Form, x: &str, elem: i32) -> Check<Rewrite> {
-    let mut m = Match::new(index);
+    let m = Match::new(index);
     has_an_axis(g, x)?;
     if g.target == Target::Portable {
         g.require_opset(20, "Gelu")?;
@@ -282,30 +282,36 @@ fn replace(g: &Graph, index: usize, form: Form, x: &str, elem: i32) -> Check<Rew
         return Ok(m.replace_with(node("Gelu", &[x], attributes)));
     }
     require!(elem != BFLOAT16, "ONNX Runtime's CPU provider has no bf16 GELU kernels");
-    let bias = folded_bias(g, &m, x)?;
-    let (op, inputs): (&str, Vec<String>) = match (form, bias) {
-        (Form::Erf, None) => ("Gelu", vec![x.to_string()]),
-        (Form::Erf, Some((x0, bias))) => ("BiasGelu", vec![x0.to_string(), m.weight_input(g, bias, "bias")]),
-        (Form::Tanh, None) => ("FastGelu", vec![x.to_string()]),
-        (Form::Tanh, Some((x0, bias))) => ("FastGelu", vec![x0.to_string(), m.weight_input(g, bias, "bias")]),
+    let op = |mut m: Match, bias: Option<(&str, pattern::Weight)>| {
+        let (op, inputs): (&str, Vec<String>) = match (form, bias) {
+            (Form::Erf, None) => ("Gelu", vec![x.to_string()]),
+            (Form::Erf, Some((x0, bias))) => ("BiasGelu", vec![x0.to_string(), m.weight_input(g, bias, "bias")]),
+            (Form::Tanh, None) => ("FastGelu", vec![x.to_string()]),
+            (Form::Tanh, Some((x0, bias))) => ("FastGelu", vec![x0.to_string(), m.weight_input(g, bias, "bias")]),
+        };
+        let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
+        m.replace_with(microsoft(node(op, &inputs, vec![]))).importing("com.microsoft", 1)
     };
-    let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
-    Ok(m.replace_with(microsoft(node(op, &inputs, vec![]))).importing("com.microsoft", 1))
+    // With the bias folded in; where x is read elsewhere too, the driver
+    // takes the form that reads x.
+    Ok(match folded_bias(g, x) {
+        Some(bias) => op(m, Some(bias)).or(op(Match::new(index), None)),
+        None => op(m, None),
+    })
 }
 
-/// `x = Add(x0, bias)`, bias a constant of one axis D (the last axis of x),
-/// where nothing but the GELU reads x: `(x0, bias)`.
-fn folded_bias<'a>(g: &Graph<'a>, m: &Match, x: &'a str) -> Check<Option<(&'a str, pattern::Weight<'a>)>> {
-    let Ok(add) = g.produced_by(x, "Add") else { return Ok(None) };
+/// `x = Add(x0, bias)`, bias a constant of one axis D (the last axis of x):
+/// `(x0, bias)`.
+fn folded_bias<'a>(g: &Graph<'a>, x: &'a str) -> Option<(&'a str, pattern::Weight<'a>)> {
+    let add = g.produced_by(x, "Add").ok()?;
     let constant = |c: &str| g.constant(c).is_some() && pattern::is_vector(g, c);
-    let split = either_order(g.node(add), "a bias", constant, |x0, bias| Ok((x0, bias)));
-    let Ok((x0, bias)) = split else { return Ok(None) };
+    let (x0, bias) = either_order(g.node(add), "a bias", constant, |x0, bias| Ok((x0, bias))).ok()?;
     // The sum's shape is x0's (a bias of one axis D cannot raise it).
     let same_shape = g.shapes().shape(x0).is_some() && g.shapes().shape(x0) == g.shapes().shape(x);
-    if !same_shape || g.elem_type(bias) != g.elem_type(x) || !m.alone_reads(g, x, &[x0, bias]) {
-        return Ok(None);
+    if !same_shape || g.elem_type(bias) != g.elem_type(x) {
+        return None;
     }
-    Ok(pattern::weight(g, bias, x, "bias").ok().map(|w| (x0, w)))
+    pattern::weight(g, bias, x, "bias").ok().map(|w| (x0, w))
 }
 
 /// `x · Sigmoid(α · x)` or `x · Sigmoid(x)`, either order.

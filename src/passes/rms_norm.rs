@@ -38,21 +38,30 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
         "a weight of one axis (leading axes of 1 aside)",
         |w| is_vector(g, w),
         |y, weight| {
-            let mut m = Match::new(index);
             let output_cast = g.produced_by(y, "Cast").ok();
             let normalized = output_cast.map_or(y, |c| g.node(c).input[0].as_str());
             let core = rms_core(g, normalized)?;
-            let x = match output_cast {
-                None => core.x,
+            let (x, or_x) = match output_cast {
+                None => (core.x, None),
                 Some(cast) => {
                     let to = cast_to(g.node(cast)).unwrap_or_default();
                     require!(g.elem_type(weight) == Some(to), "the weight's type differs from the output Cast's");
-                    fold_casts(g, &m, &core, to, weight)?
+                    fold_casts(g, &core, to)?
                 }
             };
-            let weight = pattern::weight(g, weight, x, "weight")?;
-            let weight = m.weight_input(g, weight, "weight");
-            Ok(m.replace_with(node(op_for(g)?, &[x, &weight], norm_attributes(core.eps))))
+            let norm = |x: &str| -> Check<Rewrite> {
+                let mut m = Match::new(index);
+                let weight = pattern::weight(g, weight, x, "weight")?;
+                let weight = m.weight_input(g, weight, "weight");
+                Ok(m.replace_with(node(op_for(g)?, &[x, &weight], norm_attributes(core.eps))))
+            };
+            // Where the folded Cast's output is read elsewhere too, the
+            // driver takes the norm that reads it.
+            match (norm(x), or_x.map(norm)) {
+                (Ok(folded), Some(Ok(plain))) => Ok(folded.or(plain)),
+                (Err(_), Some(Ok(plain))) => Ok(plain),
+                (folded, _) => folded,
+            }
         },
     )
     .or_else(|miss| if miss == Miss::NotCandidate { weight_not_a_vector(g, index) } else { Err(miss) })
@@ -204,16 +213,16 @@ fn same_value(g: &Graph, numerator: &str, squared: &str) -> Check<()> {
 /// come back, `x0 (f16|bf16) → Cast(f32) → core → Cast(→ type of x0)`, or
 /// are identities (a Cast to the type a value already has); a chain that
 /// narrows in the middle computes another function and is left alone.
-fn fold_casts<'a>(g: &Graph<'a>, m: &Match, core: &RmsCore<'a>, to: i32, weight: &str) -> Check<&'a str> {
+/// Returns the input to read, and the one to read instead where the driver
+/// finds the folded Cast's output read elsewhere too.
+fn fold_casts<'a>(g: &Graph<'a>, core: &RmsCore<'a>, to: i32) -> Check<(&'a str, Option<&'a str>)> {
     let source = g.produced_by(core.x, "Cast").ok().map(|c| g.node(c).input[0].as_str());
-    // The input Cast folds when the norm, reading its source, alone reads x.
-    let foldable = source.is_some_and(|source| m.alone_reads(g, core.x, &[source, weight]));
     if to == core.elem_type {
         // Identity Casts on the way out; the one on the way in folds only
         // when it is an identity too and nothing else reads its output (fp32
         // exports pass it on as the residual).
-        let identity = source.filter(|&source| foldable && g.elem_type(source) == Some(to));
-        return Ok(identity.unwrap_or(core.x));
+        let identity = source.filter(|&source| g.elem_type(source) == Some(to));
+        return Ok(identity.map_or((core.x, None), |source| (source, Some(core.x))));
     }
     require!(
         core.elem_type == FLOAT && matches!(to, FLOAT16 | BFLOAT16),
@@ -224,6 +233,7 @@ fn fold_casts<'a>(g: &Graph<'a>, m: &Match, core: &RmsCore<'a>, to: i32, weight:
         return Err(Miss::Declined("the f32 core does not read x widened from the output's type".into()));
     };
     require!(g.elem_type(source) == Some(to), "the f32 core does not read x widened from the output's type");
-    require!(foldable, "the widened x ({}) is also read outside the norm", core.x);
-    Ok(source)
+    // The widened x must be read by the norm alone: the driver declines it
+    // where it is read outside.
+    Ok((source, None))
 }

@@ -79,7 +79,6 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
         type_text(elem)
     );
 
-    let (input, skip, bias) = residual(g, &shapes, sum)?;
     let gamma = norm.input[1].as_str();
     let beta = norm.input.get(2).map(String::as_str).filter(|b| !b.is_empty());
     let d = shapes.last_axis(s);
@@ -92,42 +91,68 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
         require!(g.elem_type(v) == elem, "the {what} ({v}) does not have the sum's element type");
     }
 
-    let mut m = Match::new(index);
-    let bias = bias.map(|w| m.weight_input(g, w, "bias"));
-    let mut inputs = vec![input, skip, gamma];
-    if op == "SkipLayerNormalization" {
-        inputs.push(beta.unwrap_or(""));
-    }
-    inputs.extend(bias.as_deref());
-    while inputs.last() == Some(&"") {
-        inputs.pop();
-    }
     let epsilon = norm.attr_float("epsilon").unwrap_or(1e-5);
-    let replacement = NodeProto {
-        domain: Some("com.microsoft".into()),
-        ..node(op, &inputs, vec![AttributeProto::float("epsilon", epsilon)])
+    let skip_norm = |(input, skip, bias): (&str, &str, Option<Weight>)| {
+        let mut m = Match::new(index);
+        let bias = bias.map(|w| m.weight_input(g, w, "bias"));
+        let mut inputs = vec![input, skip, gamma];
+        if op == "SkipLayerNormalization" {
+            inputs.push(beta.unwrap_or(""));
+        }
+        inputs.extend(bias.as_deref());
+        while inputs.last() == Some(&"") {
+            inputs.pop();
+        }
+        let replacement = NodeProto {
+            domain: Some("com.microsoft".into()),
+            ..node(op, &inputs, vec![AttributeProto::float("epsilon", epsilon)])
+        };
+        // The identity Cast stays where the residual stream reads it too.
+        if identity_cast.is_some() {
+            m.keep(Kept::Shared(x.to_string()));
+        }
+        // Output 3 is the sum, for the residual stream where it reads it.
+        m.replace_with(replacement).importing("com.microsoft", 1).offering(3, s)
     };
-    let read_elsewhere = |v: &str, reader: usize| g.is_graph_output(v) || g.consumers(v).iter().any(|&c| c != reader);
-    let cast_stays = identity_cast.is_some_and(|_| read_elsewhere(x, index));
-    if cast_stays {
-        m.keep(Kept::Shared(x.to_string()));
+    // A bias folded into the sum where the sum alone reads the biased
+    // operand; where it is read elsewhere too, the driver takes the form
+    // that reads it.
+    // The forms in order of preference: the first operand's bias folded,
+    // the second's, none (a form that finds no bias to fold is the last).
+    let mut chosen: Option<Rewrite> = None;
+    let mut declined = None;
+    for fold in [Some(0), Some(1), None] {
+        match residual(g, &shapes, sum, fold) {
+            Ok((_, _, None)) if fold.is_some() => {}
+            Ok(form) => {
+                let rewrite = skip_norm(form);
+                chosen = Some(match chosen {
+                    Some(preferred) => preferred.or(rewrite),
+                    None => rewrite,
+                });
+            }
+            Err(miss) => drop(declined.get_or_insert(miss)),
+        }
     }
-    let rewrite = m.replace_with(replacement).importing("com.microsoft", 1);
-    // The residual stream reads the sum again: output 3 takes it over.
-    let sum_reader = identity_cast.unwrap_or(index);
-    Ok(if cast_stays || read_elsewhere(s, sum_reader) { rewrite.taking_over(3, s) } else { rewrite })
+    chosen.ok_or_else(|| declined.expect("a form was declined"))
 }
 
-/// The kernel's input and skip, and a bias folded into the sum: the
-/// operands of the sum, in the order whose shapes the kernel accepts.
-fn residual<'a>(g: &Graph<'a>, shapes: &Shapes, sum: usize) -> Check<(&'a str, &'a str, Option<Weight<'a>>)> {
+/// The kernel's input and skip, and a bias folded into the sum (that of
+/// operand `fold`, where it has one): the operands of the sum, in the order
+/// whose shapes the kernel accepts.
+fn residual<'a>(
+    g: &Graph<'a>,
+    shapes: &Shapes,
+    sum: usize,
+    fold: Option<usize>,
+) -> Check<(&'a str, &'a str, Option<Weight<'a>>)> {
     let node = g.node(sum);
     let s = node.output[0].as_str();
     let (a, b) = (node.input[0].as_str(), node.input[1].as_str());
-    // A bias added to one operand first, read by the sum alone.
+    // A bias added to operand `fold` first.
     let biased = |v: &'a str| -> Option<(&'a str, Weight<'a>)> {
+        fold.is_some_and(|i| node.input[i] == v).then_some(())?;
         let p = g.produced_by(v, "Add").ok()?;
-        (g.consumers(v) == [sum] && !g.is_graph_output(v)).then_some(())?;
         // One value per channel that cannot raise the rank of what it is added to.
         let constant_vector = |c: &str| g.constant(c).is_some() && pattern::is_vector(g, c);
         either_order(g.node(p), "a bias", constant_vector, |x, bias| Ok((x, pattern::weight(g, bias, x, "bias")?))).ok()
