@@ -209,6 +209,7 @@ fn no_malformed_node_of_any_export_makes_the_tool_panic() {
     let _ = std::panic::take_hook();
     let panics = PANICS.lock().unwrap();
     eprintln!("mutations: {runs} loadable runs, {refused} refused as invalid, {} panics", panics.len());
-    assert!(runs * stride > 50_000, "only {runs} mutated models ran (every {stride}th node)");
     assert!(panics.is_empty(), "{} panics:\n{}", panics.len(), panics.join("\n"));
+    // Limited to some exports, fewer run.
+    assert!(only.is_some() || runs * stride > 50_000, "only {runs} mutated models ran (every {stride}th node)");
 }

@@ -502,3 +502,19 @@ fn provenance_after_an_upgrade_names_only_exported_nodes() {
     }
     assert!(lists > 300, "{lists} provenance lists");
 }
+
+/// A node outside its op's arity that an adapter would rewrite has no
+/// version-N form: the upgrade is refused naming it, never a panic; one no
+/// change reaches keeps its bytes.
+#[test]
+fn a_malformed_node_is_refused_not_adapted() {
+    let softmax = single("Softmax", &[], &["y"], vec![attr_int("axis", 1)], 11);
+    let said = refused(&softmax, 13);
+    assert!(said.contains("Softmax") && said.contains("malformed (Softmax"), "{said}");
+    let reduce = single("ReduceMean", &["x", "extra"], &["y"], vec![attr_ints("axes", &[-1])], 11);
+    let said = refused(&reduce, 18);
+    assert!(said.contains("malformed (ReduceMean") && said.contains("has 2 inputs where its op takes 1"), "{said}");
+    let relu = single("Relu", &["x", "extra"], &["y"], vec![], 11);
+    let (up, _) = upgrade::upgrade(&relu, 13).unwrap();
+    assert_eq!(up.graph, relu.graph, "no change reaches Relu between 11 and 13");
+}

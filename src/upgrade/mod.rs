@@ -251,6 +251,13 @@ impl Run<'_> {
             self.refused.push(format!("{op} {name} ({path}), version {old} to {new}: {why}"));
             return None;
         }
+        // Adapters read the positions an op requires: a node outside its
+        // arity has no version-`to` form to write.
+        let changes = crossed.iter().any(|&v| changes::change(op, v).is_some());
+        if let Some(why) = crate::ops::malformed(node, from).filter(|_| changes) {
+            self.refused.push(format!("{op} {name} ({path}), version {old} to {new}: malformed ({why})"));
+            return None;
+        }
         for version in crossed {
             let outcome = match changes::change(op, version) {
                 None => Ok(None),
