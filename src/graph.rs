@@ -169,10 +169,12 @@ impl<'a> Graph<'a> {
             symbolic: Default::default(),
         };
         // An initializer that is also a graph input is only a default: the
-        // caller may feed another value, so it is not a constant.
+        // caller may feed another value, so it is not a constant. A name
+        // two initializers define is ambiguous (ONNX Runtime takes the
+        // last; the spec, ground rule 10, declines what reads it).
         for t in &proto.initializer {
-            if !g.defined.contains(t.name()) {
-                g.consts.insert(t.name(), Cow::Borrowed(t));
+            if !g.defined.contains(t.name()) && g.consts.insert(t.name(), Cow::Borrowed(t)).is_some() {
+                g.ambiguous.insert(t.name());
             }
         }
         let own_names = proto.input.iter().map(|i| i.name()).chain(proto.initializer.iter().map(|t| t.name()));
@@ -431,6 +433,10 @@ impl<'a> Graph<'a> {
     /// input), a `Constant` node, or a constant of an enclosing graph that no
     /// name of this graph shadows.
     pub fn constant(&self, value: &str) -> Option<&TensorProto> {
+        // Defined twice: which definition a runtime takes is not proved.
+        if self.ambiguous.contains(value) {
+            return None;
+        }
         if let Some(t) = self.consts.get(value) {
             return Some(t);
         }
@@ -560,6 +566,9 @@ impl<'a> Graph<'a> {
     }
 
     pub fn elem_type(&self, value: &str) -> Option<i32> {
+        if self.ambiguous.contains(value) {
+            return None;
+        }
         let own = self.types.get(value).copied().or_else(|| self.constant(value).map(|t| t.data_type()));
         own.or_else(|| (!self.defined.contains(value)).then(|| self.outer.types.get(value).copied()).flatten())
     }

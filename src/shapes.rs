@@ -160,6 +160,11 @@ impl<'g, 'a> Shapes<'g, 'a> {
 
     /// The symbolic shape of `value`, when its rank can be told.
     pub fn shape(&self, value: &str) -> Option<Vec<Dim>> {
+        // Defined twice (`Graph::is_ambiguous`): which definition counts is
+        // not proved.
+        if self.g.is_ambiguous(value) {
+            return None;
+        }
         if let Some(known) = self.memo.shapes.borrow().get(value) {
             return known.clone();
         }

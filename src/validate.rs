@@ -7,7 +7,10 @@
 //!   graph input, an initializer, a node's output, or a value of an
 //!   enclosing graph. The node list may be in any order (ONNX Runtime sorts
 //!   it), but the nodes must form no cycle, counting what bodies capture;
-//! - no graph defines a value twice;
+//! - no graph defines a value twice, but for constants (spec, ground rule
+//!   10): a name that only initializers and `Constant` nodes define is
+//!   accepted, as ONNX Runtime accepts it (it warns and uses the last one);
+//!   the graph view marks it ambiguous, so no match reads it;
 //! - every node's domain is imported, or one ONNX Runtime resolves without
 //!   an import (`onnx::is_implied_domain`); the model imports at least one opset.
 
@@ -54,18 +57,28 @@ fn graph(g: &GraphProto, outer: &HashSet<&str>, imports: &HashSet<String>, place
             return Err(twice(name));
         }
     }
+    // Names only initializers and Constant nodes define: ONNX Runtime
+    // takes every one of them as an initializer and the last one wins.
+    let mut constants: HashSet<&str> = HashSet::new();
     let initializers = g.initializer.iter().map(|t| t.name());
     let sparse = g.sparse_initializer.iter().filter_map(|s| s.values.as_ref()).map(|t| t.name());
     for name in initializers.chain(sparse) {
         // An initializer may give a graph input its default value.
-        if !defined.insert(name) && !inputs.contains(name) {
+        if !defined.insert(name) && !inputs.contains(name) && !constants.contains(name) {
             return Err(twice(name));
+        }
+        if !inputs.contains(name) {
+            constants.insert(name);
         }
     }
     for node in &g.node {
         for out in node.output.iter().filter(|o| !o.is_empty()) {
-            if !defined.insert(out) {
+            let constant = node.is("Constant");
+            if !defined.insert(out) && !(constant && constants.contains(out.as_str())) {
                 return Err(format!("{} in {place} defines {out:?}, which is already defined", node_name(node)));
+            }
+            if constant {
+                constants.insert(out);
             }
         }
     }

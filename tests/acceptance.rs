@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use common::build::*;
 use common::*;
 use onnx_fuse::graph::Target;
-use onnx_fuse::onnx::{GraphProto, ModelProto, OperatorSetIdProto, BOOL, FLOAT, FUSED_KEY};
+use onnx_fuse::onnx::{AttributeProto, GraphProto, ModelProto, OperatorSetIdProto, BOOL, FLOAT, FUSED_KEY};
 use onnx_fuse::{passes, rewrite};
 
 /// Reverses, rotates or scrambles the node list of every graph and body
@@ -240,4 +240,66 @@ fn a_run_on_its_own_output_changes_nothing_whatever_the_first_run_removed() {
     let (twice, outcome) = fuse_model(&once, &["default"]);
     assert!(outcome.fused.is_empty(), "a second run fused {:?}", outcome.fused);
     assert_eq!(once, twice);
+}
+
+/// Ground rule 10: a value that several `Constant` nodes define (or an
+/// initializer and a `Constant`, or two initializers) loads in ONNX Runtime,
+/// which warns and takes the last; onnx-fuse accepts the model, and no
+/// match reads the value: it is no constant, shape or type to a rule
+/// (which definition a runtime takes is not proved), and the driver
+/// declines any match that touches it. Any other value defined twice is
+/// still refused (tests/safety.rs).
+#[test]
+fn a_value_several_constants_define_is_accepted_and_not_read_by_a_match() {
+    let eps = || AttributeProto::tensor("value", tensor(FLOAT, &[], &[1e-6]));
+    let norm = |twice: &str| {
+        let mut b = Builder::default();
+        b.input("x", FLOAT, Some(&[D::N(2), D::N(4)]));
+        let two = b.init("two", tensor(FLOAT, &[], &[2.0]));
+        let axes = b.init("axes", tensor(onnx_fuse::onnx::INT64, &[1], &[-1.0]));
+        let sq = b.node("Pow", &["x", &two], vec![]);
+        let m = b.node("ReduceMean", &[&sq, &axes], vec![]);
+        match twice {
+            "constants" => {
+                b.node_to("Constant", &[], &["eps"], vec![eps()]);
+                b.node_to("Constant", &[], &["eps"], vec![eps()]);
+            }
+            "initializer and constant" => {
+                b.init("eps", tensor(FLOAT, &[], &[1e-6]));
+                b.node_to("Constant", &[], &["eps"], vec![eps()]);
+            }
+            "initializers" => {
+                b.init("eps", tensor(FLOAT, &[], &[1e-6]));
+                b.init("eps", tensor(FLOAT, &[], &[1e-6]));
+            }
+            _ => b.node_to("Constant", &[], &["eps"], vec![eps()]),
+        }
+        let a = b.node("Add", &[&m, "eps"], vec![]);
+        let r = b.node("Sqrt", &[&a], vec![]);
+        let n = b.node("Div", &["x", &r], vec![]);
+        let w = b.init("w", tensor(FLOAT, &[4], &[0.5, 1.0, 1.5, 2.0]));
+        b.node_to("Mul", &[&n, &w], &["y"], vec![]);
+        b.output("y", FLOAT, None);
+        b.model(18)
+    };
+    let (_, once) = fuse_model(&norm("once"), &["default"]);
+    assert_eq!(once.fused.len(), 1, "{:?}", once.declined);
+    for twice in ["constants", "initializer and constant", "initializers"] {
+        let model = norm(twice);
+        assert_eq!(onnx_fuse::validate::model(&model), Ok(()), "{twice}: ONNX Runtime loads it");
+        let (fused, outcome) = fuse_model(&model, &["default"]);
+        assert!(outcome.fused.is_empty(), "{twice}: a match read the value defined twice");
+        // The value is no constant to a rule: which definition a runtime
+        // takes is not proved.
+        let reasons: Vec<&str> = outcome.declined.iter().map(|d| d.reason.as_str()).collect();
+        assert!(
+            reasons.len() == 1
+                && reasons[0].starts_with("no operand of Add ")
+                && reasons[0].ends_with(" is a constant eps"),
+            "{twice}: {reasons:?}"
+        );
+        assert_eq!(fused, model, "{twice}: written as it was");
+        // ONNX Runtime runs it (warning of the second definition).
+        assert_equivalent(&model, &fused, twice);
+    }
 }

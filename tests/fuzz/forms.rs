@@ -59,16 +59,15 @@ struct Ctx {
     /// Values and initializers a correct rewrite need not remove: another
     /// reader of one, or a second definition of it, changes nothing (a
     /// constant computed for the match, a beta that stays outside it).
+    /// A bias a rewrite folds in where it can is aside too: where a second
+    /// definition blocks the fold, the driver takes the form that leaves
+    /// its Add as it is.
     aside: Vec<String>,
-    /// Initializers a rewrite reads for one target and not the other (a
-    /// bias folded into ONNX Runtime's op, left as an Add by portable):
-    /// a second definition of one may or may not block it.
-    aside_for_some: Vec<String>,
 }
 
 impl Ctx {
     fn new() -> Self {
-        Ctx { what: vec![], expect: Expect::Fuse, portable: true, aside: vec![], aside_for_some: vec![] }
+        Ctx { what: vec![], expect: Expect::Fuse, portable: true, aside: vec![] }
     }
 
     fn note(&mut self, s: impl Into<String>) {
@@ -1019,8 +1018,6 @@ fn maybe_shadow(rng: &mut Rng, c: &mut Ctx, outer: &Builder, body: &mut onnx_fus
         let t = rng.pick(&shadowed);
         if c.aside.iter().any(|a| a == t.name()) {
             c.note(format!("the {what} defines {} again (shadowing a value outside the match)", t.name()));
-        } else if c.aside_for_some.iter().any(|a| a == t.name()) {
-            c.unsure(format!("the {what} defines {} again (read by the match for one target)", t.name()));
         } else {
             c.breaks(format!("the {what} defines {} again (shadowing)", t.name()));
         }
@@ -1168,10 +1165,8 @@ pub fn gelu(rng: &mut Rng) -> Case {
         if shape[0] == 2 || last != D::N(HIDDEN) || x_rank != dims.as_ref().map(|d| d.len()) {
             // Not folded: the op reads the sum, which may broadcast.
             c.unsure("the bias is not one value per channel of x");
-            c.aside.push("bias".into());
-        } else {
-            c.aside_for_some.push("bias".into());
         }
+        c.aside.push("bias".into());
         let bias = b.init(
             "bias",
             tensor(elem, &shape, &(0..shape.iter().product::<i64>()).map(|i| i as f64 / 16.0).collect::<Vec<_>>()),
@@ -1354,11 +1349,10 @@ pub fn skip_norm(rng: &mut Rng) -> Case {
         if shape[0] == 2 {
             c.unsure("a [2, D] term broadcasts the input");
         }
-        // A bias folds where it cannot raise the input's rank; otherwise its
-        // Add is the input, and the bias stays outside the match.
-        if shape[0] == 2 || a_dims.as_ref().is_none_or(|d| d.len() < shape.len()) {
-            c.aside.push("bias".into());
-        }
+        // A bias folds where it cannot raise the input's rank; otherwise,
+        // or where the fold is blocked, its Add is the input, and the bias
+        // stays outside the match.
+        c.aside.push("bias".into());
         let n: i64 = shape.iter().product();
         let bias = b.init("bias", tensor(elem, &shape, &(0..n).map(|i| i as f64 / 16.0).collect::<Vec<_>>()));
         let biased = commuted(rng, &mut b, "Add", &a, &bias);
