@@ -57,9 +57,11 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
             };
             // Where the folded Cast's output is read elsewhere too, the
             // driver takes the norm that reads it.
+            // Where neither form can be written, the reason is the one of
+            // the norm as the graph reads it (x after its Cast).
             match (norm(x), or_x.map(norm)) {
                 (Ok(folded), Some(Ok(plain))) => Ok(folded.or(plain)),
-                (Err(_), Some(Ok(plain))) => Ok(plain),
+                (Err(_), Some(plain)) => plain,
                 (folded, _) => folded,
             }
         },

@@ -63,11 +63,16 @@ struct Ctx {
     /// definition blocks the fold, the driver takes the form that leaves
     /// its Add as it is.
     aside: Vec<String>,
+    /// Weights a rewrite can leave outside the match (a LayerNorm's gamma
+    /// or beta over a known last axis: LayerNormalization with a scale of
+    /// ones, or without its bias, and the Mul or Add after it): a second
+    /// definition of one may block the whole fusion or only that part.
+    may_stay: Vec<String>,
 }
 
 impl Ctx {
     fn new() -> Self {
-        Ctx { what: vec![], expect: Expect::Fuse, portable: true, aside: vec![] }
+        Ctx { what: vec![], expect: Expect::Fuse, portable: true, aside: vec![], may_stay: vec![] }
     }
 
     fn note(&mut self, s: impl Into<String>) {
@@ -537,12 +542,16 @@ pub fn layer_norm(rng: &mut Rng) -> Case {
         return finish(rng, c, b, opset, elem);
     }
     let gamma = norm_weight(rng, &mut c, &mut b, "gamma", elem, &last, x_rank, false);
+    if matches!(last, D::N(_)) {
+        c.may_stay.push(gamma.clone());
+    }
     let g = commuted(rng, &mut b, "Mul", &n, &gamma);
     let y = if rng.chance(0.15) {
         c.note("no beta (Cohere, ModernBERT)");
         g
     } else {
         let beta = norm_weight(rng, &mut c, &mut b, "beta", elem, &last, x_rank, true);
+        c.may_stay.push(beta.clone());
         if c.aside.contains(&gamma) {
             // Past a gamma that stays outside, the beta does too.
             c.aside.push(beta.clone());
@@ -1018,6 +1027,8 @@ fn maybe_shadow(rng: &mut Rng, c: &mut Ctx, outer: &Builder, body: &mut onnx_fus
         let t = rng.pick(&shadowed);
         if c.aside.iter().any(|a| a == t.name()) {
             c.note(format!("the {what} defines {} again (shadowing a value outside the match)", t.name()));
+        } else if c.may_stay.iter().any(|a| a == t.name()) {
+            c.unsure(format!("the {what} defines {} again (a weight the rewrite can leave outside)", t.name()));
         } else {
             c.breaks(format!("the {what} defines {} again (shadowing)", t.name()));
         }
