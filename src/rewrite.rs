@@ -532,9 +532,11 @@ fn find(g: &Graph, pass: &Pass, path: &str, functions: &[FunctionProto], decline
         if claimed.contains(&anchor) || g.malformed(anchor).is_some() {
             continue;
         }
-        let earlier: Vec<&FunctionProto> =
-            functions.iter().chain(found.iter().filter_map(|r| r.function.as_ref())).collect();
-        let checked = (pass.rule)(g, anchor).and_then(|rewrite| settle(g, rewrite, &earlier));
+        let checked = (pass.rule)(g, anchor).and_then(|rewrite| {
+            let earlier: Vec<&FunctionProto> =
+                functions.iter().chain(found.iter().filter_map(|r| r.function.as_ref())).collect();
+            settle(g, rewrite, &earlier)
+        });
         match checked {
             Ok(mut rewrite) if rewrite.nodes.iter().all(|n| !claimed.contains(n)) => {
                 claimed.extend(rewrite.nodes.iter().copied());
