@@ -114,11 +114,10 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
         // Output 3 is the sum, for the residual stream where it reads it.
         m.replace_with(replacement).importing("com.microsoft", 1).offering(3, s)
     };
-    // A bias folded into the sum where the sum alone reads the biased
-    // operand; where it is read elsewhere too, the driver takes the form
-    // that reads it.
     // The forms in order of preference: the first operand's bias folded,
     // the second's, none (a form that finds no bias to fold is the last).
+    // Where a biased operand is read elsewhere too, the driver takes the
+    // next form.
     let mut chosen: Option<Rewrite> = None;
     let mut declined = None;
     for fold in [Some(0), Some(1), None] {
@@ -131,7 +130,9 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
                     None => rewrite,
                 });
             }
-            Err(miss) => drop(declined.get_or_insert(miss)),
+            Err(miss) => {
+                declined.get_or_insert(miss);
+            }
         }
     }
     chosen.ok_or_else(|| declined.expect("a form was declined"))

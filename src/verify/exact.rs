@@ -95,19 +95,23 @@ fn is_float(elem_type: i32) -> bool {
     matches!(DataType::try_from(elem_type), Ok(DataType::Float | DataType::Float16 | DataType::Bfloat16))
 }
 
+/// An f64 tensor of `dims` holding `values`.
+fn f64_tensor(dims: Vec<i64>, values: Vec<f64>) -> crate::onnx::TensorProto {
+    crate::onnx::TensorProto {
+        dims,
+        data_type: Some(DataType::Double as i32),
+        double_data: values,
+        ..Default::default()
+    }
+}
+
 /// A constant with its floating-point values in f64.
 fn promoted(t: &crate::onnx::TensorProto) -> Result<crate::onnx::TensorProto> {
     if !is_float(t.data_type()) {
         return Ok(t.clone());
     }
     let values = t.values().ok_or_else(|| anyhow!("constant {} cannot be read in f64", t.name()))?;
-    Ok(crate::onnx::TensorProto {
-        name: t.name.clone(),
-        dims: t.dims.clone(),
-        data_type: Some(DataType::Double as i32),
-        double_data: values,
-        ..Default::default()
-    })
+    Ok(crate::onnx::TensorProto { name: t.name.clone(), ..f64_tensor(t.dims.clone(), values) })
 }
 
 /// `node` computing in f64: Cast targets, constant values.
@@ -117,31 +121,11 @@ fn promoted_node(node: &NodeProto) -> Result<NodeProto> {
         match (node.op_type.as_deref(), a.name()) {
             (Some("Cast"), "to") if a.i.is_some_and(is_float_i64) => a.i = Some(DataType::Double as i64),
             (Some("Constant"), "value_float") => {
-                let v = a.f.unwrap_or(0.0) as f64;
-                *a = crate::onnx::AttributeProto {
-                    name: Some("value".into()),
-                    r#type: Some(crate::onnx::proto::attribute_proto::AttributeType::Tensor as i32),
-                    t: Some(crate::onnx::TensorProto {
-                        data_type: Some(DataType::Double as i32),
-                        double_data: vec![v],
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                };
+                *a = crate::onnx::AttributeProto::tensor("value", f64_tensor(vec![], vec![a.f() as f64]));
             }
             (Some("Constant"), "value_floats") => {
                 let v: Vec<f64> = a.floats.iter().map(|&f| f as f64).collect();
-                *a = crate::onnx::AttributeProto {
-                    name: Some("value".into()),
-                    r#type: Some(crate::onnx::proto::attribute_proto::AttributeType::Tensor as i32),
-                    t: Some(crate::onnx::TensorProto {
-                        dims: vec![v.len() as i64],
-                        data_type: Some(DataType::Double as i32),
-                        double_data: v,
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                };
+                *a = crate::onnx::AttributeProto::tensor("value", f64_tensor(vec![v.len() as i64], v));
             }
             (Some("Constant" | "ConstantOfShape"), "value") => {
                 if let Some(t) = a.t.as_ref() {
