@@ -183,3 +183,82 @@ pub fn filled(elem: i32, d: i64, v: f64) -> Option<TensorProto> {
 pub fn cast_to(node: &NodeProto) -> Option<i32> {
     node.is("Cast").then(|| node.attr_int("to")).flatten().map(|t| t as i32)
 }
+
+// The spellings exporters write one function in. Each recognizer lives
+// here once; a pass names the function, not its spellings.
+
+/// `x / r` written as `Div(x, r)`, `Mul(x, Div(1, r))` or
+/// `Mul(x, Reciprocal(r))` (either order): `(x, r)`. Any other node is no
+/// candidate.
+pub fn quotient<'a>(g: &Graph<'a>, node: &'a NodeProto) -> Check<(&'a str, &'a str)> {
+    if node.is("Div") && node.input.len() == 2 {
+        return Ok((node.input[0].as_str(), node.input[1].as_str()));
+    }
+    candidate!(node.is("Mul"));
+    let inverse = |v: &str| g.produced_by(v, "Reciprocal").is_ok() || g.produced_by(v, "Div").is_ok();
+    either_order(node, "1 / r", inverse, |x, inverse| Ok((x, reciprocal(g, inverse)?)))
+}
+
+/// The r of `1 / r`, written as `Div(1, r)` (numerator exactly 1) or
+/// `Reciprocal(r)`.
+pub fn reciprocal<'a>(g: &Graph<'a>, inverse: &'a str) -> Check<&'a str> {
+    if let Ok(r) = g.produced_by(inverse, "Reciprocal") {
+        return Ok(g.node(r).input[0].as_str());
+    }
+    let node = g.node(g.produced_by(inverse, "Div")?);
+    let numerator = scalar(g, &node.input[0], &node.input[1], "the numerator of 1 / r")?;
+    require!(numerator == 1.0, "the numerator of 1 / r is not exactly 1");
+    Ok(node.input[1].as_str())
+}
+
+/// The a of `r = √a`, written as `Sqrt(a)` or `Pow(a, 0.5)` (exponent
+/// exactly 0.5).
+pub fn root<'a>(g: &Graph<'a>, r: &str) -> Check<&'a str> {
+    if let Ok(pow) = g.produced_by(r, "Pow") {
+        let node = g.node(pow);
+        let exponent = scalar(g, &node.input[1], &node.input[0], "the exponent of the root")?;
+        require!(exponent == 0.5, "the root's exponent is {exponent}, not 0.5");
+        return Ok(node.input[0].as_str());
+    }
+    // The first step: r is a root (Sqrt, or a Pow above).
+    Ok(g.node(g.first_step(r, "Sqrt")?).input[0].as_str())
+}
+
+/// The x of node `square`, written as `Pow(x, 2)` (exponent exactly 2),
+/// `Mul(x, x)`, or `Mul(x, x')` with x' computed again by twins of x's
+/// nodes (`Graph::same_value`).
+pub fn square<'a>(g: &Graph<'a>, square: usize) -> Check<&'a str> {
+    let node = g.node(square);
+    if node.is("Pow") && node.input.len() == 2 {
+        let exponent = scalar(g, &node.input[1], &node.input[0], "the exponent")?;
+        require!(exponent == 2.0, "the exponent is {exponent}, not 2");
+        Ok(node.input[0].as_str())
+    } else if node.is("Mul") && node.input.len() == 2 {
+        require!(
+            g.same_value(&node.input[0], &node.input[1]).is_some(),
+            "{} is a product of two values, not x²",
+            node.name()
+        );
+        Ok(node.input[0].as_str())
+    } else {
+        Err(Miss::Declined(format!("{} is not Pow(x, 2) or Mul(x, x)", node.name())))
+    }
+}
+
+/// The source of `value = Cast(source)` where the Cast is to the type
+/// source is known to have: a Cast that computes nothing.
+pub fn identity_cast<'a>(g: &Graph<'a>, value: &str) -> Option<&'a str> {
+    let cast = g.node(g.produced_by(value, "Cast").ok()?);
+    let source = cast.input[0].as_str();
+    (g.elem_type(source).is_some() && g.elem_type(source) == cast_to(cast)).then_some(source)
+}
+
+/// `value = Add(x0, bias)` with bias a constant of one axis that is a
+/// weight of x0 (`weight`: one value per element of x0's last axis, which
+/// cannot raise its rank), either order: `(x0, bias)`, the bias as the
+/// fused op reads it.
+pub fn bias_added<'a>(g: &Graph<'a>, value: &str) -> Option<(&'a str, Weight<'a>)> {
+    let add = g.node(g.produced_by(value, "Add").ok()?);
+    let constant_vector = |c: &str| g.constant(c).is_some() && is_vector(g, c);
+    either_order(add, "a bias", constant_vector, |x0, bias| Ok((x0, weight(g, bias, x0, "bias")?))).ok()
+}

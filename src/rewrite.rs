@@ -276,6 +276,11 @@ pub fn node(op_type: &str, inputs: &[&str], attributes: Vec<AttributeProto>) -> 
     }
 }
 
+/// Builds a replacement node in `domain` (`com.microsoft`, say).
+pub fn node_in(domain: &str, op_type: &str, inputs: &[&str], attributes: Vec<AttributeProto>) -> NodeProto {
+    NodeProto { domain: Some(domain.into()), ..node(op_type, inputs, attributes) }
+}
+
 /// One replacement the pipeline made.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Fused {
@@ -591,7 +596,7 @@ fn settle(g: &Graph, mut rewrite: Rewrite, functions: &[&FunctionProto]) -> Chec
 fn name_constants(g: &Graph, rewrite: &mut Rewrite, taken: &mut HashSet<String>) {
     for t in &mut rewrite.constants {
         let base = t.name().to_string();
-        let name = unused_name(&base, |n| g.is_name_taken(n) || taken.contains(n));
+        let name = unused_name(&base, 1, |n| g.is_name_taken(n) || taken.contains(n));
         for input in rewrite.replacement.input.iter_mut().filter(|i| **i == base) {
             *input = name.clone();
         }
@@ -820,15 +825,16 @@ fn values_read(graph: &GraphProto) -> HashSet<String> {
 /// with a numeric suffix when taken; just `OpType` for an unscoped anchor.
 fn unique_name(names: &mut HashSet<String>, anchor: &str, op_type: &str) -> String {
     let scope = anchor.rfind('/').map_or("", |i| &anchor[..=i]);
-    let name = unused_name(&format!("{scope}{op_type}"), |n| names.contains(n));
+    let name = unused_name(&format!("{scope}{op_type}"), 1, |n| names.contains(n));
     names.insert(name.clone());
     name
 }
 
-/// `base`, or `base_1`, `base_2`, … : the first that `taken` does not claim.
-pub fn unused_name(base: &str, taken: impl Fn(&str) -> bool) -> String {
+/// `base`, or `base_{first}`, `base_{first + 1}`, … : the first that
+/// `taken` does not claim. The one search for a new name.
+pub fn unused_name(base: &str, first: usize, taken: impl Fn(&str) -> bool) -> String {
     std::iter::once(base.to_string())
-        .chain((1..).map(|i| format!("{base}_{i}")))
+        .chain((first..).map(|i| format!("{base}_{i}")))
         .find(|n| !taken(n))
         .expect("an unused suffix exists")
 }

@@ -187,6 +187,46 @@ fn constants_far_from_their_exact_values_do_not_fuse() {
     assert!(reasons.iter().any(|r| r.contains("the factor 0.5 is written as 0.49")), "{reasons:?}");
 }
 
+/// The tanh form with its cube `Pow(x, 3)` written as `x · square`, the
+/// square computed by `square` (reading x0, an input z of x0's shape and
+/// an exponent e) into the value `sq`.
+fn tanh_with_cube(square: impl Fn(&mut Builder)) -> ModelProto {
+    let mut model = gelu(true, Grouping::HalfFirst, &EXACT, FLOAT, None, 17);
+    let mut b = Builder::default();
+    b.input("z", FLOAT, Some(&dims(X)));
+    square(&mut b);
+    let g = model.graph.as_mut().unwrap();
+    let pow = g.node.iter().position(|n| n.op_type() == "Pow").expect("the cube");
+    let cube = g.node[pow].output[0].clone();
+    b.node_to("Mul", &["x0", "sq"], &[&cube], vec![]);
+    for n in &mut b.graph.node {
+        n.name = Some(format!("cube_{}", n.name()));
+    }
+    g.node.splice(pow..=pow, b.graph.node);
+    g.initializer.extend(b.graph.initializer);
+    g.input.extend(b.graph.input);
+    model
+}
+
+#[test]
+fn a_cube_spelled_with_a_square_is_still_the_tanh_form() {
+    let pow = |e: f64| {
+        move |b: &mut Builder| {
+            b.init("e", tensor(FLOAT, &[], &[e]));
+            b.node_to("Pow", &["x0", "e"], &["sq"], vec![]);
+        }
+    };
+    let node = only_node(&tanh_with_cube(pow(2.0)), Target::Ort);
+    assert_eq!(node.op_type(), "FastGelu", "x · Pow(x, 2)");
+    let node = only_node(&tanh_with_cube(|b| b.node_to("Mul", &["x0", "x0"], &["sq"], vec![])), Target::Ort);
+    assert_eq!(node.op_type(), "FastGelu", "x · (x · x)");
+    // x · Pow(x, 2.5) and x · (x · z) are not x³.
+    for model in [tanh_with_cube(pow(2.5)), tanh_with_cube(|b| b.node_to("Mul", &["x0", "z"], &["sq"], vec![]))] {
+        let reasons = declined(&model);
+        assert!(reasons.iter().any(|r| r.contains("the cubic term is not x0³")), "{reasons:?}");
+    }
+}
+
 #[test]
 fn types_the_cpu_kernels_lack_do_not_fuse() {
     let (_, outcome) = fuse_for(&gelu(false, Grouping::HalfFirst, &EXACT, DOUBLE, None, 17), Target::Ort);

@@ -32,7 +32,7 @@ use crate::onnx::{
     TRANSMUTER_DOMAIN,
 };
 use crate::pattern::{self, cast_to};
-use crate::rewrite::{Kept, Match, Pass, Rewrite};
+use crate::rewrite::{node, node_in, unused_name, Kept, Match, Pass, Rewrite};
 use crate::shapes::{product, Shapes};
 use crate::{candidate, require};
 
@@ -585,13 +585,10 @@ fn build(q: &str, k: &str, v: &str, steps: &[Step]) -> (NodeProto, FunctionProto
 
     let mut inputs = vec![q.to_string(), k.to_string(), v.to_string()];
     inputs.extend(b.inputs.iter().map(|(_, value)| value.clone()));
+    let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
     let node = NodeProto {
-        op_type: Some("AttentionCore".into()),
-        domain: Some(TRANSMUTER_DOMAIN.into()),
         overload: Some(overload.clone()),
-        input: inputs,
-        attribute: b.attributes.clone(),
-        ..Default::default()
+        ..node_in(TRANSMUTER_DOMAIN, "AttentionCore", &inputs, b.attributes.clone())
     };
     let mut function_inputs = vec!["q".to_string(), "k".into(), "v".into()];
     function_inputs.extend(b.inputs.iter().map(|(name, _)| name.clone()));
@@ -623,20 +620,14 @@ struct Body {
 impl Body {
     fn op(&mut self, op_type: &str, inputs: &[&str], attribute: Vec<AttributeProto>) -> String {
         let out = format!("t{}", self.nodes.len());
-        self.nodes.push(NodeProto {
-            op_type: Some(op_type.into()),
-            input: inputs.iter().map(|s| s.to_string()).collect(),
-            output: vec![out.clone()],
-            attribute,
-            ..Default::default()
-        });
+        self.nodes.push(NodeProto { output: vec![out.clone()], ..node(op_type, inputs, attribute) });
         out
     }
 
     /// A name not yet used by an input or attribute: `base`, `base_2`, …
     fn fresh(&self, base: &str) -> String {
         let taken = |n: &str| self.inputs.iter().any(|(i, _)| i == n) || self.attributes.iter().any(|a| a.name() == n);
-        std::iter::once(base.to_string()).chain((2..).map(|i| format!("{base}_{i}"))).find(|n| !taken(n)).unwrap()
+        unused_name(base, 2, taken)
     }
 
     fn input(&mut self, base: &str, value: &str) -> String {

@@ -15,10 +15,10 @@
 //! so this pass is not in the default pipeline.
 
 use crate::graph::{known, Check, Graph, IntsArgument, Miss, Target};
-use crate::onnx::{type_text, NodeProto, FLOAT, FLOAT16};
+use crate::onnx::{type_text, FLOAT, FLOAT16};
 use crate::pattern;
 use crate::require;
-use crate::rewrite::{node, Match, Pass, Rewrite};
+use crate::rewrite::{node_in, Match, Pass, Rewrite};
 use crate::shapes::{slice_indices, Shapes};
 
 pub const PASS: Pass = Pass {
@@ -116,9 +116,7 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
         );
     }
     require!(g.target == Target::Ort, "com.microsoft.{op} is ONNX Runtime's, not in the portable target");
-    Ok(Match::new(index)
-        .replace_with(NodeProto { domain: Some("com.microsoft".into()), ..node(op, &[a, b], vec![]) })
-        .importing("com.microsoft", 1))
+    Ok(Match::new(index).replace_with(node_in("com.microsoft", op, &[a, b], vec![])).importing("com.microsoft", 1))
 }
 
 fn pt(of: &str, index: i64) -> Part<'_> {

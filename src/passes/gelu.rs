@@ -10,7 +10,8 @@
 //!
 //! The three factors of the first two forms in any order and grouping
 //! (`(x · 0.5) · b`, `(x · b) · 0.5`, `x · (0.5 · b)`), every sum and
-//! product either way round, `x³` as `Pow(x, 3)` or `x · x · x`, and BLOOM's
+//! product either way round, `x³` as `Pow(x, 3)` or `x` times a square of x
+//! (`pattern::square`), and BLOOM's
 //! factored polynomial `√(2/π) · x · (1 + 0.044715 · x · x)`. Each
 //! constant (0.5, 1, √2 or 1/√2, √(2/π), 0.044715, the exponent 3) is
 //! within 2 units in the last place of its exact value in its own element
@@ -27,7 +28,7 @@
 use crate::graph::{Check, Graph, Miss, Target};
 use crate::onnx::{is_default_domain, type_text, AttributeProto, NodeProto, BFLOAT16, FLOAT, FLOAT16};
 use crate::pattern::{self, either_order};
-use crate::rewrite::{node, Match, Pass, Rewrite};
+use crate::rewrite::{node, node_in, Match, Pass, Rewrite};
 use crate::{candidate, require};
 
 pub const PASS: Pass = Pass {
@@ -225,7 +226,8 @@ fn tanh_argument(g: &Graph, a: &str, x: &str, elem: i32) -> Check<()> {
     )
 }
 
-/// `Pow(x, 3)`, `(x · x) · x` or `x · (x · x)`.
+/// `Pow(x, 3)`, or `x` times a square of x (`pattern::square`: `x · x`,
+/// `Pow(x, 2)`), either way round.
 fn is_cube(g: &Graph, value: &str, x: &str) -> bool {
     let Some(p) = g.producer(value) else { return false };
     let node = g.node(p);
@@ -235,7 +237,7 @@ fn is_cube(g: &Graph, value: &str, x: &str) -> bool {
         let within = |v: f64| g.elem_type(e).and_then(|t| ulps(t, v, 3.0)).is_some_and(|d| d <= 2);
         return pattern::scalar(g, e, x, "the exponent").is_ok_and(|v| v == 3.0 || within(v));
     }
-    let square = |v: &str| g.produced_by(v, "Mul").is_ok_and(|s| g.node(s).input.iter().all(|i| i == x));
+    let square = |v: &str| g.producer(v).is_some_and(|s| pattern::square(g, s).is_ok_and(|y| y == x));
     node.is("Mul")
         && node.input.len() == 2
         && ((node.input[0] == x && square(&node.input[1])) || (node.input[1] == x && square(&node.input[0])))
@@ -290,7 +292,7 @@ fn replace(g: &Graph, index: usize, form: Form, x: &str, elem: i32) -> Check<Rew
             (Form::Tanh, Some((x0, bias))) => ("FastGelu", vec![x0.to_string(), m.weight_input(g, bias, "bias")]),
         };
         let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
-        m.replace_with(microsoft(node(op, &inputs, vec![]))).importing("com.microsoft", 1)
+        m.replace_with(node_in("com.microsoft", op, &inputs, vec![])).importing("com.microsoft", 1)
     };
     // With the bias folded in; where x is read elsewhere too, the driver
     // takes the form that reads x.
@@ -303,15 +305,10 @@ fn replace(g: &Graph, index: usize, form: Form, x: &str, elem: i32) -> Check<Rew
 /// `x = Add(x0, bias)`, bias a constant of one axis D (the last axis of x):
 /// `(x0, bias)`.
 fn folded_bias<'a>(g: &Graph<'a>, x: &'a str) -> Option<(&'a str, pattern::Weight<'a>)> {
-    let add = g.produced_by(x, "Add").ok()?;
-    let constant = |c: &str| g.constant(c).is_some() && pattern::is_vector(g, c);
-    let (x0, bias) = either_order(g.node(add), "a bias", constant, |x0, bias| Ok((x0, bias))).ok()?;
-    // The sum's shape is x0's (a bias of one axis D cannot raise it).
+    let (x0, bias) = pattern::bias_added(g, x)?;
+    // The sum's shape is x0's, and its type (ONNX Runtime's kernels take one).
     let same_shape = g.shapes().shape(x0).is_some() && g.shapes().shape(x0) == g.shapes().shape(x);
-    if !same_shape || g.elem_type(bias) != g.elem_type(x) {
-        return None;
-    }
-    pattern::weight(g, bias, x, "bias").ok().map(|w| (x0, w))
+    (same_shape && g.elem_type(x0).is_some() && g.elem_type(x0) == g.elem_type(x)).then_some((x0, bias))
 }
 
 /// `x · Sigmoid(α · x)` or `x · Sigmoid(x)`, either order.
@@ -345,7 +342,7 @@ fn sigmoid_form(g: &Graph, index: usize, top: &NodeProto) -> Check<Rewrite> {
             require!((alpha as f32).is_finite(), "α ({alpha}) is no finite f32");
             let attributes = vec![AttributeProto::float("alpha", alpha as f32)];
             Ok(Match::new(index)
-                .replace_with(microsoft(node("QuickGelu", &[x], attributes)))
+                .replace_with(node_in("com.microsoft", "QuickGelu", &[x], attributes))
                 .importing("com.microsoft", 1))
         },
     )
@@ -358,8 +355,4 @@ fn has_an_axis(g: &Graph, x: &str) -> Check<()> {
     let proved = shapes.rank(x).map_or(shapes.last_axis(x).is_some(), |r| r >= 1);
     require!(proved, "{x} is not proved to have an axis (ONNX Runtime's kernels make a scalar [1])");
     Ok(())
-}
-
-fn microsoft(node: NodeProto) -> NodeProto {
-    NodeProto { domain: Some("com.microsoft".into()), ..node }
 }

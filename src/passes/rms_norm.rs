@@ -116,18 +116,8 @@ pub struct RmsCore<'a> {
 
 /// Matches the core that ends in the value `n`.
 pub fn rms_core<'a>(g: &Graph<'a>, n: &'a str) -> Check<RmsCore<'a>> {
-    let last = g.first_computing(n)?;
-    let node = g.node(last);
-    let (x, r) = if node.is("Div") && node.input.len() == 2 {
-        (node.input[0].as_str(), node.input[1].as_str())
-    } else if node.is("Mul") {
-        either_order(node, "1 / r", |v| is_reciprocal(g, v), |x, inverse| Ok((x, reciprocal_of(g, inverse)?)))?
-    } else {
-        // Not x / r, x * (1 / r) or x * Reciprocal(r): no norm.
-        return Err(Miss::NotCandidate);
-    };
-    let sqrt = square_root(g, r)?;
-    let add = g.produced_by(&g.node(sqrt).input[0], "Add")?;
+    let (x, r) = pattern::quotient(g, g.node(g.first_computing(n)?))?;
+    let add = g.produced_by(pattern::root(g, r)?, "Add")?;
     let (mean, eps) = either_order(
         g.node(add),
         "a constant eps",
@@ -143,70 +133,18 @@ pub fn rms_core<'a>(g: &Graph<'a>, n: &'a str) -> Check<RmsCore<'a>> {
     pattern::reduce_mean_last_axis(g, mean)?;
     let square =
         g.producer(&g.node(mean).input[0]).ok_or_else(|| Miss::Declined("the mean's input is not x²".into()))?;
-    let squared = squared_value(g, square)?;
-    same_value(g, x, squared)?;
+    same_value(g, x, pattern::square(g, square)?)?;
     require!(g.elem_type(x).is_none_or(|t| t == eps_type), "eps ({eps}) does not have the element type of x");
     Ok(RmsCore { x, eps: eps_value as f32, elem_type: eps_type })
 }
 
-/// The node computing `r = Sqrt(a)` or `Pow(a, 0.5)` (exponent exactly 0.5).
-fn square_root(g: &Graph, r: &str) -> Check<usize> {
-    if let Ok(pow) = g.produced_by(r, "Pow") {
-        let node = g.node(pow);
-        let exponent = scalar(g, &node.input[1], &node.input[0], "the exponent of the root")?;
-        require!(exponent == 0.5, "the root's exponent is {exponent}, not 0.5");
-        return Ok(pow);
-    }
-    // The first step: r is a root (Sqrt, or a Pow above).
-    g.first_step(r, "Sqrt")
-}
-
-fn is_reciprocal(g: &Graph, value: &str) -> bool {
-    g.produced_by(value, "Reciprocal").is_ok() || g.produced_by(value, "Div").is_ok()
-}
-
-/// `1 / r` written as `Div(1, r)` (numerator exactly 1) or `Reciprocal(r)`.
-fn reciprocal_of<'a>(g: &Graph<'a>, inverse: &'a str) -> Check<&'a str> {
-    if let Ok(r) = g.produced_by(inverse, "Reciprocal") {
-        return Ok(g.node(r).input[0].as_str());
-    }
-    let div = g.produced_by(inverse, "Div")?;
-    let node = g.node(div);
-    let numerator = scalar(g, &node.input[0], &node.input[1], "the numerator of 1 / r")?;
-    require!(numerator == 1.0, "the numerator of 1 / r is not exactly 1");
-    Ok(node.input[1].as_str())
-}
-
-/// The x of `Pow(x, 2)` (exponent exactly 2) or `Mul(x, x)`.
-fn squared_value<'a>(g: &Graph<'a>, square: usize) -> Check<&'a str> {
-    let node = g.node(square);
-    if node.is("Pow") && node.input.len() == 2 {
-        let exponent = scalar(g, &node.input[1], &node.input[0], "the exponent")?;
-        require!(exponent == 2.0, "the exponent is {exponent}, not 2");
-        Ok(node.input[0].as_str())
-    } else if node.is("Mul") && node.input.len() == 2 {
-        // Mul(x, x), or Mul(x, x') with x' computed again by identical nodes.
-        require!(
-            g.same_value(&node.input[0], &node.input[1]).is_some(),
-            "{} is a product of two values, not x²",
-            node.name()
-        );
-        Ok(node.input[0].as_str())
-    } else {
-        Err(Miss::Declined(format!("{} is not Pow(x, 2) or Mul(x, x)", node.name())))
-    }
-}
 /// The numerator and the squared value must be the same value: the same
 /// name, outputs of identical nodes (T5 casts x once per use, Megatron
 /// writes `Sub(x, mean)` twice), or a Cast of the numerator to its own
 /// type. The nodes that compute the square's copy are replaced with the rest.
 fn same_value(g: &Graph, numerator: &str, squared: &str) -> Check<()> {
-    let identity_cast = || {
-        let cast = g.produced_by(squared, "Cast").ok()?;
-        (g.node(cast).input[0] == numerator && g.elem_type(numerator) == cast_to(g.node(cast))).then_some(())
-    };
-    let same = g.same_value(numerator, squared).map(|_| ()).or_else(identity_cast);
-    require!(same.is_some(), "the square and the numerator read different values");
+    let same = g.same_value(numerator, squared).is_some() || pattern::identity_cast(g, squared) == Some(numerator);
+    require!(same, "the square and the numerator read different values");
     Ok(())
 }
 
@@ -218,14 +156,14 @@ fn same_value(g: &Graph, numerator: &str, squared: &str) -> Check<()> {
 /// Returns the input to read, and the one to read instead where the driver
 /// finds the folded Cast's output read elsewhere too.
 fn fold_casts<'a>(g: &Graph<'a>, core: &RmsCore<'a>, to: i32) -> Check<(&'a str, Option<&'a str>)> {
-    let source = g.produced_by(core.x, "Cast").ok().map(|c| g.node(c).input[0].as_str());
     if to == core.elem_type {
         // Identity Casts on the way out; the one on the way in folds only
         // when it is an identity too and nothing else reads its output (fp32
         // exports pass it on as the residual).
-        let identity = source.filter(|&source| g.elem_type(source) == Some(to));
+        let identity = pattern::identity_cast(g, core.x);
         return Ok(identity.map_or((core.x, None), |source| (source, Some(core.x))));
     }
+    let source = g.produced_by(core.x, "Cast").ok().map(|c| g.node(c).input[0].as_str());
     require!(
         core.elem_type == FLOAT && matches!(to, FLOAT16 | BFLOAT16),
         "the Casts around the norm do not widen to f32 and come back (the core computes in type {}, the output is cast to {to})",

@@ -27,9 +27,9 @@
 //!   for (f64 fails to load); every input of one type.
 
 use crate::graph::{Check, Graph, Miss, Target};
-use crate::onnx::{is_default_domain, type_text, AttributeProto, NodeProto, FLOAT, FLOAT16};
-use crate::pattern::{self, cast_to, either_order, Weight};
-use crate::rewrite::{node, Kept, Match, Pass, Rewrite};
+use crate::onnx::{is_default_domain, type_text, AttributeProto, FLOAT, FLOAT16};
+use crate::pattern::{self, Weight};
+use crate::rewrite::{node_in, Kept, Match, Pass, Rewrite};
 use crate::shapes::{Dim, Shapes};
 use crate::{candidate, require};
 
@@ -53,11 +53,8 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     // fp32 exports pass the sum on through a Cast to its own type, which the
     // residual stream reads too: that Cast stays for it where it does.
     let x = norm.input[0].as_str();
-    let identity_cast = g.produced_by(x, "Cast").ok().filter(|&c| {
-        let source = &g.node(c).input[0];
-        g.elem_type(source).is_some() && g.elem_type(source) == cast_to(g.node(c))
-    });
-    let s = identity_cast.map_or(x, |c| g.node(c).input[0].as_str());
+    let identity_cast = pattern::identity_cast(g, x);
+    let s = identity_cast.unwrap_or(x);
     let sum = g.produced_by(s, "Add").map_err(|_| Miss::NotCandidate)?;
     let shapes = Shapes::new(g);
     let rank = shapes.rank(s);
@@ -103,10 +100,7 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
         while inputs.last() == Some(&"") {
             inputs.pop();
         }
-        let replacement = NodeProto {
-            domain: Some("com.microsoft".into()),
-            ..node(op, &inputs, vec![AttributeProto::float("epsilon", epsilon)])
-        };
+        let replacement = node_in("com.microsoft", op, &inputs, vec![AttributeProto::float("epsilon", epsilon)]);
         // The identity Cast stays where the residual stream reads it too.
         if identity_cast.is_some() {
             m.keep(Kept::Shared(x.to_string()));
@@ -151,13 +145,7 @@ fn residual<'a>(
     let s = node.output[0].as_str();
     let (a, b) = (node.input[0].as_str(), node.input[1].as_str());
     // A bias added to operand `fold` first.
-    let biased = |v: &'a str| -> Option<(&'a str, Weight<'a>)> {
-        fold.is_some_and(|i| node.input[i] == v).then_some(())?;
-        let p = g.produced_by(v, "Add").ok()?;
-        // One value per channel that cannot raise the rank of what it is added to.
-        let constant_vector = |c: &str| g.constant(c).is_some() && pattern::is_vector(g, c);
-        either_order(g.node(p), "a bias", constant_vector, |x, bias| Ok((x, pattern::weight(g, bias, x, "bias")?))).ok()
-    };
+    let biased = |v: &'a str| fold.is_some_and(|i| node.input[i] == v).then(|| pattern::bias_added(g, v)).flatten();
     let (a, b, bias) = match (biased(a), biased(b)) {
         (Some((a0, bias)), _) => (a0, b, Some(bias)),
         (None, Some((b0, bias))) => (b0, a, Some(bias)),

@@ -350,7 +350,7 @@ impl Site<'_, '_> {
 
     /// A name no value of the model has: `BASE_WHAT`, or with a suffix.
     pub fn fresh(&mut self, base: &str, what: &str) -> String {
-        let name = crate::rewrite::unused_name(&format!("{base}_{what}"), |n| self.names.contains(n));
+        let name = crate::rewrite::unused_name(&format!("{base}_{what}"), 1, |n| self.names.contains(n));
         self.names.insert(name.clone());
         name
     }
