@@ -503,8 +503,20 @@ fn fixed_point(
     let mut any = false;
     loop {
         let mut changed = false;
-        for pass in passes {
-            let rewrites = find(&context.view(graph, outer), pass, path, &outcome.functions, &mut outcome.declined);
+        let mut next = 0;
+        while next < passes.len() {
+            // One view serves the passes in turn until one changes the graph.
+            let (pass, rewrites) = {
+                let view = context.view(graph, outer);
+                loop {
+                    let pass = passes[next];
+                    next += 1;
+                    let rewrites = find(&view, pass, path, &outcome.functions, &mut outcome.declined);
+                    if !rewrites.is_empty() || next == passes.len() {
+                        break (pass, rewrites);
+                    }
+                }
+            };
             if !rewrites.is_empty() {
                 for function in rewrites.iter().filter_map(|r| r.function.as_ref()) {
                     if !outcome.functions.iter().any(|f| same_signature(f, function)) {

@@ -42,8 +42,11 @@ const CONTRIB: &[(&str, &str, Arity)] = &[
 pub fn arity(domain: &str, op: &str, opset: i64) -> Option<Arity> {
     let default = crate::onnx::is_default_domain(domain);
     let onnx = default.then(|| {
-        let versions = arity::DEFAULT_DOMAIN.iter().filter(|(name, since, _)| *name == op && *since <= opset);
-        versions.last().map(|(_, _, a)| *a)
+        // The table is sorted by name, then version: the versions of `op`
+        // up to `opset` end just before the first entry past them.
+        let table = arity::DEFAULT_DOMAIN;
+        let end = table.partition_point(|&(name, since, _)| name < op || (name == op && since <= opset));
+        end.checked_sub(1).map(|i| table[i]).filter(|&(name, _, _)| name == op).map(|(_, _, a)| a)
     });
     onnx.flatten().or_else(|| {
         let domain = if default { "" } else { domain };
@@ -60,14 +63,14 @@ pub fn arity(domain: &str, op: &str, opset: i64) -> Option<Arity> {
 /// no rule reads it.
 pub fn malformed(node: &NodeProto, opset: i64) -> Option<String> {
     let arity = arity(node.domain(), node.op_type(), opset)?;
-    let what = format!("{} {}", node.op_type(), node.name());
     let check = |values: &[String], (min, max): (u32, u32), required: u32, kind: &str| {
+        let what = || format!("{} {}", node.op_type(), node.name());
         let wanted = required.count_ones();
         let present = (0..values.len().min(32)).filter(|&i| required & (1 << i) != 0 && !values[i].is_empty()).count();
         if present < wanted as usize {
             return Some(match (kind, present, wanted) {
-                ("output", 0, 1) => format!("{what} has no output"),
-                _ => format!("{what} has {present} of the {wanted} {kind}s it requires"),
+                ("output", 0, 1) => format!("{} has no output", what()),
+                _ => format!("{} has {present} of the {wanted} {kind}s it requires", what()),
             });
         }
         let n = values.len();
@@ -77,7 +80,7 @@ pub fn malformed(node: &NodeProto, opset: i64) -> Option<String> {
                 (min, max) if min == max => format!("{min}"),
                 (min, max) => format!("{min} to {max}"),
             };
-            format!("{what} has {n} {kind}s where its op takes {range}")
+            format!("{} has {n} {kind}s where its op takes {range}", what())
         })
     };
     check(&node.input, arity.inputs, arity.required_inputs, "input")
@@ -201,3 +204,18 @@ pub const BROADCASTING: &[&str] = &[
     "Add", "Sub", "Mul", "Div", "Pow", "Where", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And",
     "Or", "Xor", "Max", "Min",
 ];
+
+#[cfg(test)]
+mod tests {
+    /// `arity` finds an op's versions by binary search.
+    #[test]
+    fn the_default_domain_table_is_sorted_by_name_then_version() {
+        for pair in super::arity::DEFAULT_DOMAIN.windows(2) {
+            let ((a, va, _), (b, vb, _)) = (pair[0], pair[1]);
+            assert!((a, va) < (b, vb), "{a}-{va} before {b}-{vb}");
+        }
+        let add = |opset| super::arity("", "Add", opset).map(|a| a.inputs);
+        assert_eq!((add(0), add(1), add(26)), (None, Some((2, 2)), Some((2, 2))));
+        assert!(super::arity("", "Zzz", 26).is_none() && super::arity("", "Abs", 26).is_some());
+    }
+}
