@@ -126,12 +126,15 @@ pub fn writes(loaded: &Loaded, out: &Path) -> Vec<Role> {
 /// destroy another model's weights.
 pub fn foreign_data_files(loaded: &Loaded, out: &Path) -> Vec<PathBuf> {
     let (in_dir, out_dir) = (parent(&loaded.path), parent(out));
-    if same_file(&in_dir, &out_dir) {
+    let locations = external_locations(&loaded.model);
+    // A model with its data inside places no file beside it: the earlier
+    // output at `out` need not be read.
+    if locations.is_empty() || same_file(&in_dir, &out_dir) {
         return vec![];
     }
     let previous: BTreeSet<String> =
         load(out, LoadOptions { allow_unknown_fields: true }).map(|l| external_locations(&l.model)).unwrap_or_default();
-    external_locations(&loaded.model)
+    locations
         .into_iter()
         .filter(|l| !previous.contains(l))
         .map(|l| out_dir.join(l))
