@@ -592,6 +592,7 @@ fn settle(g: &Graph, mut rewrite: Rewrite, functions: &[&FunctionProto]) -> Chec
             }
         }
         check_nothing_escapes(g, &rewrite)?;
+        check_computed_once(g, &rewrite, &walked)?;
         check_unambiguous(g, &rewrite, &walked.union(&rewrite.nodes).copied().collect())?;
         check_function_identity(functions.iter().copied(), &rewrite)?;
         Ok(rewrite)
@@ -670,6 +671,21 @@ fn check_nothing_escapes(g: &Graph, rewrite: &Rewrite) -> Check<()> {
         }
     }
     Ok(())
+}
+
+/// A replacement reads values the match leaves as they were. Where one is
+/// computed from a node the match reached (a step of the chain, scores
+/// that do not stay), that node survives and the replacement would compute
+/// again what it replaces.
+fn check_computed_once(g: &Graph, rewrite: &Rewrite, walked: &BTreeSet<usize>) -> Check<()> {
+    let Some(&n) = walked.iter().find(|n| !rewrite.nodes.contains(n)) else { return Ok(()) };
+    let inputs = rewrite.replacement.input.iter().filter(|v| !v.is_empty());
+    let read = inputs.clone().find(|v| g.producer(v) == Some(n) || g.computed_from(v, n));
+    Err(Miss::Declined(format!(
+        "{} is computed from {}, a node of the match the replacement would compute again",
+        read.map_or("what the replacement reads", String::as_str),
+        display_name(g.node(n))
+    )))
 }
 
 /// Spec, ground rule 8: a name defined in two scopes (or twice) makes a

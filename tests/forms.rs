@@ -242,6 +242,23 @@ fn scores_whose_shape_alone_is_read_elsewhere_keep_their_matmul() {
 }
 
 #[test]
+fn a_mask_computed_from_the_scores_is_no_core() {
+    // s + (-s): the mask needs the scores' values, so their MatMul would
+    // stay beside a core that computes q·k again.
+    let model = core(
+        |b, s| {
+            let minus = b.node("Neg", &[&s], vec![]);
+            b.node("Add", &[&s, &minus], vec![])
+        },
+        |_, p| p,
+    );
+    let (n, why, _) = attention(&model);
+    assert_eq!(n, 0);
+    let expected = "is computed from n0_MatMul, a node of the match the replacement would compute again";
+    assert!(why.iter().any(|r| r.contains(expected)), "{why:?}");
+}
+
+#[test]
 fn several_additive_terms_are_inputs_in_their_order() {
     let model = core(
         |b, s| {
