@@ -555,10 +555,13 @@ fn find(g: &Graph, pass: &Pass, path: &str, functions: &[FunctionProto], decline
             settle(g, rewrite, &earlier)
         });
         match checked {
-            Ok(mut rewrite) if rewrite.nodes.iter().all(|n| !claimed.contains(n)) => {
+            // A match that holds every earlier match it meets replaces them
+            // (a LayerNorm's beta Add after the Mul of its gamma); one that
+            // meets an earlier match only in part is left.
+            Ok(mut rewrite) if found_within(&found, &claimed, &rewrite) => {
+                found.retain(|earlier| earlier.nodes.is_disjoint(&rewrite.nodes));
                 claimed.extend(rewrite.nodes.iter().copied());
                 rewrite.place = placement(g, &rewrite);
-                name_constants(g, &mut rewrite, &mut new_names);
                 found.push(rewrite);
             }
             Ok(_) => {}
@@ -571,7 +574,19 @@ fn find(g: &Graph, pass: &Pass, path: &str, functions: &[FunctionProto], decline
             }),
         }
     }
+    for rewrite in &mut found {
+        name_constants(g, rewrite, &mut new_names);
+    }
     found
+}
+
+/// True where every earlier match that shares a node with `rewrite` lies
+/// within it.
+fn found_within(found: &[Rewrite], claimed: &HashSet<usize>, rewrite: &Rewrite) -> bool {
+    rewrite.nodes.iter().all(|n| !claimed.contains(n))
+        || found
+            .iter()
+            .all(|earlier| earlier.nodes.is_disjoint(&rewrite.nodes) || earlier.nodes.is_subset(&rewrite.nodes))
 }
 
 /// The rewrite with the nodes it replaces derived and the outputs it offers

@@ -7,7 +7,7 @@ mod common;
 
 use common::build::*;
 use common::*;
-use onnx_fuse::onnx::{ModelProto, BOOL, FLOAT, INT64};
+use onnx_fuse::onnx::{ModelProto, NodeProto, BOOL, FLOAT, INT64};
 
 const X: &[i64] = &[2, 3, 4];
 
@@ -131,6 +131,29 @@ fn a_layer_norm_without_beta_is_layer_normalization_without_bias() {
     let (fused, _) = fuse_model(&broken, &["layer-norm", "rms-norm"]);
     assert_eq!(count_op(&fused, "LayerNormalization"), 0);
     assert_eq!(count_op(&fused, "SimplifiedLayerNormalization"), 1);
+}
+
+#[test]
+fn a_beta_that_cannot_fold_leaves_its_add_after_the_layer_norm() {
+    // `… * gamma + beta` with beta [1, 1, D] computed at run time: the
+    // op cannot read it as [D], so the Add stays after a LayerNormalization
+    // without bias (the beta's Add is declined and the gamma's Mul is taken).
+    let mut model = norm(&dims(X), tensor(FLOAT, &[4], &ramp(4)), None, true);
+    let g = model.graph.as_mut().unwrap();
+    let y = g.output[0].name().to_string();
+    g.node.last_mut().unwrap().output[0] = "scaled".into();
+    g.input.push(value_info("beta", FLOAT, Some(&dims(&[1, 1, 4]))));
+    let mut b = Builder::default();
+    b.node_to("Add", &["scaled", "beta"], &[&y], vec![]);
+    g.node.push(NodeProto { name: Some("beta_add".into()), ..b.graph.node.remove(0) });
+    let (fused, outcome) = fuse_model(&model, &["layer-norm", "rms-norm"]);
+    assert_eq!(outcome.fused.len(), 1, "{:?}", outcome.declined);
+    let why: Vec<&str> = outcome.declined.iter().map(|d| d.reason.as_str()).collect();
+    assert!(why.iter().any(|r| r.contains("the beta (beta) is [1, …, 1, D] but not a constant")), "{why:?}");
+    let ops: Vec<&str> = fused.graph.as_ref().unwrap().node.iter().map(|n| n.op_type()).collect();
+    assert_eq!(ops, ["LayerNormalization", "Add"]);
+    assert_eq!(fused.graph.as_ref().unwrap().node[0].input, ["x", "weight"]);
+    assert_equivalent(&model, &fused, "forms");
 }
 
 #[test]

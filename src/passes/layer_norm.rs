@@ -57,11 +57,11 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
 
 /// `n(x - mean(x)) * gamma` with no beta after it (Cohere's, ModernBERT's
 /// and MPT's norms). Where the core is no normalization of a centered
-/// value, the Mul is rms-norm's to judge (or nothing): no candidate here;
-/// nor where an Add of a beta follows: that Add is the anchor.
+/// value, the Mul is rms-norm's to judge (or nothing): no candidate here.
+/// Where an Add of a beta follows, its match holds this one and the
+/// driver takes it instead.
 fn without_beta(g: &Graph, index: usize) -> Check<Rewrite> {
     let out = pattern::anchor(g, index, "Mul")?;
-    candidate!(!weighted_after(g, &out.output[0], &["Add"]));
     pattern::anchor_operands(
         out,
         "a gamma of one axis (leading axes of 1 aside)",
@@ -76,14 +76,12 @@ fn without_beta(g: &Graph, index: usize) -> Check<Rewrite> {
 
 /// `n(x - mean(x))` alone, with neither gamma nor beta (OLMo's
 /// non-parametric LayerNorm): `LayerNormalization(x, ones)`, a `[D]` scale
-/// of ones made for it, which multiplies exactly. Where a Mul or Add of a
-/// weight-shaped operand alone reads the normalized value, that node is the
-/// anchor instead.
+/// of ones made for it, which multiplies exactly. Where the Mul of a gamma
+/// follows, its match holds this one and the driver takes it instead.
 fn without_gamma(g: &Graph, index: usize) -> Check<Rewrite> {
     let last = g.node(index);
     candidate!(last.input.len() == 2);
     let n = &last.output[0];
-    candidate!(!weighted_after(g, n, &["Mul", "Add"]));
     let core = rms_core(g, n).map_err(|_| Miss::NotCandidate)?;
     let x = centered(g, core.x).map_err(|_| Miss::NotCandidate)?;
     let d = g.shapes().last_axis(x).and_then(|d| d.value());
@@ -99,16 +97,6 @@ fn without_gamma(g: &Graph, index: usize) -> Check<Rewrite> {
     let mut m = Match::new(index);
     let gamma = m.weight_input(g, pattern::Weight::Made(Box::new(ones)), "gamma");
     Ok(m.replace_with(node("LayerNormalization", &[x, &gamma], norm_attributes(core.eps))))
-}
-
-/// True when `value` is read alone by one of `ops` with a weight-shaped
-/// other operand: that node, a gamma's Mul or a beta's Add, is the anchor.
-fn weighted_after(g: &Graph, value: &str, ops: &[&str]) -> bool {
-    let readers = g.consumers(value);
-    !g.is_graph_output(value)
-        && readers.len() == 1
-        && ops.iter().any(|op| g.node(readers[0]).is(op))
-        && g.node(readers[0]).input.iter().any(|w| w != value && is_vector(g, w))
 }
 
 /// The x of `d = Sub(x, ReduceMean(x))` over the last axis.
