@@ -58,6 +58,57 @@ macro_rules! candidate {
     };
 }
 
+/// Declines the match with a reason a user can read.
+#[macro_export]
+macro_rules! decline {
+    ($($why:tt)+) => {
+        return Err($crate::graph::Miss::Declined(format!($($why)+)))
+    };
+}
+
+/// The anchor is no candidate at all (not reported).
+#[macro_export]
+macro_rules! no_candidate {
+    () => {
+        return Err($crate::graph::Miss::NotCandidate)
+    };
+}
+
+/// How a pattern says where it stopped, beside `require!`, `decline!` and
+/// `candidate!`: a missing value declines with a reason, a miss of a
+/// sub-pattern becomes no candidate, or the next reading is tried.
+pub trait Stop<T> {
+    /// Declined with `why` where there is no value.
+    fn or_decline(self, why: impl FnOnce() -> String) -> Check<T>;
+}
+
+impl<T> Stop<T> for Option<T> {
+    fn or_decline(self, why: impl FnOnce() -> String) -> Check<T> {
+        self.ok_or_else(|| Miss::Declined(why()))
+    }
+}
+
+pub trait Relabel<T> {
+    /// Any miss of a sub-pattern makes the anchor no candidate at all.
+    fn or_no_candidate(self) -> Check<T>;
+    /// Where the anchor is no candidate, `other` is tried (a declined
+    /// candidate keeps its reason).
+    fn or_if_no_candidate(self, other: impl FnOnce() -> Check<T>) -> Check<T>;
+}
+
+impl<T> Relabel<T> for Check<T> {
+    fn or_no_candidate(self) -> Check<T> {
+        self.map_err(|_| Miss::NotCandidate)
+    }
+
+    fn or_if_no_candidate(self, other: impl FnOnce() -> Check<T>) -> Check<T> {
+        match self {
+            Err(Miss::NotCandidate) => other(),
+            checked => checked,
+        }
+    }
+}
+
 /// What a rewritten model may contain.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -463,6 +514,11 @@ impl<'a> Graph<'a> {
     pub fn require_opset(&self, version: i64, op: &str) -> Check<()> {
         require!(self.opset >= version, "needs opset {version} for {op} (the model imports opset {})", self.opset);
         Ok(())
+    }
+
+    /// The model's opset defines the op a pass writes for the portable target.
+    pub fn require_portable(&self, portable: crate::rewrite::Portable) -> Check<()> {
+        self.require_opset(portable.since, portable.op)
     }
 
     /// The value of a constant with exactly one element.

@@ -1,10 +1,10 @@
 //! Small matchers that patterns share: operand order, reductions over the
 //! last axis, weights, scalar constants. Each fails with a reason.
 
-use crate::graph::{Check, Graph, IntsArgument, Miss};
+use crate::graph::{Check, Graph, IntsArgument, Miss, Stop};
 use crate::onnx::{NodeProto, TensorProto, BFLOAT16, DOUBLE, FLOAT, FLOAT16};
 use crate::shapes::Dim;
-use crate::{candidate, require};
+use crate::{candidate, decline, require};
 
 /// The anchor must be a default-domain `op_type` node; anything else is not
 /// a candidate at all (and is not reported as declined).
@@ -12,7 +12,7 @@ pub fn anchor<'a>(g: &Graph<'a>, index: usize, op_type: &str) -> Check<&'a NodeP
     let node = g.node(index);
     candidate!(node.is(op_type));
     if let Some(why) = g.malformed(index) {
-        return Err(Miss::Declined(format!("malformed: {why}")));
+        decline!("malformed: {why}");
     }
     require!(node.input.len() >= 2, "{op_type} has an unexpected arity");
     Ok(node)
@@ -66,7 +66,7 @@ pub fn anchor_operands<'a, T>(
 pub fn scalar(g: &Graph, value: &str, other: &str, what: &str) -> Check<f64> {
     let t = g.constant(value);
     let v = t.and_then(|t| t.scalar());
-    let v = v.ok_or_else(|| Miss::Declined(format!("{what} ({value}) is not a constant with one value")))?;
+    let v = v.or_decline(|| format!("{what} ({value}) is not a constant with one value"))?;
     let rank = t.map_or(0, |t| t.dims.len());
     let room = g.shapes().rank(other).unwrap_or(1).max(1);
     require!(
@@ -88,7 +88,7 @@ pub fn reduce_mean_last_axis(g: &Graph, index: usize) -> Check<()> {
         IntsArgument::Known(axes) => axes,
         IntsArgument::Absent => vec![],
         IntsArgument::Unknown => {
-            return Err(Miss::Declined(format!("the axes of ReduceMean {} are not a constant", node.name())));
+            decline!("the axes of ReduceMean {} are not a constant", node.name());
         }
     };
     let last = g.shapes().rank(&node.input[0]).map(|r| r as i64 - 1);
@@ -129,8 +129,7 @@ pub enum Weight<'a> {
 ///   fused op gets `[D]` copies of it (its kernels take one value per element).
 pub fn weight<'a>(g: &Graph<'a>, value: &'a str, x: &str, what: &str) -> Check<Weight<'a>> {
     let shapes = g.shapes();
-    let shape =
-        shapes.shape(value).ok_or_else(|| Miss::Declined(format!("the {what} ({value}) has no proved shape")))?;
+    let shape = shapes.shape(value).or_decline(|| format!("the {what} ({value}) has no proved shape"))?;
     let x_shape = shapes.shape(x);
     let last = shapes.last_axis(x);
     let shown = |d: &Option<Dim>| d.as_ref().map_or("unknown".to_string(), Dim::to_string);
@@ -146,17 +145,14 @@ pub fn weight<'a>(g: &Graph<'a>, value: &'a str, x: &str, what: &str) -> Check<W
                 return Ok(Weight::Made(Box::new(made)));
             }
         }
-        return Err(Miss::Declined(format!(
-            "the {what} ({value}) has {n} values but the last axis of {x} is {}",
-            shown(&last)
-        )));
+        decline!("the {what} ({value}) has {n} values but the last axis of {x} is {}", shown(&last));
     }
     if shape.len() <= 1 {
         return Ok(Weight::Value(value));
     }
     require!(rank_fits, "the {what} ({value}) of rank {} may raise the rank of {x}", shape.len());
     let t = g.constant(value).filter(|t| !t.is_external());
-    let t = t.ok_or_else(|| Miss::Declined(format!("the {what} ({value}) is [1, …, 1, D] but not a constant")))?;
+    let t = t.or_decline(|| format!("the {what} ({value}) is [1, …, 1, D] but not a constant"))?;
     Ok(Weight::Made(Box::new(TensorProto { dims: vec![t.dims.last().copied().unwrap_or(1)], name: None, ..t.clone() })))
 }
 
@@ -241,7 +237,7 @@ pub fn square<'a>(g: &Graph<'a>, square: usize) -> Check<&'a str> {
         );
         Ok(node.input[0].as_str())
     } else {
-        Err(Miss::Declined(format!("{} is not Pow(x, 2) or Mul(x, x)", node.name())))
+        decline!("{} is not Pow(x, 2) or Mul(x, x)", node.name())
     }
 }
 

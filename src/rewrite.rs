@@ -33,7 +33,18 @@ pub struct Pass {
     /// How a report says what this pass does to the nodes of earlier passes
     /// it takes into its own ("with their residual Add"), if it does.
     pub absorbs: Option<&'static str>,
+    /// What it writes for `--target portable`: ONNX's op and the opset
+    /// that defines it (`Graph::require_portable`); None where the pass
+    /// writes ONNX Runtime's ops only.
+    pub portable: Option<Portable>,
     pub rule: fn(&Graph, usize) -> Check<Rewrite>,
+}
+
+/// An ONNX op a pass writes for the portable target, from opset `since`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Portable {
+    pub op: &'static str,
+    pub since: i64,
 }
 
 /// What a rule proved: the node that replaces the match, and what it reads.

@@ -168,13 +168,9 @@ fn campaign(seed: u64, budget: usize, deadline: Option<Instant>) -> (BTreeMap<&'
             if target == Target::Portable {
                 let opset = case.model.default_opset();
                 case.what.push("target portable".into());
-                let allowed = match pass {
-                    "rms-norm" => opset >= 23,
-                    "layer-norm" => opset >= 17,
-                    "attention" => opset >= 23 && case.portable,
-                    "gelu" => opset >= 20 && case.portable,
-                    _ => false,
-                };
+                // The pass's own portable op, from the opset that defines it.
+                let portable = passes::ALL.iter().find(|p| p.name == pass).and_then(|p| p.portable);
+                let allowed = case.portable && portable.is_some_and(|p| opset >= p.since);
                 if !allowed {
                     case.expect = Expect::NoFuse;
                 }

@@ -26,15 +26,15 @@
 //! side values computed at run time become inputs after q, k, v in step
 //! order. docs/attention-core.md is the interface for kernel writers.
 
-use crate::graph::{known, Check, Graph, Miss, Target};
+use crate::graph::{known, Check, Graph, Relabel, Stop, Target};
 use crate::onnx::{
     type_text, AttributeProto, AttributeType, FunctionProto, NodeProto, TensorProto, BFLOAT16, DOUBLE, FLOAT, FLOAT16,
     TRANSMUTER_DOMAIN,
 };
 use crate::pattern::{self, cast_to};
-use crate::rewrite::{node, node_in, unused_name, Kept, Match, Pass, Rewrite};
+use crate::rewrite::{node, node_in, unused_name, Kept, Match, Pass, Portable, Rewrite};
 use crate::shapes::{product, Shapes};
-use crate::{candidate, require};
+use crate::{candidate, decline, no_candidate, require};
 
 pub const PASS: Pass = Pass {
     name: "attention",
@@ -42,8 +42,12 @@ pub const PASS: Pass = Pass {
     default: true,
     caution: None,
     absorbs: None,
+    portable: Some(PORTABLE),
     rule,
 };
+
+/// What `--target portable` writes.
+const PORTABLE: Portable = Portable { op: "Attention", since: 23 };
 
 /// A fill at most this large gives hidden keys no weight after softmax.
 const MAX_FILL: f64 = -1.0e4;
@@ -192,10 +196,10 @@ fn onnx_attention(g: &Graph, shapes: &Shapes, mut m: Match, [q, k, v]: [&str; 3]
             Step::Cast(to) => {
                 require!(Some(*to) == elem, "a Cast between the MatMuls changes the type Attention computes in")
             }
-            Step::Mask(_) => return Err(Miss::Declined("more than one additive mask".into())),
-            Step::Where { .. } => return Err(Miss::Declined(format!("a masked core (Where): {MASK_FILLS}"))),
-            Step::Divisor(d) => return Err(Miss::Declined(format!("the divisor {d} is computed at run time"))),
-            Step::NanGuard(_) => return Err(Miss::Declined("a NaN guard: Attention does not zero NaN rows".into())),
+            Step::Mask(_) => decline!("more than one additive mask"),
+            Step::Where { .. } => decline!("a masked core (Where): {MASK_FILLS}"),
+            Step::Divisor(d) => decline!("the divisor {d} is computed at run time"),
+            Step::NanGuard(_) => decline!("a NaN guard: Attention does not zero NaN rows"),
         }
     }
     require!(scale.is_finite() && (scale as f32).is_normal(), "the scale {scale} is no normal f32");
@@ -205,9 +209,9 @@ fn onnx_attention(g: &Graph, shapes: &Shapes, mut m: Match, [q, k, v]: [&str; 3]
     let rank = shapes.rank(q);
     require!(matches!(rank, Some(3 | 4)), "q is not proved to have rank 3 or 4 (rank {})", known(rank));
     let rank = rank.unwrap_or_default();
-    let transpose = g.produced_by(k, "Transpose").map_err(|_| {
-        Miss::Declined(format!("the key {k} is not a Transpose: Attention reads the key before its transpose"))
-    })?;
+    let Ok(transpose) = g.produced_by(k, "Transpose") else {
+        decline!("the key {k} is not a Transpose: Attention reads the key before its transpose")
+    };
     let swap_last: Vec<i64> = (0..rank as i64 - 2).chain([rank as i64 - 1, rank as i64 - 2]).collect();
     require!(
         g.node(transpose).attr_ints("perm") == Some(&swap_last[..]),
@@ -220,7 +224,7 @@ fn onnx_attention(g: &Graph, shapes: &Shapes, mut m: Match, [q, k, v]: [&str; 3]
     // Attention broadcasts nothing but key/value heads (GQA, repeated): the
     // MatMuls' broadcasting must be exactly that.
     let (Some(sq), Some(sk), Some(sv)) = (shapes.shape(q), shapes.shape(key), shapes.shape(v)) else {
-        return Err(Miss::Declined("the shapes of q, key and v are not proved".into()));
+        decline!("the shapes of q, key and v are not proved");
     };
     require!(sk.len() == rank && sv.len() == rank, "q, key and v differ in rank");
     require!(
@@ -263,7 +267,7 @@ fn onnx_attention(g: &Graph, shapes: &Shapes, mut m: Match, [q, k, v]: [&str; 3]
         );
         inputs.push(value);
     }
-    g.require_opset(23, "Attention")?;
+    g.require_portable(PORTABLE)?;
     Ok(m.replace_with(crate::rewrite::node("Attention", &inputs, attributes)))
 }
 
@@ -278,7 +282,7 @@ const MASK_FILLS: &str = "ONNX Runtime's Attention zeroes a row whose mask is al
 /// its shape.
 fn handed_over_mask<'a>(g: &Graph<'a>, value: &'a str, elem: Option<i32>) -> Check<(&'a str, Vec<i64>)> {
     let Some(t) = g.constant(value) else {
-        return Err(Miss::Declined(format!("a masked core: its mask is computed at run time; {MASK_FILLS}")));
+        decline!("a masked core: its mask is computed at run time; {MASK_FILLS}");
     };
     require!(Some(t.data_type()) == elem, "the mask is {}, not the type of q", type_text(Some(t.data_type())));
     // In f16 ONNX Runtime's Attention adds and normalizes in f32 where the
@@ -286,7 +290,7 @@ fn handed_over_mask<'a>(g: &Graph<'a>, value: &'a str, elem: Option<i32>) -> Che
     // uniform from one and not the other (measured). f64 is unmeasured.
     require!(elem == Some(FLOAT), "a constant mask is handed over on f32 scores only (these are {})", type_text(elem));
     let lowest = f64::from(f32::MIN);
-    let values = t.values().ok_or_else(|| Miss::Declined("the mask's values cannot be read".into()))?;
+    let values = t.values().or_decline(|| "the mask's values cannot be read".into())?;
     require!(
         values.iter().all(|v| v.is_finite() && *v > lowest),
         "the mask holds -inf, NaN or its type's lowest: ONNX Runtime's Attention zeroes a row of them"
@@ -311,7 +315,7 @@ fn probs_step<'a>(g: &Graph<'a>, p: usize) -> Check<(Step, &'a str)> {
     if node.is("Where") && node.input.len() == 3 {
         // Where(IsNaN(p), 0, p): rows that were all -inf become zeros.
         let guarded = node.input[2].as_str();
-        let isnan = g.produced_by(&node.input[0], "IsNaN").map_err(|_| Miss::NotCandidate)?;
+        let isnan = g.produced_by(&node.input[0], "IsNaN").or_no_candidate()?;
         candidate!(g.node(isnan).input[0] == guarded);
         require!(
             pattern::scalar(g, &node.input[1], guarded, "the NaN guard's value")? == 0.0,
@@ -320,7 +324,7 @@ fn probs_step<'a>(g: &Graph<'a>, p: usize) -> Check<(Step, &'a str)> {
         let zero = g.constant(&node.input[1]).expect("a constant, proved above");
         return Ok((Step::NanGuard(attribute_tensor(zero)), guarded));
     }
-    Err(Miss::NotCandidate)
+    no_candidate!()
 }
 
 fn reshape(g: &Graph, node: &NodeProto) -> Step {
@@ -427,7 +431,7 @@ fn scores_chain<'a>(g: &Graph<'a>, value: &'a str, depth: usize) -> Check<(usize
         }
         _ => {}
     }
-    Err(Miss::Declined(format!("{} {} is not a step of the attention core", node.op_type(), node.name())))
+    decline!("{} {} is not a step of the attention core", node.op_type(), node.name())
 }
 
 /// Reshapes come in pairs that give back the shape they started from:
@@ -496,7 +500,7 @@ fn reshapes_give_back_shapes(
                 match pair {
                     [] => {}
                     [first, second] => gives_back(*first, *second, what)?,
-                    _ => return Err(Miss::Declined(format!("{} Reshapes around the {what}, not a pair", pair.len()))),
+                    _ => decline!("{} Reshapes around the {what}, not a pair", pair.len()),
                 }
             }
             Ok(())

@@ -14,12 +14,12 @@
 //! b may be the same tensor. ONNX Runtime has these two ops on CUDA only,
 //! so this pass is not in the default pipeline.
 
-use crate::graph::{known, Check, Graph, IntsArgument, Miss, Target};
+use crate::graph::{known, Check, Graph, IntsArgument, Stop, Target};
 use crate::onnx::{type_text, FLOAT, FLOAT16};
 use crate::pattern;
-use crate::require;
 use crate::rewrite::{node_in, Match, Pass, Rewrite};
 use crate::shapes::{slice_indices, Shapes};
+use crate::{decline, require};
 
 pub const PASS: Pass = Pass {
     name: "complex-mul",
@@ -30,6 +30,7 @@ pub const PASS: Pass = Pass {
          the output does not load on the CPU provider",
     ),
     absorbs: None,
+    portable: None,
     rule,
 };
 
@@ -79,7 +80,7 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
         let (a, b) = match cross {
             [p, q] if p.index == 0 && q.index == 1 => (p.of, q.of),
             [p, q] if p.index == 1 && q.index == 0 => (q.of, p.of),
-            _ => return Err(Miss::Declined("the imaginary part is not ar·bi + ai·br".into())),
+            _ => decline!("the imaginary part is not ar·bi + ai·br"),
         };
         require!(same(product(&im_node.input[1])?, [pt(a, 1), pt(b, 0)]), "the imaginary part is not ar·bi + ai·br");
         require!(same(product(&re_node.input[0])?, [pt(a, 0), pt(b, 0)]), "the real part does not start with ar·br");
@@ -91,7 +92,7 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
         let (a, b) = match first {
             [p, q] if p.index == 1 && q.index == 0 => (p.of, q.of),
             [p, q] if p.index == 0 && q.index == 1 => (q.of, p.of),
-            _ => return Err(Miss::Declined("the imaginary part is not ai·br − ar·bi".into())),
+            _ => decline!("the imaginary part is not ai·br − ar·bi"),
         };
         require!(same(product(&im_node.input[1])?, [pt(a, 0), pt(b, 1)]), "the imaginary part is not ai·br − ar·bi");
         let (x, y) = (product(&re_node.input[0])?, product(&re_node.input[1])?);
@@ -99,11 +100,11 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
         require!((same(x, rr) && same(y, ii)) || (same(x, ii) && same(y, rr)), "the real part is not ar·br + ai·bi");
         ("ComplexMulConj", a, b)
     } else {
-        return Err(Miss::Declined(format!(
+        decline!(
             "re is {} and im is {}: not a complex product (Sub/Add or Add/Sub)",
             re_node.op_type(),
             im_node.op_type()
-        )));
+        );
     };
     for x in [a, b] {
         let last = shapes.shape(x).and_then(|s| s.last().and_then(|d| d.value()));
@@ -129,7 +130,7 @@ fn producer(g: &Graph, value: &str) -> Check<usize> {
 
 /// A real or imaginary part of the kind the Concat implies.
 fn part<'a>(g: &Graph<'a>, shapes: &Shapes, value: &'a str, kind: Kind) -> Check<Part<'a>> {
-    let p = g.producer(value).ok_or_else(|| Miss::Declined(format!("{value} is not a part of a complex tensor")))?;
+    let p = g.producer(value).or_decline(|| format!("{value} is not a part of a complex tensor"))?;
     let node = g.node(p);
     let last = |x: &str, axis: i64| axis == -1 || shapes.rank(x).is_some_and(|r| axis == r as i64 - 1);
     let found = match (kind, node.op_type()) {
@@ -157,7 +158,7 @@ fn part<'a>(g: &Graph<'a>, shapes: &Shapes, value: &'a str, kind: Kind) -> Check
         (Kind::Kept, "Slice") if node.input.len() >= 3 || g.opset < 10 => {
             let (starts, ends, axes, steps) = g
                 .slice_arguments(node)
-                .ok_or_else(|| Miss::Declined(format!("the Slice of {value} has arguments computed at run time")))?;
+                .or_decline(|| format!("the Slice of {value} has arguments computed at run time"))?;
             require!(
                 starts.len() == 1 && ends.len() == 1 && axes.len() == 1 && steps.len() == 1,
                 "the Slice of {value} is not of one axis"
@@ -180,7 +181,7 @@ fn part<'a>(g: &Graph<'a>, shapes: &Shapes, value: &'a str, kind: Kind) -> Check
             );
             pt(&node.input[0], if node.output[0] == value { 0 } else { 1 })
         }
-        _ => return Err(Miss::Declined(format!("{value} is not a part of a complex tensor"))),
+        _ => decline!("{value} is not a part of a complex tensor"),
     };
     require!(found.index == 0 || found.index == 1, "{value} takes index {} of the last axis", found.index);
     Ok(found)

@@ -25,11 +25,11 @@
 //! opset 20; `approximate = "tanh"` for the tanh form, no bias), and leaves
 //! the sigmoid form: ONNX has no such op.
 
-use crate::graph::{Check, Graph, Miss, Target};
+use crate::graph::{Check, Graph, Relabel, Stop, Target};
 use crate::onnx::{is_default_domain, type_text, AttributeProto, NodeProto, BFLOAT16, FLOAT, FLOAT16};
 use crate::pattern::{self, either_order};
-use crate::rewrite::{node, node_in, Match, Pass, Rewrite};
-use crate::{candidate, require};
+use crate::rewrite::{node, node_in, Match, Pass, Portable, Rewrite};
+use crate::{candidate, no_candidate, require};
 
 pub const PASS: Pass = Pass {
     name: "gelu",
@@ -37,8 +37,12 @@ pub const PASS: Pass = Pass {
     default: true,
     caution: None,
     absorbs: None,
+    portable: Some(PORTABLE),
     rule,
 };
+
+/// What `--target portable` writes.
+const PORTABLE: Portable = Portable { op: "Gelu", since: 20 };
 
 const SQRT_2: f64 = std::f64::consts::SQRT_2;
 const FRAC_1_SQRT_2: f64 = std::f64::consts::FRAC_1_SQRT_2;
@@ -133,7 +137,7 @@ fn bracket<'a>(g: &Graph<'a>, value: &str) -> Option<(Form, &'a str, &'a str)> {
             let form = match g.node(p).op_type() {
                 "Erf" => Form::Erf,
                 "Tanh" => Form::Tanh,
-                _ => return Err(Miss::NotCandidate),
+                _ => no_candidate!(),
             };
             require!(is_default_domain(g.node(p).domain()), "not ONNX's {}", g.node(p).op_type());
             Ok((form, g.node(p).input[0].as_str(), one))
@@ -191,7 +195,7 @@ fn tanh_argument(g: &Graph, a: &str, x: &str, elem: i32) -> Check<()> {
                 let (k, _) = terms
                     .iter()
                     .find(|(_, rest)| *rest == x)
-                    .ok_or_else(|| Miss::Declined(format!("the polynomial's term is not 0.044715 · {x} · {x}")))?;
+                    .or_decline(|| format!("the polynomial's term is not 0.044715 · {x} · {x}"))?;
                 near(g, k, x, TANH_CUBIC, elem, "0.044715")
             },
         );
@@ -278,7 +282,7 @@ fn replace(g: &Graph, index: usize, form: Form, x: &str, elem: i32) -> Check<Rew
     let m = Match::new(index);
     has_an_axis(g, x)?;
     if g.target == Target::Portable {
-        g.require_opset(20, "Gelu")?;
+        g.require_portable(PORTABLE)?;
         let approximate = if form == Form::Tanh { "tanh" } else { "none" };
         let attributes = vec![AttributeProto::string("approximate", approximate)];
         return Ok(m.replace_with(node("Gelu", &[x], attributes)));
@@ -324,7 +328,7 @@ fn sigmoid_form(g: &Graph, index: usize, top: &NodeProto) -> Check<Rewrite> {
             let alpha = if y == x {
                 1.0
             } else {
-                let scaled = g.produced_by(y, "Mul").map_err(|_| Miss::NotCandidate)?;
+                let scaled = g.produced_by(y, "Mul").or_no_candidate()?;
                 let node = g.node(scaled);
                 candidate!(node.input.len() == 2 && node.input.iter().any(|v| v == x));
                 let c = if node.input[0] == x { &node.input[1] } else { &node.input[0] };

@@ -15,10 +15,10 @@
 //! gamma)` without bias precedes the beta, that node is accepted in its
 //! place and its provenance list folds into this one.
 
-use crate::graph::{Check, Graph, Miss, Target};
+use crate::graph::{Check, Graph, Relabel, Stop, Target};
 use crate::pattern::{self, either_order, is_vector};
-use crate::rewrite::{node, Match, Pass, Rewrite};
-use crate::{candidate, require};
+use crate::rewrite::{node, Match, Pass, Portable, Rewrite};
+use crate::{candidate, decline, no_candidate, require};
 
 use super::rms_norm::{norm_attributes, rms_core};
 
@@ -28,18 +28,16 @@ pub const PASS: Pass = Pass {
     default: true,
     caution: None,
     absorbs: None,
+    portable: Some(PORTABLE),
     rule,
 };
 
+/// What `--target portable` writes.
+const PORTABLE: Portable = Portable { op: "LayerNormalization", since: 17 };
+
 fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     if g.node(index).is("Mul") || g.node(index).is("Div") {
-        return without_beta(g, index).or_else(|miss| {
-            if miss == Miss::NotCandidate {
-                without_gamma(g, index)
-            } else {
-                Err(miss)
-            }
-        });
+        return without_beta(g, index).or_if_no_candidate(|| without_gamma(g, index));
     }
     let out = pattern::anchor(g, index, "Add")?;
     pattern::anchor_operands(
@@ -52,7 +50,7 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
             layer_normalization(g, Match::new(index), x, norm.gamma, Some(beta), norm.eps)
         },
     )
-    .or_else(|miss| if miss == Miss::NotCandidate { beta_not_a_vector(g, index) } else { Err(miss) })
+    .or_if_no_candidate(|| beta_not_a_vector(g, index))
 }
 
 /// `n(x - mean(x)) * gamma` with no beta after it (Cohere's, ModernBERT's
@@ -67,8 +65,8 @@ fn without_beta(g: &Graph, index: usize) -> Check<Rewrite> {
         "a gamma of one axis (leading axes of 1 aside)",
         |c| is_vector(g, c),
         |n, gamma| {
-            let core = rms_core(g, n).map_err(|_| Miss::NotCandidate)?;
-            let x = centered(g, core.x).map_err(|_| Miss::NotCandidate)?;
+            let core = rms_core(g, n).or_no_candidate()?;
+            let x = centered(g, core.x).or_no_candidate()?;
             layer_normalization(g, Match::new(index), x, gamma, None, core.eps)
         },
     )
@@ -82,17 +80,16 @@ fn without_gamma(g: &Graph, index: usize) -> Check<Rewrite> {
     let last = g.node(index);
     candidate!(last.input.len() == 2);
     let n = &last.output[0];
-    let core = rms_core(g, n).map_err(|_| Miss::NotCandidate)?;
-    let x = centered(g, core.x).map_err(|_| Miss::NotCandidate)?;
+    let core = rms_core(g, n).or_no_candidate()?;
+    let x = centered(g, core.x).or_no_candidate()?;
     let d = g.shapes().last_axis(x).and_then(|d| d.value());
     let elem = g.elem_type(x);
     let ones = d.zip(elem).and_then(|(d, elem)| pattern::filled(elem, d, 1.0));
-    let ones = ones.ok_or_else(|| {
-        Miss::Declined(format!("a LayerNorm without gamma: the last axis and type of {x} are not known numbers"))
-    })?;
+    let ones =
+        ones.or_decline(|| format!("a LayerNorm without gamma: the last axis and type of {x} are not known numbers"))?;
     require!(elem == Some(core.elem_type), "x and eps do not share one element type");
     if g.target == Target::Portable {
-        g.require_opset(17, "LayerNormalization")?;
+        g.require_portable(PORTABLE)?;
     }
     let mut m = Match::new(index);
     let gamma = m.weight_input(g, pattern::Weight::Made(Box::new(ones)), "gamma");
@@ -129,7 +126,7 @@ fn layer_normalization<'a>(
     // ONNX defines LayerNormalization from opset 17; below, only ONNX
     // Runtime's registration runs it.
     if g.target == Target::Portable {
-        g.require_opset(17, "LayerNormalization")?;
+        g.require_portable(PORTABLE)?;
     }
     let mut inputs = vec![x.to_string(), m.weight_input(g, gamma_weight, "gamma")];
     inputs.extend(beta_weight.map(|b| m.weight_input(g, b, "beta")));
@@ -146,12 +143,10 @@ fn beta_not_a_vector(g: &Graph, index: usize) -> Check<Rewrite> {
     for (scaled, beta) in [(&out.input[0], &out.input[1]), (&out.input[1], &out.input[0])] {
         let primitives = g.producer(scaled).is_some_and(|p| g.node(p).is("Mul"));
         if (primitives || g.constant(beta).is_some()) && scaled_norm(g, scaled).is_ok() {
-            return Err(Miss::Declined(format!(
-                "the beta ({beta}) is not proved to have one axis (leading axes of 1 aside)"
-            )));
+            decline!("the beta ({beta}) is not proved to have one axis (leading axes of 1 aside)");
         }
     }
-    Err(Miss::NotCandidate)
+    no_candidate!()
 }
 
 /// `n(d) * gamma`: the primitives, the `SimplifiedLayerNormalization` (or

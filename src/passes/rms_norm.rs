@@ -16,11 +16,11 @@
 //!   proved last axis of x; or a constant `[1, …, 1, D]`, or of one value
 //!   with D a known number (the op reads a `[D]` constant made for it).
 
-use crate::graph::{Check, Graph, Miss, Target};
+use crate::graph::{Check, Graph, Relabel, Stop, Target};
 use crate::onnx::{AttributeProto, BFLOAT16, FLOAT, FLOAT16};
 use crate::pattern::{self, cast_to, either_order, is_vector, scalar};
-use crate::require;
-use crate::rewrite::{node, Match, Pass, Rewrite};
+use crate::rewrite::{node, Match, Pass, Portable, Rewrite};
+use crate::{decline, no_candidate, require};
 
 pub const PASS: Pass = Pass {
     name: "rms-norm",
@@ -28,8 +28,12 @@ pub const PASS: Pass = Pass {
     default: true,
     caution: None,
     absorbs: None,
+    portable: Some(PORTABLE),
     rule,
 };
+
+/// What `--target portable` writes.
+const PORTABLE: Portable = Portable { op: "RMSNormalization", since: 23 };
 
 fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     let out = pattern::anchor(g, index, "Mul")?;
@@ -66,7 +70,7 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
             }
         },
     )
-    .or_else(|miss| if miss == Miss::NotCandidate { weight_not_a_vector(g, index) } else { Err(miss) })
+    .or_if_no_candidate(|| weight_not_a_vector(g, index))
 }
 
 /// The op the target allows: ONNX Runtime's `SimplifiedLayerNormalization`
@@ -76,7 +80,7 @@ fn op_for(g: &Graph) -> Check<&'static str> {
     match g.target {
         Target::Ort => Ok("SimplifiedLayerNormalization"),
         Target::Portable => {
-            g.require_opset(23, "RMSNormalization")?;
+            g.require_portable(PORTABLE)?;
             Ok("RMSNormalization")
         }
     }
@@ -89,12 +93,10 @@ fn weight_not_a_vector(g: &Graph, index: usize) -> Check<Rewrite> {
     for (y, weight) in [(&out.input[0], &out.input[1]), (&out.input[1], &out.input[0])] {
         let normalized = g.produced_by(y, "Cast").map_or(y.as_str(), |c| g.node(c).input[0].as_str());
         if rms_core(g, normalized).is_ok() {
-            return Err(Miss::Declined(format!(
-                "the weight ({weight}) is not proved to have one axis (leading axes of 1 aside)"
-            )));
+            decline!("the weight ({weight}) is not proved to have one axis (leading axes of 1 aside)");
         }
     }
-    Err(Miss::NotCandidate)
+    no_candidate!()
 }
 
 /// The attributes both norms are written with: over the last axis, the
@@ -131,8 +133,7 @@ pub fn rms_core<'a>(g: &Graph<'a>, n: &'a str) -> Check<RmsCore<'a>> {
     let eps_type = g.elem_type(eps).unwrap_or_default();
     require!(matches!(eps_type, FLOAT | FLOAT16 | BFLOAT16), "eps ({eps}) is not f32, f16 or bf16");
     pattern::reduce_mean_last_axis(g, mean)?;
-    let square =
-        g.producer(&g.node(mean).input[0]).ok_or_else(|| Miss::Declined("the mean's input is not x²".into()))?;
+    let square = g.producer(&g.node(mean).input[0]).or_decline(|| "the mean's input is not x²".into())?;
     same_value(g, x, pattern::square(g, square)?)?;
     require!(g.elem_type(x).is_none_or(|t| t == eps_type), "eps ({eps}) does not have the element type of x");
     Ok(RmsCore { x, eps: eps_value as f32, elem_type: eps_type })
@@ -170,7 +171,7 @@ fn fold_casts<'a>(g: &Graph<'a>, core: &RmsCore<'a>, to: i32) -> Check<(&'a str,
         core.elem_type
     );
     let Some(source) = source else {
-        return Err(Miss::Declined("the f32 core does not read x widened from the output's type".into()));
+        decline!("the f32 core does not read x widened from the output's type");
     };
     require!(g.elem_type(source) == Some(to), "the f32 core does not read x widened from the output's type");
     // The widened x must be read by the norm alone: the driver declines it

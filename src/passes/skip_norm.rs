@@ -26,12 +26,12 @@
 //! - **Types**: f32 and f16, the types the CPU provider registers both ops
 //!   for (f64 fails to load); every input of one type.
 
-use crate::graph::{Check, Graph, Miss, Target};
+use crate::graph::{Check, Graph, Relabel, Target};
 use crate::onnx::{is_default_domain, type_text, AttributeProto, FLOAT, FLOAT16};
 use crate::pattern::{self, Weight};
 use crate::rewrite::{node_in, Kept, Match, Pass, Rewrite};
 use crate::shapes::{Dim, Shapes};
-use crate::{candidate, require};
+use crate::{candidate, decline, no_candidate, require};
 
 pub const PASS: Pass = Pass {
     name: "skip-norm",
@@ -39,6 +39,7 @@ pub const PASS: Pass = Pass {
     default: true,
     caution: None,
     absorbs: Some("with their residual Add"),
+    portable: None,
     rule,
 };
 
@@ -47,7 +48,7 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     let op = match norm.op_type() {
         "LayerNormalization" => "SkipLayerNormalization",
         "SimplifiedLayerNormalization" => "SkipSimplifiedLayerNormalization",
-        _ => return Err(Miss::NotCandidate),
+        _ => no_candidate!(),
     };
     candidate!(is_default_domain(norm.domain()) && g.target == Target::Ort);
     // fp32 exports pass the sum on through a Cast to its own type, which the
@@ -55,7 +56,7 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     let x = norm.input[0].as_str();
     let identity_cast = pattern::identity_cast(g, x);
     let s = identity_cast.unwrap_or(x);
-    let sum = g.produced_by(s, "Add").map_err(|_| Miss::NotCandidate)?;
+    let sum = g.produced_by(s, "Add").or_no_candidate()?;
     let shapes = Shapes::new(g);
     let rank = shapes.rank(s);
     let axis = norm.attr_int("axis").unwrap_or(-1);
@@ -158,10 +159,10 @@ fn residual<'a>(
     } else if accepts(b, a) {
         Ok((b, a, bias))
     } else {
-        Err(Miss::Declined(format!(
+        decline!(
             "the shapes of {a} and {b} are not proved to be ones the kernel accepts (the same shape of rank 2 or \
              3, or a 3-D input and a skip of [S, D] or [1, S, D])"
-        )))
+        )
     }
 }
 
