@@ -348,3 +348,51 @@ fn extreme_integers_in_shape_arguments_give_unknown_shapes_not_panics() {
     }
     assert_eq!(derived, 7 * 7 * 10, "every value of every pair of extremes derived");
 }
+
+/// A node none of whose inputs is computed by the graph fails every
+/// pattern at its first step, so no pass lists it as a declined candidate
+/// (`--explain` names only real candidates): every op the passes anchor on
+/// or start from, alone, with operands of x's shape or `[D]` constants.
+#[test]
+fn a_node_with_nothing_computed_before_it_is_no_candidate_of_any_pass() {
+    let all: Vec<&str> = onnx_fuse::passes::ALL.iter().map(|p| p.name).collect();
+    let ops = [
+        "Mul",
+        "Add",
+        "Div",
+        "Sub",
+        "MatMul",
+        "Pow",
+        "Sqrt",
+        "Softmax",
+        "Tanh",
+        "Erf",
+        "Sigmoid",
+        "Concat",
+        "LayerNormalization",
+        "SimplifiedLayerNormalization",
+        "Where",
+        "Cast",
+    ];
+    for op in ops {
+        for with_vector in [false, true] {
+            let mut b = Builder::default();
+            b.input("x", FLOAT, Some(&[D::N(2), D::N(3), D::N(4)]));
+            b.input("y", FLOAT, Some(&[D::N(2), D::N(3), D::N(4)]));
+            let other = if with_vector { b.init("w", tensor(FLOAT, &[4], &[0.5, 1.0, 1.5, 2.0])) } else { "y".into() };
+            let (inputs, attributes): (Vec<&str>, _) = match op {
+                "Sqrt" | "Softmax" | "Tanh" | "Erf" | "Sigmoid" => (vec!["x"], vec![]),
+                "Cast" => (vec!["x"], vec![attr_int("to", i64::from(FLOAT))]),
+                "Concat" => (vec!["x", "y"], vec![attr_int("axis", -1)]),
+                "Where" => (vec!["x", "x", &other], vec![]),
+                "LayerNormalization" | "SimplifiedLayerNormalization" => (vec!["x", &other], vec![]),
+                _ => (vec!["x", &other], vec![]),
+            };
+            let out = b.node(op, &inputs, attributes);
+            b.output(&out, FLOAT, None);
+            let (_, outcome) = common::fuse_model(&b.model(17), &all);
+            let listed: Vec<_> = outcome.declined.iter().map(|d| format!("{}: {}", d.pass, d.reason)).collect();
+            assert!(listed.is_empty(), "{op} alone (a [D] operand: {with_vector}): {listed:?}");
+        }
+    }
+}

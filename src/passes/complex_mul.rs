@@ -19,7 +19,7 @@ use crate::onnx::{type_text, FLOAT, FLOAT16};
 use crate::pattern;
 use crate::rewrite::{node_in, Match, Pass, Rewrite};
 use crate::shapes::{slice_indices, Shapes};
-use crate::{decline, require};
+use crate::{candidate, decline, require};
 
 pub const PASS: Pass = Pass {
     name: "complex-mul",
@@ -65,7 +65,7 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
         (Some(r), Some(i)) => (g.node(r).input[0].as_str(), g.node(i).input[0].as_str(), Kind::Squeezed),
         _ => (concat.input[0].as_str(), concat.input[1].as_str(), Kind::Kept),
     };
-    let (re_node, im_node) = (g.node(producer(g, re)?), g.node(producer(g, im)?));
+    let (re_node, im_node) = (g.node(g.first_computing(re)?), g.node(g.first_computing(im)?));
     let product = |value: &str| -> Check<[Part; 2]> {
         let mul = g.produced_by(value, "Mul")?;
         let node = g.node(mul);
@@ -100,6 +100,8 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
         require!((same(x, rr) && same(y, ii)) || (same(x, ii) && same(y, rr)), "the real part is not ar·br + ai·bi");
         ("ComplexMulConj", a, b)
     } else {
+        // Parts that are no sum or difference (a cache's Concat): no candidate.
+        candidate!([re_node, im_node].iter().all(|n| n.is("Add") || n.is("Sub")));
         decline!(
             "re is {} and im is {}: not a complex product (Sub/Add or Add/Sub)",
             re_node.op_type(),
@@ -122,10 +124,6 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
 
 fn pt(of: &str, index: i64) -> Part<'_> {
     Part { of, index }
-}
-
-fn producer(g: &Graph, value: &str) -> Check<usize> {
-    g.computing(value)
 }
 
 /// A real or imaginary part of the kind the Concat implies.
