@@ -2,9 +2,10 @@
 //!
 //! `io` loads and writes models without loss, `graph` is the read-only view
 //! that patterns match against, `pattern` holds the matchers they share,
-//! `rewrite` applies matches (the only code that edits graphs), `passes`
-//! holds one file per fusion, `report` says what happened, `verify` proves
-//! a rewrite through ONNX Runtime.
+//! `rewrite` applies matches (the only code that edits a graph's nodes for
+//! a fusion; `upgrade` edits them for `--opset`), `passes` holds one file
+//! per fusion, `report` says what happened, `verify` proves a rewrite
+//! through ONNX Runtime. docs/ARCHITECTURE.md is the map.
 
 pub mod graph;
 pub mod io;
@@ -17,5 +18,6 @@ pub mod rewrite;
 pub mod run;
 pub mod shapes;
 pub mod upgrade;
+pub mod usage;
 pub mod validate;
 pub mod verify;

@@ -11,18 +11,7 @@ use crate::report::{self, Checked, Expectation, Report};
 use crate::rewrite::{self, Pass};
 use crate::verify;
 
-/// An error in how the tool was asked to run (exit code 2): arguments, or
-/// paths that clash.
-#[derive(Debug)]
-pub struct Usage(pub String);
-
-impl std::fmt::Display for Usage {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for Usage {}
+pub use crate::usage::Usage;
 
 /// The message a panic carries.
 pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
