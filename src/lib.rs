@@ -8,6 +8,8 @@
 //! through ONNX Runtime. docs/ARCHITECTURE.md is the map.
 
 pub mod graph;
+/// The view's symbolic shapes (`graph/shapes.rs`), by their old path.
+pub use graph::shapes;
 pub mod io;
 pub mod onnx;
 pub mod ops;
@@ -16,7 +18,6 @@ pub mod pattern;
 pub mod report;
 pub mod rewrite;
 pub mod run;
-pub mod shapes;
 pub mod upgrade;
 pub mod usage;
 pub mod validate;

@@ -14,7 +14,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 
-use crate::graph::{Graph, IntsArgument};
+use super::{Graph, IntsArgument};
 use crate::onnx::proto::tensor_shape_proto::dimension::Value as DimValue;
 use crate::ops;
 

@@ -7,6 +7,8 @@
 //! declared or follow from the ops that produce it. It never changes the
 //! graph; `rewrite.rs` does that.
 
+pub mod shapes;
+
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 
@@ -146,7 +148,7 @@ pub struct Scope {
     hidden: HashSet<String>,
     /// Shapes and element types of the enclosing graphs' values, declared
     /// or derived.
-    shapes: HashMap<String, Vec<crate::shapes::Dim>>,
+    shapes: HashMap<String, Vec<shapes::Dim>>,
     types: HashMap<String, i32>,
 }
 
@@ -181,7 +183,7 @@ pub struct Graph<'a> {
     outer: &'a Scope,
     types: HashMap<&'a str, i32>,
     shapes: HashMap<&'a str, &'a TensorShapeProto>,
-    symbolic: crate::shapes::Memo,
+    symbolic: shapes::Memo,
 }
 
 impl Scope {
@@ -630,7 +632,7 @@ impl<'a> Graph<'a> {
     }
 
     /// Where `shapes::Shapes` keeps what it derived for this graph.
-    pub fn shape_memo(&self) -> &crate::shapes::Memo {
+    pub fn shape_memo(&self) -> &shapes::Memo {
         &self.symbolic
     }
 
@@ -640,8 +642,8 @@ impl<'a> Graph<'a> {
     }
 
     /// Symbolic shapes of this graph's values (derived once, memoized).
-    pub fn shapes(&self) -> crate::shapes::Shapes<'_, 'a> {
-        crate::shapes::Shapes::new(self)
+    pub fn shapes(&self) -> shapes::Shapes<'_, 'a> {
+        shapes::Shapes::new(self)
     }
 
     /// The names a body of node `holder` cannot see: the outputs of
@@ -689,7 +691,7 @@ impl<'a> Graph<'a> {
 
     /// The shape an enclosing graph knows for `value`, when this graph does
     /// not define the name itself.
-    pub fn outer_shape(&self, value: &str) -> Option<&[crate::shapes::Dim]> {
+    pub fn outer_shape(&self, value: &str) -> Option<&[shapes::Dim]> {
         if self.defined.contains(value) || self.consts.contains_key(value) {
             return None;
         }
