@@ -166,7 +166,8 @@ pub fn verify(
     }
     let outputs: Vec<&str> = original.0.graph.iter().flat_map(|g| g.output.iter().map(|o| o.name())).collect();
     let kept: Vec<&str> = probe.iter().map(String::as_str).chain(outputs).collect();
-    check_kept(original.0, options, &kept, memory_available()).map_err(|e| anyhow::Error::new(crate::usage::Usage(e)))?;
+    check_kept(original.0, options, &kept, memory_available())
+        .map_err(|e| anyhow::Error::new(crate::usage::Usage(e)))?;
     let mut reference_ops = std::collections::BTreeSet::new();
     let feeds = |inputs: &[Input]| -> Result<Vec<(String, DynValue)>> {
         inputs.iter().map(|i| Ok((i.name.clone(), i.to_value()?))).collect()
