@@ -482,20 +482,41 @@ fn run_bodies(
     path: &str,
     outcome: &mut Outcome,
 ) {
-    let view = context.view(graph, outer);
-    let mut scope = view.scope_for_subgraphs();
-    let holders = (0..graph.node.len()).filter(|&i| graph.node[i].subgraphs().next().is_some());
-    let mut hidden: HashMap<usize, HashSet<String>> = holders.map(|i| (i, view.hidden_from_bodies_of(i))).collect();
-    drop(view);
-    for (i, node) in graph.node.iter_mut().enumerate() {
-        let Some(names) = hidden.remove(&i) else { continue };
-        scope.hide(names);
-        let holder = display_name(node);
-        for attribute in node.attribute.iter_mut() {
-            let name = attribute.name().to_string();
-            let bodies = attribute.g.iter_mut().chain(attribute.graphs.iter_mut());
-            for (i, body) in bodies.enumerate() {
-                run_graph(body, context, &scope, passes, &body_path(path, &holder, &name, i), outcome);
+    let bodies = Bodies::of(&context.view(graph, outer));
+    bodies.walk(graph, path, |body, scope, body_path| run_graph(body, context, scope, passes, body_path, outcome));
+}
+
+/// The one walk over the bodies of a graph's nodes (`If` branches, `Loop`
+/// and `Scan` bodies), shared by the driver and `--opset`: each body with
+/// what it sees of the graphs around it and its path in reports.
+pub struct Bodies {
+    scope: Scope,
+    /// For each node that holds bodies, the names its bodies cannot see.
+    hidden: Vec<(usize, HashSet<String>)>,
+}
+
+impl Bodies {
+    /// What the bodies of the view's nodes see (derived only where a node
+    /// holds one).
+    pub fn of(g: &Graph) -> Bodies {
+        let holders: Vec<usize> = (0..g.proto.node.len()).filter(|&i| g.node(i).subgraphs().next().is_some()).collect();
+        let scope = if holders.is_empty() { Scope::default() } else { g.scope_for_subgraphs() };
+        Bodies { scope, hidden: holders.into_iter().map(|i| (i, g.hidden_from_bodies_of(i))).collect() }
+    }
+
+    /// Calls `visit(body, its scope, its path)` for every body of `graph`,
+    /// the graph `of` was given a view of.
+    pub fn walk(self, graph: &mut GraphProto, path: &str, mut visit: impl FnMut(&mut GraphProto, &Scope, &str)) {
+        let Bodies { mut scope, hidden } = self;
+        for (i, names) in hidden {
+            scope.hide(names);
+            let node = &mut graph.node[i];
+            let holder = display_name(node);
+            for attribute in node.attribute.iter_mut() {
+                let name = attribute.name().to_string();
+                for (k, body) in attribute.g.iter_mut().chain(attribute.graphs.iter_mut()).enumerate() {
+                    visit(body, &scope, &body_path(path, &holder, &name, k));
+                }
             }
         }
     }

@@ -18,7 +18,7 @@ use crate::graph::{Graph, Scope};
 use crate::onnx::{
     AttributeProto, AttributeType, FunctionProto, GraphProto, ModelProto, NodeProto, TensorProto, ValueInfoProto,
 };
-use crate::rewrite::{body_path, display_name};
+use crate::rewrite::{display_name, Bodies};
 
 pub use history::MAX_OPSET;
 
@@ -159,24 +159,9 @@ impl Run<'_> {
         let view = Graph::new(graph, from, outer);
         let rewritten: Vec<Option<Rewritten>> =
             graph.node.iter().map(|node| self.node(&view, node, from, path)).collect();
-        let holders: Vec<usize> =
-            (0..graph.node.len()).filter(|&i| graph.node[i].subgraphs().next().is_some()).collect();
-        // What the bodies see (the graph's shapes and types): derived only
-        // where there are bodies.
-        let mut scope = if holders.is_empty() { Scope::default() } else { view.scope_for_subgraphs() };
-        let hidden: Vec<HashSet<String>> = holders.iter().map(|&i| view.hidden_from_bodies_of(i)).collect();
+        let bodies = Bodies::of(&view);
         drop(view);
-        for (&i, names) in holders.iter().zip(hidden) {
-            scope.hide(names);
-            let node = &mut graph.node[i];
-            let holder = display_name(node);
-            for attribute in node.attribute.iter_mut() {
-                let name = attribute.name().to_string();
-                for (k, body) in attribute.g.iter_mut().chain(attribute.graphs.iter_mut()).enumerate() {
-                    self.graph(body, from, &scope, &body_path(path, &holder, &name, k));
-                }
-            }
-        }
+        bodies.walk(graph, path, |body, scope, body_path| self.graph(body, from, scope, body_path));
         if rewritten.iter().all(Option::is_none) {
             return;
         }
