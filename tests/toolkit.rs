@@ -92,6 +92,26 @@ fn split_transpose_and_unknown_ops() {
     assert_eq!(shape(&b, 17, &unknown), None);
 }
 
+#[test]
+fn a_slice_with_bounds_computed_at_run_time_keeps_the_axes_it_does_not_slice() {
+    // GPT-2's causal mask: the [1, 1, N, N] buffer sliced on axis 2 to
+    // lengths known only at run time.
+    let mut b = Builder::default();
+    b.input("n", INT64, Some(&[D::N(1)]));
+    let buffer = b.init("buffer", tensor(FLOAT, &[1, 1, 8, 8], &[0.0; 64]));
+    let zero = b.init("zero", ints(&[0]));
+    let axis = b.init("axis", ints(&[2]));
+    let rows = b.node("Slice", &[&buffer, &zero, "n", &axis], vec![]);
+    assert_eq!(shape(&b, 17, &rows).unwrap(), ["1", "1", &format!("{rows}#2"), "8"]);
+    // Without axes: the first as many axes as starts has values.
+    let first = b.node("Slice", &[&buffer, &zero, "n"], vec![]);
+    assert_eq!(shape(&b, 17, &first).unwrap(), [&format!("{first}#0"), "1", "8", "8"]);
+    // Axes computed at run time too: nothing is known but the rank.
+    let some_axis = b.input("some_axis", INT64, Some(&[D::N(1)]));
+    let any = b.node("Slice", &[&buffer, &zero, "n", &some_axis], vec![]);
+    assert!(shape(&b, 17, &any).unwrap().iter().all(|d| d.starts_with(&any)));
+}
+
 fn append_field(bytes: &mut Vec<u8>, number: u32) {
     bytes.push(((number << 3) | 0) as u8);
     bytes.push(1);

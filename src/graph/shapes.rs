@@ -16,6 +16,7 @@ use std::collections::HashMap;
 
 use super::{Graph, IntsArgument};
 use crate::onnx::proto::tensor_shape_proto::dimension::Value as DimValue;
+use crate::onnx::NodeProto;
 use crate::ops;
 
 /// `coef × atoms[0] × atoms[1] × …` (atoms sorted).
@@ -116,6 +117,23 @@ impl<'g, 'a> Shapes<'g, 'a> {
 
     pub fn rank(&self, value: &str) -> Option<usize> {
         self.shape(value).map(|s| s.len())
+    }
+
+    /// The axes a Slice (opset 10 on) slices, where its bounds are computed
+    /// at run time: the constant `axes`, or without them the first as many
+    /// axes as `starts` has elements.
+    fn sliced_axes(&self, node: &NodeProto) -> Option<Vec<i64>> {
+        if self.g.opset < 10 {
+            return None;
+        }
+        match node.input.get(3).filter(|a| !a.is_empty()) {
+            Some(axes) => self.g.constant(axes)?.ints(),
+            None => {
+                let starts = self.shape(node.input.get(1)?)?;
+                let n = starts.first().and_then(Dim::value).filter(|_| starts.len() == 1)?;
+                Some((0..n).collect())
+            }
+        }
     }
 
     /// The last axis of `value`, also where its rank cannot be told: numpy
@@ -405,7 +423,21 @@ impl<'g, 'a> Shapes<'g, 'a> {
             }
             "Slice" => {
                 let x = input(0)?;
-                let Some((starts, ends, axes, steps)) = g.slice_arguments(node) else { return Some(opaque(x.len())) };
+                let Some((starts, ends, axes, steps)) = g.slice_arguments(node) else {
+                    // Bounds computed at run time: the axes they slice are
+                    // unknown, the others are x's.
+                    return Some(match self.sliced_axes(node) {
+                        Some(axes) => {
+                            let mut out = x.clone();
+                            for axis in axes {
+                                let axis = normalize(axis, x.len())?;
+                                out[axis] = Dim::atom(format!("{value}#{axis}"));
+                            }
+                            out
+                        }
+                        None => opaque(x.len()),
+                    });
+                };
                 let mut out = x.clone();
                 if starts.len() != ends.len() || axes.len() != starts.len() || steps.len() != starts.len() {
                     return None;
