@@ -62,18 +62,39 @@ pub fn anchor_operands<'a, T>(
 /// `other` without changing the result's shape. Broadcasting a one-element
 /// tensor can only raise the rank, so its rank must be at most `other`'s:
 /// 0 or 1 always (every such op in the patterns reads a value of rank ≥ 1),
-/// more only where `other`'s rank is proved.
+/// more only where `other`'s rank is proved. Also through a `Cast` of such
+/// a constant to a float type (an exponent written `Cast(2.0 → f16)`): the
+/// value the Cast computes.
 pub fn scalar(g: &Graph, value: &str, other: &str, what: &str) -> Check<f64> {
-    let t = g.constant(value);
-    let v = t.and_then(|t| t.scalar());
-    let v = v.or_decline(|| format!("{what} ({value}) is not a constant with one value"))?;
-    let rank = t.map_or(0, |t| t.dims.len());
+    let found = g.constant(value).and_then(|t| Some((t.scalar()?, t.dims.len()))).or_else(|| cast_scalar(g, value));
+    let (v, rank) = found.or_decline(|| format!("{what} ({value}) is not a constant with one value"))?;
     let room = g.shapes().rank(other).unwrap_or(1).max(1);
     require!(
         rank <= room,
         "{what} ({value}) has rank {rank}, which would raise the rank of the result (of rank {room})"
     );
     Ok(v)
+}
+
+/// `Cast(c → float type)` of a one-value constant c of a float type, or of
+/// an integer type with a value every float type holds exactly: the value
+/// cast (rounded as the target type rounds), and the rank.
+fn cast_scalar(g: &Graph, value: &str) -> Option<(f64, usize)> {
+    let cast = g.node(g.produced_by(value, "Cast").ok()?);
+    let t = g.constant(&cast.input[0]).filter(|t| t.numel() == Some(1))?;
+    let v = t.scalar()?;
+    let from_float = matches!(t.data_type(), FLOAT | FLOAT16 | BFLOAT16 | DOUBLE);
+    if !from_float && !(v.fract() == 0.0 && v.abs() <= 2048.0) {
+        return None;
+    }
+    let cast_value = match cast_to(cast)? {
+        FLOAT => f64::from(v as f32),
+        DOUBLE => v,
+        FLOAT16 => half::f16::from_f64(v).to_f64(),
+        BFLOAT16 => half::bf16::from_f64(v).to_f64(),
+        _ => return None,
+    };
+    Some((cast_value, t.dims.len()))
 }
 
 /// `node` is a ReduceMean over the last axis only that keeps it.

@@ -7,7 +7,7 @@ mod common;
 
 use common::build::*;
 use common::*;
-use onnx_fuse::onnx::{ModelProto, NodeProto, BOOL, FLOAT, INT64};
+use onnx_fuse::onnx::{ModelProto, NodeProto, BOOL, DOUBLE, FLOAT, INT64};
 
 const X: &[i64] = &[2, 3, 4];
 
@@ -108,6 +108,28 @@ fn a_weight_of_one_value_becomes_d_copies_where_d_is_known() {
     let x = [D::N(2), D::N(3), sym("d")];
     let why = declined(&norm(&x, tensor(FLOAT, &[1], &[1.5]), None, false));
     assert!(why.iter().any(|r| r.contains("has 1 values but the last axis of x is d")), "{why:?}");
+}
+
+/// `norm` with its exponent written `Cast(e as f64 → f32)`, the Cast first
+/// in the node list (as dynamo writes it).
+fn norm_with_cast_exponent(e: f64) -> ModelProto {
+    let mut model = norm(&dims(X), tensor(FLOAT, &[4], &ramp(4)), None, false);
+    let g = model.graph.as_mut().unwrap();
+    g.initializer.retain(|t| t.name() != "two");
+    let mut b = Builder::default();
+    b.init("two_f64", tensor(DOUBLE, &[], &[e]));
+    b.node_to("Cast", &["two_f64"], &["two"], vec![attr_int("to", i64::from(FLOAT))]);
+    g.node.insert(0, NodeProto { name: Some("exponent_cast".into()), ..b.graph.node.remove(0) });
+    g.initializer.extend(b.graph.initializer);
+    model
+}
+
+#[test]
+fn the_exponent_may_be_a_cast_of_a_constant() {
+    let fused = fused_one(&norm_with_cast_exponent(2.0), "SimplifiedLayerNormalization");
+    assert!(fused_list(&fused.graph.as_ref().unwrap().node[0]).contains(&"Cast exponent_cast"));
+    let why = declined(&norm_with_cast_exponent(3.0));
+    assert!(why.iter().any(|r| r.contains("the exponent is 3, not 2")), "{why:?}");
 }
 
 #[test]
