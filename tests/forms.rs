@@ -132,6 +132,34 @@ fn the_exponent_may_be_a_cast_of_a_constant() {
     assert!(why.iter().any(|r| r.contains("the exponent is 3, not 2")), "{why:?}");
 }
 
+/// `norm` without its `Add(eps)`: the root of the mean itself.
+fn norm_without_eps(centered: bool) -> ModelProto {
+    let mut model = norm(&dims(X), tensor(FLOAT, &[4], &ramp(4)), None, centered);
+    let g = model.graph.as_mut().unwrap();
+    let add = g.node.iter().position(|n| n.op_type() == "Add" && n.input.iter().any(|i| i == "eps")).unwrap();
+    let (mean, sum) = (g.node[add].input[0].clone(), g.node[add].output[0].clone());
+    g.node.remove(add);
+    g.initializer.retain(|t| t.name() != "eps");
+    for input in g.node.iter_mut().flat_map(|n| n.input.iter_mut()).filter(|i| **i == sum) {
+        *input = mean.clone();
+    }
+    model
+}
+
+#[test]
+fn a_norm_without_eps_has_epsilon_zero() {
+    for (centered, op) in [(false, "SimplifiedLayerNormalization"), (true, "LayerNormalization")] {
+        let fused = fused_one(&norm_without_eps(centered), op);
+        assert_eq!(fused.graph.as_ref().unwrap().node[0].attr_float("epsilon"), Some(0.0), "{op}");
+    }
+    // Over axis 0 it is no norm over the last axis.
+    let mut broken = norm_without_eps(false);
+    let g = broken.graph.as_mut().unwrap();
+    g.node.iter_mut().find(|n| n.op_type() == "ReduceMean").unwrap().attribute = vec![attr_ints("axes", &[0])];
+    let why = declined(&broken);
+    assert!(why.iter().any(|r| r.contains("reduces axes [0], not the last axis alone")), "{why:?}");
+}
+
 #[test]
 fn the_root_may_be_pow_one_half_but_no_other_power() {
     fused_one(&norm(&dims(X), tensor(FLOAT, &[4], &ramp(4)), Some(0.5), false), "SimplifiedLayerNormalization");

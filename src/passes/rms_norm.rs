@@ -119,18 +119,31 @@ pub struct RmsCore<'a> {
 /// Matches the core that ends in the value `n`.
 pub fn rms_core<'a>(g: &Graph<'a>, n: &'a str) -> Check<RmsCore<'a>> {
     let (x, r) = pattern::quotient(g, g.node(g.first_computing(n)?))?;
-    let add = g.produced_by(pattern::root(g, r)?, "Add")?;
-    let (mean, eps) = either_order(
-        g.node(add),
-        "a constant eps",
-        |e| g.constant(e).is_some(),
-        |mean, eps| {
-            let mean_node = g.produced_by(mean, "ReduceMean")?;
-            Ok((mean_node, (eps, scalar(g, eps, mean, "eps")?)))
-        },
-    )?;
-    let (eps, eps_value) = eps;
-    let eps_type = g.elem_type(eps).unwrap_or_default();
+    let radicand = pattern::root(g, r)?;
+    let (mean, eps, eps_value, eps_type) = match g.produced_by(radicand, "ReduceMean") {
+        // No eps Add: epsilon 0, in the type of x.
+        Ok(mean) => {
+            let elem = g.elem_type(x);
+            require!(
+                matches!(elem, Some(FLOAT | FLOAT16 | BFLOAT16)),
+                "a norm without eps: {x} is not known to be f32, f16 or bf16"
+            );
+            (mean, "0", 0.0, elem.unwrap_or_default())
+        }
+        Err(_) => {
+            let add = g.produced_by(radicand, "Add")?;
+            let (mean, (eps, eps_value)) = either_order(
+                g.node(add),
+                "a constant eps",
+                |e| g.constant(e).is_some(),
+                |mean, eps| {
+                    let mean_node = g.produced_by(mean, "ReduceMean")?;
+                    Ok((mean_node, (eps, scalar(g, eps, mean, "eps")?)))
+                },
+            )?;
+            (mean, eps, eps_value, g.elem_type(eps).unwrap_or_default())
+        }
+    };
     require!(matches!(eps_type, FLOAT | FLOAT16 | BFLOAT16), "eps ({eps}) is not f32, f16 or bf16");
     pattern::reduce_mean_last_axis(g, mean)?;
     let square = g.producer(&g.node(mean).input[0]).or_decline(|| "the mean's input is not x²".into())?;
