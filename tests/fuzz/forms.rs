@@ -252,7 +252,7 @@ fn rms_core(
         b.node("Mul", &[&sx, &sx], vec![])
     } else {
         let e_elem = rng.pick(&[elem, elem, INT64]);
-        let exponent = match rng.below(12) {
+        let exponent: f64 = match rng.below(12) {
             0 => {
                 c.breaks("exponent 3");
                 3.0
@@ -269,18 +269,36 @@ fn rms_core(
             _ => 2.0,
         };
         let r = scalar_rank(rng, c, "the exponent", x_rank);
-        let e = one_value(rng, b, "exponent", e_elem, r, exponent);
+        // dynamo's fp16 exports: `Cast(2.0 → f16)`, for exponents every
+        // float type holds exactly (2.0001 is 2 in f16).
+        let e = if exponent != 2.0001 && rng.chance(0.15) {
+            c.note("the exponent a Cast of a constant");
+            let types: &[i32] = if exponent.fract() == 0.0 { &[DOUBLE, FLOAT, INT64] } else { &[DOUBLE, FLOAT] };
+            let source = rng.pick(types);
+            let from = one_value(rng, b, "exponent_source", source, r, exponent);
+            let cast = b.node("Cast", &[&from], vec![attr_int("to", i64::from(elem))]);
+            // A constant computed for the match: another reader keeps it.
+            c.aside.push(cast.clone());
+            cast
+        } else {
+            one_value(rng, b, "exponent", e_elem, r, exponent)
+        };
         b.node("Pow", &[&sx, &e], vec![])
     };
     let mean = reduce_mean(rng, c, b, opset, &square, rank, declared);
-    let eps = if rng.chance(0.08) {
-        c.breaks("eps is a graph input");
-        b.input("eps_in", elem, Some(&[]))
+    let added = if rng.chance(0.06) {
+        c.note("no eps Add (epsilon 0)");
+        mean
     } else {
-        let r = scalar_rank(rng, c, "eps", x_rank);
-        one_value(rng, b, "eps", elem, r, 1e-5)
+        let eps = if rng.chance(0.08) {
+            c.breaks("eps is a graph input");
+            b.input("eps_in", elem, Some(&[]))
+        } else {
+            let r = scalar_rank(rng, c, "eps", x_rank);
+            one_value(rng, b, "eps", elem, r, 1e-5)
+        };
+        commuted(rng, b, "Add", &mean, &eps)
     };
-    let added = commuted(rng, b, "Add", &mean, &eps);
     let root = match rng.below(8) {
         0 => {
             c.note("the root as Pow(a, 0.5)");
@@ -1259,8 +1277,14 @@ pub fn gelu(rng: &mut Rng) -> Case {
                 b.node("Pow", &[&arg_of, &three], vec![])
             }
             1 => {
-                c.note("x³ as (x · x) · x");
-                let sq = b.node("Mul", &[&arg_of, &arg_of], vec![]);
+                let sq = if rng.chance(0.3) {
+                    c.note("x³ as Pow(x, 2) · x");
+                    let two = one_value(rng, &mut b, "two", elem, 0, 2.0);
+                    b.node("Pow", &[&arg_of, &two], vec![])
+                } else {
+                    c.note("x³ as (x · x) · x");
+                    b.node("Mul", &[&arg_of, &arg_of], vec![])
+                };
                 commuted(rng, &mut b, "Mul", &sq, &arg_of)
             }
             _ => {
