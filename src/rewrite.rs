@@ -486,6 +486,25 @@ fn run_bodies(
     bodies.walk(graph, path, |body, scope, body_path| run_graph(body, context, scope, passes, body_path, outcome));
 }
 
+/// Replaces node i of `graph` with `nodes[i]` where that is given: the
+/// node's new form with the nodes it needs before and after it (`--opset`'s
+/// adapters: a Constant for an attribute that became an input, say), each
+/// other node kept as it is, in place. Nodes with bodies are never replaced.
+pub fn replace_in_place(graph: &mut GraphProto, nodes: Vec<Option<(Vec<NodeProto>, NodeProto, Vec<NodeProto>)>>) {
+    let old = std::mem::take(&mut graph.node);
+    for (node, new) in old.into_iter().zip(nodes) {
+        match new {
+            None => graph.node.push(node),
+            Some((before, replacement, after)) => {
+                debug_assert!(node.subgraphs().next().is_none(), "no node with bodies is replaced in place");
+                graph.node.extend(before);
+                graph.node.push(replacement);
+                graph.node.extend(after);
+            }
+        }
+    }
+}
+
 /// The one walk over the bodies of a graph's nodes (`If` branches, `Loop`
 /// and `Scan` bodies), shared by the driver and `--opset`: each body with
 /// what it sees of the graphs around it and its path in reports.

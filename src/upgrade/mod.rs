@@ -165,20 +165,11 @@ impl Run<'_> {
         if rewritten.iter().all(Option::is_none) {
             return;
         }
-        let old = std::mem::take(&mut graph.node);
-        for (node, new) in old.into_iter().zip(rewritten) {
-            match new {
-                None => graph.node.push(node),
-                Some((before, adapted, after)) => {
-                    debug_assert!(node.subgraphs().next().is_none(), "no adapter rewrites a node with bodies");
-                    self.upgrade.added_nodes += before.len() + after.len();
-                    self.upgrade.added.extend(before.iter().chain(&after).map(|n| n.name().to_string()));
-                    graph.node.extend(before);
-                    graph.node.push(adapted);
-                    graph.node.extend(after);
-                }
-            }
+        for (before, _, after) in rewritten.iter().flatten() {
+            self.upgrade.added_nodes += before.len() + after.len();
+            self.upgrade.added.extend(before.iter().chain(after).map(|n| n.name().to_string()));
         }
+        crate::rewrite::replace_in_place(graph, rewritten);
     }
 
     /// Upgrades a model-local function's body from the opset it imports.
