@@ -2,8 +2,8 @@
 //!
 //! `io` loads and writes models without loss, `graph` is the read-only view
 //! that patterns match against, `pattern` holds the matchers they share,
-//! `rewrite` applies matches (the only code that edits a graph's nodes for
-//! a fusion; `upgrade` edits them for `--opset`), `passes` holds one file
+//! `rewrite` applies matches (the one module that edits node lists, for
+//! fusions and for `--opset`'s adapted nodes), `passes` holds one file
 //! per fusion, `report` says what happened, `verify` proves a rewrite
 //! through ONNX Runtime. docs/ARCHITECTURE.md is the map.
 
