@@ -17,7 +17,7 @@
 use crate::graph::{known, Check, Graph, IntsArgument, Stop, Target};
 use crate::onnx::{type_text, FLOAT, FLOAT16};
 use crate::pattern;
-use crate::rewrite::{node_in, Match, Pass, Rewrite};
+use crate::rewrite::{Match, Pass, Rewrite};
 use crate::shapes::{slice_indices, Shapes};
 use crate::{candidate, decline, require};
 
@@ -119,7 +119,7 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
         );
     }
     require!(g.target == Target::Ort, "com.microsoft.{op} is ONNX Runtime's, not in the portable target");
-    Ok(Match::new(index).replace_with(node_in("com.microsoft", op, &[a, b], vec![])).importing("com.microsoft", 1))
+    Ok(Match::new(index).replace_with_microsoft(op, &[a, b], vec![]))
 }
 
 fn pt(of: &str, index: i64) -> Part<'_> {

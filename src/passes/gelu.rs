@@ -28,7 +28,7 @@
 use crate::graph::{Check, Graph, Relabel, Stop, Target};
 use crate::onnx::{is_default_domain, type_text, AttributeProto, NodeProto, BFLOAT16, FLOAT, FLOAT16};
 use crate::pattern::{self, either_order};
-use crate::rewrite::{node, node_in, Match, Pass, Portable, Rewrite};
+use crate::rewrite::{node, Match, Pass, Portable, Rewrite};
 use crate::{candidate, no_candidate, require};
 
 pub const PASS: Pass = Pass {
@@ -296,7 +296,7 @@ fn replace(g: &Graph, index: usize, form: Form, x: &str, elem: i32) -> Check<Rew
             (Form::Tanh, Some((x0, bias))) => ("FastGelu", vec![x0.to_string(), m.weight_input(g, bias, "bias")]),
         };
         let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
-        m.replace_with(node_in("com.microsoft", op, &inputs, vec![])).importing("com.microsoft", 1)
+        m.replace_with_microsoft(op, &inputs, vec![])
     };
     // With the bias folded in; where x is read elsewhere too, the driver
     // takes the form that reads x.
@@ -345,9 +345,7 @@ fn sigmoid_form(g: &Graph, index: usize, top: &NodeProto) -> Check<Rewrite> {
             has_an_axis(g, x)?;
             require!((alpha as f32).is_finite(), "α ({alpha}) is no finite f32");
             let attributes = vec![AttributeProto::float("alpha", alpha as f32)];
-            Ok(Match::new(index)
-                .replace_with(node_in("com.microsoft", "QuickGelu", &[x], attributes))
-                .importing("com.microsoft", 1))
+            Ok(Match::new(index).replace_with_microsoft("QuickGelu", &[x], attributes))
         },
     )
 }

@@ -29,7 +29,7 @@
 use crate::graph::{Check, Graph, Relabel, Target};
 use crate::onnx::{is_default_domain, type_text, AttributeProto, FLOAT, FLOAT16};
 use crate::pattern::{self, Weight};
-use crate::rewrite::{node_in, Kept, Match, Pass, Rewrite};
+use crate::rewrite::{Kept, Match, Pass, Rewrite};
 use crate::shapes::{Dim, Shapes};
 use crate::{candidate, decline, no_candidate, require};
 
@@ -101,13 +101,13 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
         while inputs.last() == Some(&"") {
             inputs.pop();
         }
-        let replacement = node_in("com.microsoft", op, &inputs, vec![AttributeProto::float("epsilon", epsilon)]);
+        let attributes = vec![AttributeProto::float("epsilon", epsilon)];
         // The identity Cast stays where the residual stream reads it too.
         if identity_cast.is_some() {
             m.keep(Kept::Shared(x.to_string()));
         }
         // Output 3 is the sum, for the residual stream where it reads it.
-        m.replace_with(replacement).importing("com.microsoft", 1).offering(3, s)
+        m.replace_with_microsoft(op, &inputs, attributes).offering(3, s)
     };
     // The forms in order of preference: the first operand's bias folded,
     // the second's, none (a form that finds no bias to fold is the last).
