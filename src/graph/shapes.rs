@@ -423,28 +423,27 @@ impl<'g, 'a> Shapes<'g, 'a> {
             }
             "Slice" => {
                 let x = input(0)?;
-                let Some((starts, ends, axes, steps)) = g.slice_arguments(node) else {
-                    // Bounds computed at run time: the axes they slice are
-                    // unknown, the others are x's.
-                    return Some(match self.sliced_axes(node) {
-                        Some(axes) => {
-                            let mut out = x.clone();
-                            for axis in axes {
-                                let axis = normalize(axis, x.len())?;
-                                out[axis] = Dim::atom(format!("{value}#{axis}"));
-                            }
-                            out
+                // Each sliced axis with its bounds (start, end, step); where
+                // they are computed at run time, the axes alone: their
+                // lengths are unknown, the other axes are x's.
+                let sliced: Vec<(i64, Option<(i64, i64, i64)>)> = match g.slice_arguments(node) {
+                    Some((starts, ends, axes, steps)) => {
+                        if starts.len() != ends.len() || axes.len() != starts.len() || steps.len() != starts.len() {
+                            return None;
                         }
-                        None => opaque(x.len()),
-                    });
+                        let bounds = starts.iter().zip(&ends).zip(&steps).map(|((&s, &e), &st)| Some((s, e, st)));
+                        axes.into_iter().zip(bounds).collect()
+                    }
+                    None => match self.sliced_axes(node) {
+                        Some(axes) => axes.into_iter().map(|a| (a, None)).collect(),
+                        None => return Some(opaque(x.len())),
+                    },
                 };
                 let mut out = x.clone();
-                if starts.len() != ends.len() || axes.len() != starts.len() || steps.len() != starts.len() {
-                    return None;
-                }
-                for (((&start, &end), &axis), &step) in starts.iter().zip(&ends).zip(&axes).zip(&steps) {
+                for (axis, bounds) in sliced {
                     let axis = normalize(axis, x.len())?;
-                    out[axis] = slice_length(&x[axis], start, end, step)
+                    out[axis] = bounds
+                        .and_then(|(start, end, step)| slice_length(&x[axis], start, end, step))
                         .unwrap_or_else(|| Dim::atom(format!("{value}#{axis}")));
                 }
                 out
