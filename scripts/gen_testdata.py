@@ -712,6 +712,76 @@ def onnx_shapes():
             f.write("\n")
 
 
+def ort_shapes():
+    """What ONNX Runtime's symbolic shape inference (the analysis its
+    transformers optimizer fuses by, run as that optimizer runs it, with
+    auto_merge) derives for every value of every model in testdata:
+    testdata/shapes/ort/NAME.json holds `shapes` (each value's dims: numbers,
+    symbols or expressions as strings, or null) and `assumed` (each set of
+    symbols it made one where they met in a broadcast: that holds only if
+    none is 1, so it is no proof), or `failed` with the reason where the
+    inference stopped. tests/toolkit.rs holds onnx-fuse's shapes against
+    them."""
+    import glob
+    import inspect
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    class Recording(SymbolicShapeInference):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.assumed = []
+
+        def _add_suggested_merge(self, symbols, apply=False):
+            # A merge is assumed where it comes from a broadcast: inside
+            # _broadcast_shapes, a _check_merged_dims that allows broadcasts,
+            # or the merge of an unknown broadcast output's axes.
+            frames = inspect.stack()[1:6]
+            broadcast = any(f.function == "_broadcast_shapes" for f in frames)
+            caller = frames[0]
+            if caller.function == "_check_merged_dims" and caller.frame.f_locals.get("allow_broadcast"):
+                broadcast = True
+            if caller.function == "_infer_impl":
+                broadcast = True
+            before = dict(self.suggested_merge_)
+            super()._add_suggested_merge(symbols, apply)
+            if broadcast:
+                merged = sorted({str(s) for s in symbols} |
+                                {str(v) for k, v in self.suggested_merge_.items() if before.get(k) != v})
+                if len(merged) > 1 and merged not in self.assumed:
+                    self.assumed.append(merged)
+
+    def dims(t):
+        return [d.dim_value if d.HasField("dim_value") else d.dim_param if d.HasField("dim_param") else None
+                for d in t.shape.dim]
+
+    out_dir = os.path.join(OUT, "shapes", "ort")
+    os.makedirs(out_dir, exist_ok=True)
+    for path in sorted(glob.glob(os.path.join(OUT, "*.onnx")) + glob.glob(os.path.join(OUT, "*", "*.onnx"))):
+        name = os.path.relpath(path, OUT)
+        if name.startswith("fuzz"):
+            continue
+        model = onnx.load(path, load_external_data=False)
+        infer = Recording(2**31 - 1, True, False, 0)
+        result = {}
+        try:
+            infer._preprocess(model)
+            while infer.run_:
+                infer._infer_impl()
+            infer._update_output_from_vi()
+            inferred = infer.out_mp_
+            shapes = {}
+            for v in list(inferred.graph.value_info) + list(inferred.graph.output):
+                t = v.type.tensor_type
+                if v.type.HasField("tensor_type") and t.HasField("shape"):
+                    shapes[v.name] = dims(t)
+            result = {"shapes": shapes, "assumed": infer.assumed}
+        except Exception as e:  # noqa: BLE001 (the reason is the record)
+            result = {"failed": f"{type(e).__name__}: {e}"}
+        with open(os.path.join(out_dir, name.replace("/", "__") + ".json"), "w") as f:
+            json.dump(result, f, sort_keys=True, separators=(",", ":"))
+            f.write("\n")
+
+
 def inputs_npz():
     """User-given inputs for verify: one 7-token row for the Llama export
     (its traced causal mask fixes the sequence length at 7)."""
@@ -811,6 +881,7 @@ def main():
         inputs_npz()
     if want("shapes"):
         onnx_shapes()
+        ort_shapes()
     path = os.path.join(OUT, "MANIFEST.json")
     old = json.load(open(path)) if os.path.exists(path) else {}
     old.update(MANIFEST)

@@ -179,6 +179,8 @@ pub struct Graph<'a> {
     /// output missing, or too many), and why: hidden from rules, which may
     /// then read the positions an op requires unchecked.
     malformed: HashMap<usize, String>,
+    /// Nodes a graph output depends on (by index): every run executes them.
+    live: Vec<bool>,
     consts: HashMap<&'a str, Cow<'a, TensorProto>>,
     outer: &'a Scope,
     types: HashMap<&'a str, i32>,
@@ -215,6 +217,7 @@ impl<'a> Graph<'a> {
             defined: proto.input.iter().map(|i| i.name()).collect(),
             ambiguous: HashSet::new(),
             malformed: HashMap::new(),
+            live: vec![false; proto.node.len()],
             consts: HashMap::new(),
             outer,
             types: HashMap::new(),
@@ -269,8 +272,22 @@ impl<'a> Graph<'a> {
             list.sort_unstable();
             list.dedup();
         }
+        // Readers come after their producers in `order`.
+        for k in (0..g.order.len()).rev() {
+            let i = g.order[k];
+            let outputs = proto.node[i].output.iter().filter(|o| !o.is_empty());
+            g.live[i] = outputs
+                .into_iter()
+                .any(|o| g.outputs.contains(o.as_str()) || g.consumers(o).iter().any(|&c| g.live[c]));
+        }
         g.infer_types();
         g
+    }
+
+    /// Whether a graph output depends on node `index`, so that every run of
+    /// the graph executes it.
+    pub fn is_live(&self, index: usize) -> bool {
+        self.live[index]
     }
 
     /// The value of `Identity` (or a `Cast` to its own type) of a constant,

@@ -89,11 +89,20 @@ impl std::fmt::Display for Dim {
 /// one node's inputs.
 const MAX_DEPTH: usize = 64;
 
+/// How many times the shapes are derived again with the equalities the
+/// last derivation found (each round can only find more).
+const MAX_ROUNDS: usize = 4;
+
 /// The shapes of one graph, derived once (in dependency order) and memoized.
 #[derive(Default)]
 pub struct Memo {
     shapes: RefCell<HashMap<String, Option<Vec<Dim>>>>,
     filled: std::cell::Cell<bool>,
+    /// Atoms the run proves equal to another dimension: the model runs only
+    /// where they are (`Shapes::required_equalities`).
+    facts: RefCell<HashMap<String, Dim>>,
+    /// Atoms that stand for `min(e, n)` (`Shapes::min_atom`).
+    mins: RefCell<HashMap<String, (Dim, i64)>>,
 }
 
 pub struct Shapes<'g, 'a> {
@@ -106,13 +115,178 @@ impl<'g, 'a> Shapes<'g, 'a> {
     pub fn new(g: &'g Graph<'a>) -> Self {
         let shapes = Shapes { g, memo: g.shape_memo(), depth: RefCell::new(0) };
         if !shapes.memo.filled.replace(true) {
-            for node in g.order().iter().map(|&i| g.node(i)) {
-                for out in node.output.iter().filter(|o| !o.is_empty()) {
-                    shapes.shape(out);
+            let fill = || {
+                for node in g.order().iter().map(|&i| g.node(i)) {
+                    for out in node.output.iter().filter(|o| !o.is_empty()) {
+                        shapes.shape(out);
+                    }
+                }
+            };
+            for _ in 0..MAX_ROUNDS {
+                fill();
+                match shapes.required_equalities() {
+                    Some(false) => break,
+                    // Derived again: a broadcast of two axes now known equal
+                    // is that axis, where it was an atom of its own.
+                    Some(true) => shapes.memo.shapes.borrow_mut().clear(),
+                    // A model no run of which succeeds: whatever it computes
+                    // is vacuous, and the shapes are derived as without
+                    // the equalities, as the ops alone give them.
+                    None => {
+                        shapes.memo.facts.borrow_mut().clear();
+                        shapes.memo.shapes.borrow_mut().clear();
+                        fill();
+                        break;
+                    }
                 }
             }
         }
         shapes
+    }
+
+    /// Equalities the model needs to run, learned from the nodes every run
+    /// executes (those a graph output depends on): a MatMul's or Gemm's
+    /// contracted axes, a Concat's other axes, the element counts on both
+    /// sides of a Reshape. Each makes an atom another dimension (`unify`);
+    /// a fused op then computes the same function wherever the original
+    /// runs. Whether a new one was found; none where two of them are
+    /// different numbers (no run succeeds).
+    fn required_equalities(&self) -> Option<bool> {
+        let g = self.g;
+        let mut found = false;
+        for &i in g.order().iter().rev() {
+            let node = g.node(i);
+            if !g.is_live(i) || !crate::onnx::is_default_domain(node.domain()) || g.malformed(i).is_some() {
+                continue;
+            }
+            let input = |i: usize| node.input.get(i).filter(|v| !v.is_empty()).and_then(|v| self.shape(v));
+            let mut pairs: Vec<(Dim, Dim)> = vec![];
+            match node.op_type() {
+                "MatMul" => {
+                    if let (Some(a), Some(b)) = (input(0), input(1)) {
+                        let rows = if b.len() == 1 { b.first() } else { b.len().checked_sub(2).map(|r| &b[r]) };
+                        pairs.extend(a.last().cloned().zip(rows.cloned()));
+                    }
+                }
+                "Gemm" => {
+                    if let (Some(a), Some(b)) = (input(0), input(1)) {
+                        let trans = |name: &str| node.attr_int(name).unwrap_or(0) == 1;
+                        if a.len() == 2 && b.len() == 2 {
+                            let k = if trans("transA") { &a[0] } else { &a[1] };
+                            let k2 = if trans("transB") { &b[1] } else { &b[0] };
+                            pairs.push((k.clone(), k2.clone()));
+                        }
+                    }
+                }
+                "Concat" => {
+                    let parts: Option<Vec<Vec<Dim>>> = (0..node.input.len()).map(input).collect();
+                    let axis = parts.as_ref().and_then(|p| normalize(node.attr_int("axis")?, p.first()?.len()));
+                    if let (Some(parts), Some(axis)) = (parts, axis) {
+                        if parts.iter().all(|p| p.len() == parts[0].len()) {
+                            for p in &parts[1..] {
+                                let others = (0..p.len()).filter(|&i| i != axis);
+                                pairs.extend(others.map(|i| (parts[0][i].clone(), p[i].clone())));
+                            }
+                        }
+                    }
+                }
+                "Reshape" => {
+                    let out = node.output.first().and_then(|o| self.shape(o));
+                    if let (Some(x), Some(out)) = (input(0), out) {
+                        pairs.extend(product(&x).zip(product(&out)));
+                    }
+                }
+                op if ops::BROADCASTING.contains(&op) => {
+                    if let Some(shapes) = (0..node.input.len()).map(input).collect::<Option<Vec<_>>>() {
+                        if !broadcastable(&shapes) {
+                            return None;
+                        }
+                        pairs.extend(self.min_beside_its_e(&shapes));
+                    }
+                }
+                _ => {}
+            }
+            for (a, b) in pairs {
+                let (a, b) = (self.resolve(a), self.resolve(b));
+                if a.value().zip(b.value()).is_some_and(|(a, b)| a != b) {
+                    return None;
+                }
+                found |= self.unify(a, b);
+            }
+        }
+        Some(found)
+    }
+
+    /// `(min(e, n), e)` for each axis of a broadcast where both meet and
+    /// n ≥ 2: where e > n the two differ and neither is 1, so the run
+    /// fails; every run has min(e, n) = e.
+    fn min_beside_its_e(&self, shapes: &[Vec<Dim>]) -> Vec<(Dim, Dim)> {
+        let mins = self.memo.mins.borrow();
+        let rank = shapes.iter().map(Vec::len).max().unwrap_or(0);
+        let mut pairs = vec![];
+        for i in 0..rank {
+            let dims: Vec<&Dim> =
+                shapes.iter().filter_map(|s| (i + s.len()).checked_sub(rank).map(|j| &s[j])).collect();
+            for d in &dims {
+                if let ([atom], 1) = (d.atoms.as_slice(), d.coef) {
+                    if let Some((e, _)) = mins.get(atom).filter(|(e, n)| *n >= 2 && dims.contains(&e)) {
+                        pairs.push(((*d).clone(), e.clone()));
+                    }
+                }
+            }
+        }
+        pairs
+    }
+
+    /// Records `a = b` where one side is `c · atom` and the other a
+    /// multiple of c without that atom: the atom then stands for the
+    /// quotient. A declared symbol yields to a derived atom's value only
+    /// where that is a number or another symbol's monomial; two numbers, or
+    /// forms no atom can be solved from, teach nothing. True where new.
+    fn unify(&self, a: Dim, b: Dim) -> bool {
+        let (a, b) = (self.resolve(a), self.resolve(b));
+        if a == b {
+            return false;
+        }
+        let solve = |x: &Dim, y: &Dim| -> Option<(String, Dim)> {
+            let [atom] = x.atoms.as_slice() else { return None };
+            if x.coef == 0 || y.atoms.contains(atom) {
+                return None;
+            }
+            Some((atom.clone(), y.div(&Dim::known(x.coef))?))
+        };
+        // Prefer solving for an atom of the derivation (`value#i`) over a
+        // declared symbol (`$seq`), so that declared names stay; then the
+        // later name, for determinism.
+        let rank = |x: &Dim| x.atoms.first().map(|a| (!a.starts_with('$'), a.clone()));
+        let (first, second) = if rank(&a) >= rank(&b) { (&a, &b) } else { (&b, &a) };
+        let Some((atom, value)) = solve(first, second).or_else(|| solve(second, first)) else { return false };
+        self.memo.facts.borrow_mut().insert(atom, value);
+        true
+    }
+
+    /// `d` with every atom a fact has solved replaced by its value. A fact
+    /// is made only about an atom no fact has solved, equal to a value in
+    /// which every atom is unsolved: no atom comes back through its own
+    /// value, and substitution ends. An atom whose value would overflow the
+    /// coefficient stays as it is.
+    fn resolve(&self, d: Dim) -> Dim {
+        let facts = self.memo.facts.borrow();
+        let mut d = d;
+        for _ in 0..=facts.len() {
+            if !d.atoms.iter().any(|a| facts.contains_key(a)) {
+                break;
+            }
+            let mut out = Dim::known(d.coef);
+            for atom in d.atoms {
+                out = match facts.get(&atom).and_then(|v| out.mul(v)) {
+                    Some(v) => v,
+                    None => out.mul(&Dim::atom(atom)).expect("an atom leaves the coefficient as it is"),
+                };
+            }
+            d = out;
+        }
+        d
     }
 
     pub fn rank(&self, value: &str) -> Option<usize> {
@@ -190,7 +364,7 @@ impl<'g, 'a> Shapes<'g, 'a> {
             return None;
         }
         *self.depth.borrow_mut() += 1;
-        let shape = self.derive(value);
+        let shape = self.derive(value).map(|s| s.into_iter().map(|d| self.resolve(d)).collect());
         *self.depth.borrow_mut() -= 1;
         // A result cut short by the depth limit is not the value's shape.
         if shape.is_some() || *self.depth.borrow() == 0 {
@@ -203,8 +377,10 @@ impl<'g, 'a> Shapes<'g, 'a> {
         let g = self.g;
         if let Some(declared) = g.declared_shape(value) {
             // A declared number stands; a symbol or an unknown axis yields to
-            // a number the ops prove (spec, ground rule 11), and an unknown
-            // one to whatever they prove.
+            // what the ops prove (spec, ground rule 11: torch names an
+            // output's axes `MatMulout_dim_0`, Optimum its caches' sums) but
+            // an atom of the value itself, which says nothing.
+            let own = |d: &Dim| d.atoms.iter().any(|a| a.starts_with(value) && a[value.len()..].starts_with('#'));
             let from_ops = || self.derive_from_ops(value).filter(|d| d.len() == declared.dim.len());
             let mut once: Option<Option<Vec<Dim>>> = None;
             let mut derived = |i: usize| once.get_or_insert_with(from_ops).as_ref().map(|d| d[i].clone());
@@ -216,7 +392,7 @@ impl<'g, 'a> Shapes<'g, 'a> {
                     .map(|(i, d)| match &d.value {
                         Some(DimValue::DimValue(n)) => Dim::known(*n),
                         Some(DimValue::DimParam(p)) if !p.is_empty() => {
-                            derived(i).filter(|d| d.value().is_some()).unwrap_or_else(|| Dim::atom(format!("${p}")))
+                            derived(i).filter(|d| !own(d)).unwrap_or_else(|| Dim::atom(format!("${p}")))
                         }
                         _ => derived(i).unwrap_or_else(|| Dim::atom(format!("{value}#{i}"))),
                     })
@@ -246,11 +422,11 @@ impl<'g, 'a> Shapes<'g, 'a> {
             if node.overload().contains("reshape") || node.output.first().map(String::as_str) != Some(value) {
                 return None;
             }
-            let mut scores = matmul(value, &input(0)?, &input(1)?)?;
+            let mut scores = self.matmul(value, &input(0)?, &input(1)?)?;
             for i in 3..node.input.len() {
-                scores = broadcast(value, &[scores, input(i)?]);
+                scores = self.broadcast(value, &[scores, input(i)?]);
             }
-            return matmul(value, &scores, &input(2)?);
+            return self.matmul(value, &scores, &input(2)?);
         }
         if !crate::onnx::is_default_domain(node.domain()) {
             return None;
@@ -266,9 +442,9 @@ impl<'g, 'a> Shapes<'g, 'a> {
             op if ops::SAME_SHAPE_AS_FIRST_INPUT.contains(&op) => input(0)?,
             op if ops::BROADCASTING.contains(&op) => {
                 let shapes: Vec<Vec<Dim>> = (0..node.input.len()).map(input).collect::<Option<_>>()?;
-                broadcast(value, &shapes)
+                self.broadcast(value, &shapes)
             }
-            "MatMul" => matmul(value, &input(0)?, &input(1)?)?,
+            "MatMul" => self.matmul(value, &input(0)?, &input(1)?)?,
             "Transpose" => {
                 let x = input(0)?;
                 let perm: Vec<usize> = match node.attr_ints("perm") {
@@ -423,28 +599,36 @@ impl<'g, 'a> Shapes<'g, 'a> {
             }
             "Slice" => {
                 let x = input(0)?;
-                // Each sliced axis with its bounds (start, end, step); where
-                // they are computed at run time, the axes alone: their
-                // lengths are unknown, the other axes are x's.
-                let sliced: Vec<(i64, Option<(i64, i64, i64)>)> = match g.slice_arguments(node) {
+                // Each sliced axis with its length: from its bounds where
+                // they are constants; where they are computed at run time,
+                // from the elements they are computed from
+                // (`runtime_slice_length`), else unknown.
+                let sliced: Vec<(usize, Option<Dim>)> = match g.slice_arguments(node) {
                     Some((starts, ends, axes, steps)) => {
                         if starts.len() != ends.len() || axes.len() != starts.len() || steps.len() != starts.len() {
                             return None;
                         }
-                        let bounds = starts.iter().zip(&ends).zip(&steps).map(|((&s, &e), &st)| Some((s, e, st)));
-                        axes.into_iter().zip(bounds).collect()
+                        let bounds = starts.iter().zip(&ends).zip(&steps);
+                        let lengths = axes.iter().zip(bounds).map(|(&axis, ((&start, &end), &step))| {
+                            let axis = normalize(axis, x.len())?;
+                            Some((axis, slice_length(&x[axis], start, end, step)))
+                        });
+                        lengths.collect::<Option<_>>()?
                     }
                     None => match self.sliced_axes(node) {
-                        Some(axes) => axes.into_iter().map(|a| (a, None)).collect(),
+                        Some(axes) => {
+                            let lengths = axes.iter().enumerate().map(|(i, &axis)| {
+                                let axis = normalize(axis, x.len())?;
+                                Some((axis, self.runtime_slice_length(node, i, &x[axis])))
+                            });
+                            lengths.collect::<Option<_>>()?
+                        }
                         None => return Some(opaque(x.len())),
                     },
                 };
                 let mut out = x.clone();
-                for (axis, bounds) in sliced {
-                    let axis = normalize(axis, x.len())?;
-                    out[axis] = bounds
-                        .and_then(|(start, end, step)| slice_length(&x[axis], start, end, step))
-                        .unwrap_or_else(|| Dim::atom(format!("{value}#{axis}")));
+                for (axis, length) in sliced {
+                    out[axis] = length.unwrap_or_else(|| Dim::atom(format!("{value}#{axis}")));
                 }
                 out
             }
@@ -503,11 +687,61 @@ impl<'g, 'a> Shapes<'g, 'a> {
                     .enumerate()
                     .map(|(i, d)| d.unwrap_or_else(|| Dim::atom(format!("{value}#expand{i}"))))
                     .collect();
-                broadcast(value, &[input(0)?, target])
+                self.broadcast(value, &[input(0)?, target])
             }
             "Pad" => opaque(input(0)?.len()),
             _ => return None,
         })
+    }
+
+    /// The length the `i`th sliced axis of a Slice keeps where its bounds
+    /// are computed at run time: from 0 by 1 to an end `e` on an axis of
+    /// length `len`, that is `len` where `e` is `len` (or past it), else
+    /// `min(e, len)` where one of the two is a number of at least 1 and the
+    /// other a dimension (`min_atom`: GPT-2's causal mask and BERT's
+    /// position ids, a buffer sliced to the sequence's length); the last
+    /// len elements are the axis.
+    fn runtime_slice_length(&self, node: &NodeProto, i: usize, len: &Dim) -> Option<Dim> {
+        let at = |k: usize| -> Option<Dim> { self.elements(node.input.get(k)?, 0)?.get(i)?.clone() };
+        let step = match node.input.get(4).filter(|s| !s.is_empty()) {
+            Some(_) => at(4)?,
+            None => Dim::known(1),
+        };
+        let (start, end) = (at(1)?, at(2)?);
+        // Bounds computed from numbers (Llama's rotate_half, `x[..., d // 2:]`).
+        if let (Some(s), Some(e), Some(st)) = (start.value(), end.value(), step.value()) {
+            return slice_length(len, s, e, st);
+        }
+        let dimension = |d: &Dim| !d.atoms.is_empty() && d.coef > 0;
+        if step.value() != Some(1) {
+            return None;
+        }
+        // The last e elements of an axis of length e, `-e:` (T5's position
+        // bias cut to the query length), are the axis. (Where e may be
+        // other than len, `-0:` is the whole axis, not min(0, len).)
+        let last = Dim { coef: start.coef.checked_neg()?, atoms: start.atoms.clone() };
+        if last == *len && (end.value().is_some_and(|e| e >= i64::MAX / 2) || end == *len) {
+            return Some(len.clone());
+        }
+        if start.value() != Some(0) {
+            return None;
+        }
+        match (len.value(), end.value()) {
+            _ if end == *len => Some(len.clone()),
+            (Some(n), Some(e)) => Some(Dim::known(slice_count(0, e, 1, n))),
+            (None, Some(e)) if e >= i64::MAX / 2 => Some(len.clone()),
+            (None, Some(e)) if e >= 1 && dimension(len) => Some(self.min_atom(len.clone(), e)),
+            (Some(n), None) if n >= 1 && dimension(&end) => Some(self.min_atom(end, n)),
+            _ => None,
+        }
+    }
+
+    /// An atom for `min(e, n)`, with e a dimension and n ≥ 1, remembered so
+    /// that a broadcast with e itself is e (`broadcast`).
+    fn min_atom(&self, e: Dim, n: i64) -> Dim {
+        let name = format!("min({}·{}, {n})", e.coef, e.atoms.join("·"));
+        self.memo.mins.borrow_mut().entry(name.clone()).or_insert((e, n));
+        Dim::atom(name)
     }
 
     /// The length of `Range(start, limit, delta)`: `limit` for the common
@@ -572,23 +806,51 @@ impl<'g, 'a> Shapes<'g, 'a> {
     }
 
     /// The elements of a 1-D integer tensor that holds a shape: known where
-    /// they are constants or dimensions read by `Shape`, None where they are
-    /// computed otherwise (such an element may even be 0 or -1).
+    /// they are constants or dimensions read by `Shape`, or computed from
+    /// those, None where they are computed otherwise (such an element may
+    /// even be 0 or -1).
     pub fn shape_tensor(&self, value: &str) -> Option<Vec<Option<Dim>>> {
+        match self.shape(value) {
+            Some(shape) if shape.len() != 1 => None,
+            _ => self.elements(value, 0),
+        }
+    }
+
+    /// The value of an integer scalar (or one-element tensor) as a monomial.
+    fn scalar(&self, value: &str) -> Option<Dim> {
+        if let Some(v) = self.g.scalar(value) {
+            return (v.fract() == 0.0 && v.abs() < 2f64.powi(53)).then(|| Dim::known(v as i64));
+        }
+        match self.elements(value, 0)?.as_slice() {
+            [one] => one.clone(),
+            _ => None,
+        }
+    }
+
+    /// The elements of an integer tensor of rank 0 or 1, in order, as
+    /// exports compute shapes at run time: `Shape`, its parts (`Gather`,
+    /// `Slice`), regrouped (`Concat`, `Unsqueeze`, `Squeeze`, `Reshape`,
+    /// `Cast`), and element-wise arithmetic on them (`Add`, `Sub`, `Mul`,
+    /// `Div`), `Equal` and `Where` (torch's `expand(-1)` is
+    /// `Where(Equal(s, -1), ones, s)`), as ONNX Runtime's symbolic shape
+    /// inference evaluates them.
+    fn elements(&self, value: &str, depth: usize) -> Option<Vec<Option<Dim>>> {
         let g = self.g;
         if let Some(t) = g.constant(value) {
             return Some(t.ints()?.into_iter().map(|d| Some(Dim::known(d))).collect());
         }
         let unknown = || -> Option<Vec<Option<Dim>>> {
             match self.shape(value)?.as_slice() {
+                [] => Some(vec![None]),
                 [n] => Some(vec![None; usize::try_from(n.value()?).ok()?]),
                 _ => None,
             }
         };
         let Some(node) = g.producer(value).map(|p| g.node(p)) else { return unknown() };
-        if !crate::onnx::is_default_domain(node.domain()) {
+        if !crate::onnx::is_default_domain(node.domain()) || depth >= MAX_DEPTH {
             return unknown();
         }
+        let arg = |i: usize| node.input.get(i).filter(|v| !v.is_empty()).and_then(|v| self.elements(v, depth + 1));
         let found = match node.op_type() {
             "Shape" => {
                 let s = self.shape(&node.input[0])?;
@@ -599,14 +861,20 @@ impl<'g, 'a> Shapes<'g, 'a> {
                 s.get(start..end.max(start)).map(|s| s.iter().cloned().map(Some).collect())
             }
             "Concat" if node.attr_int("axis") == Some(0) || node.attr_int("axis") == Some(-1) => {
-                node.input.iter().map(|p| self.shape_tensor(p)).collect::<Option<Vec<_>>>().map(|v| v.concat())
+                (0..node.input.len()).map(arg).collect::<Option<Vec<_>>>().map(|v| v.concat())
             }
-            "Unsqueeze" if self.shape(&node.input[0]).is_some_and(|s| s.is_empty()) => {
-                Some(vec![self.scalar(&node.input[0])])
+            // The same elements under another rank (0 or 1).
+            "Unsqueeze" | "Squeeze" | "Reshape" | "Identity" => arg(0),
+            // Integers keep their values through a Cast to another
+            // integer or float type; a Cast to bool does not.
+            "Cast" if node.attr_int("to") != Some(i64::from(crate::onnx::BOOL)) => arg(0),
+            "Gather" if node.attr_int("axis").unwrap_or(0) == 0 => {
+                let data = arg(0)?;
+                let indices = g.constant(&node.input[1])?.ints()?;
+                indices.iter().map(|&i| data.get(normalize(i, data.len())?).cloned()).collect()
             }
-            "Cast" | "Identity" => self.shape_tensor(&node.input[0]),
             "Slice" => {
-                let data = self.shape_tensor(&node.input[0])?;
+                let data = arg(0)?;
                 let (starts, ends, axes, steps) = g.slice_arguments(node)?;
                 match (starts.as_slice(), ends.as_slice(), axes.as_slice(), steps.as_slice()) {
                     ([start], [end], [0 | -1], [step]) => Some(
@@ -618,33 +886,147 @@ impl<'g, 'a> Shapes<'g, 'a> {
                     _ => None,
                 }
             }
+            "Add" | "Sub" | "Mul" | "Div" | "Equal" => {
+                let op = node.op_type();
+                elementwise(&[arg(0)?, arg(1)?], |e| match e {
+                    [Some(a), Some(b)] => arithmetic(op, a, b),
+                    _ => None,
+                })
+            }
+            "ConstantOfShape" => {
+                let n = match arg(0)?.as_slice() {
+                    [] => 1,
+                    [n] => usize::try_from(n.as_ref()?.value()?).ok()?,
+                    _ => return unknown(),
+                };
+                let fill = match node.attr("value").and_then(|a| a.t.as_ref()) {
+                    Some(t) => *t.ints()?.first()?,
+                    None => 0,
+                };
+                Some(vec![Some(Dim::known(fill)); n])
+            }
+            "Neg" => elementwise(&[arg(0)?], |e| {
+                let d = e[0].as_ref()?;
+                Some(Dim { coef: d.coef.checked_neg()?, atoms: d.atoms.clone() })
+            }),
+            "Where" => elementwise(&[arg(0)?, arg(1)?, arg(2)?], |e| match e {
+                [Some(c), x, y] => match c.value()? {
+                    0 => y.clone(),
+                    _ => x.clone(),
+                },
+                _ => None,
+            }),
             _ => None,
         };
         found.or_else(unknown)
     }
+}
 
-    /// The value of an integer scalar (or one-element tensor) as a monomial.
-    fn scalar(&self, value: &str) -> Option<Dim> {
-        let g = self.g;
-        if let Some(v) = g.scalar(value) {
-            return Some(Dim::known(v as i64));
+impl Shapes<'_, '_> {
+    /// MatMul of matrices of rank 2 or more (1-D operands aside): the batch
+    /// axes broadcast, then the rows of `a` and the columns of `b`.
+    fn matmul(&self, value: &str, a: &[Dim], b: &[Dim]) -> Option<Vec<Dim>> {
+        if a.len() < 2 || b.len() < 2 {
+            return None;
         }
-        let node = g.node(g.producer(value)?);
-        match node.op_type() {
-            "Gather" if node.attr_int("axis").unwrap_or(0) == 0 => {
-                let data = self.shape_tensor(&node.input[0])?;
-                let i = g.scalar(&node.input[1])? as i64;
-                data.get(normalize(i, data.len())?).cloned().flatten()
-            }
-            "Mul" => self.scalar(&node.input[0])?.mul(&self.scalar(&node.input[1])?),
-            "Div" => self.scalar(&node.input[0])?.div(&self.scalar(&node.input[1])?),
-            "Cast" | "Identity" => self.scalar(&node.input[0]),
-            "Squeeze" | "Reshape" => match self.shape_tensor(&node.input[0])?.as_slice() {
-                [one] => one.clone(),
-                _ => None,
-            },
+        let batch = self.broadcast(value, &[a[..a.len() - 2].to_vec(), b[..b.len() - 2].to_vec()]);
+        Some([batch, vec![a[a.len() - 2].clone(), b[b.len() - 1].clone()]].concat())
+    }
+
+    /// Numpy broadcasting of symbolic shapes: along each axis the dimensions
+    /// other than 1 must agree, so a known one other than 1 is the result (a
+    /// model that runs has the others equal to it or 1); `min(e, n)` beside
+    /// e is e (it is e, or n < e, and then n must be 1); a dimension that
+    /// cannot be told becomes an atom of the result.
+    fn broadcast(&self, value: &str, shapes: &[Vec<Dim>]) -> Vec<Dim> {
+        let mins = self.memo.mins.borrow();
+        let rank = shapes.iter().map(Vec::len).max().unwrap_or(0);
+        (0..rank)
+            .map(|i| {
+                let dims: Vec<&Dim> =
+                    shapes.iter().filter_map(|s| (i + s.len()).checked_sub(rank).map(|j| &s[j])).collect();
+                let beside_its_e = |d: &Dim| match d.atoms.as_slice() {
+                    [atom] if d.coef == 1 => mins.get(atom).is_some_and(|(e, _)| dims.contains(&e)),
+                    _ => false,
+                };
+                let not_one: Vec<&Dim> =
+                    dims.iter().copied().filter(|d| d.value() != Some(1) && !beside_its_e(d)).collect();
+                let mut known: Vec<i64> = not_one.iter().filter_map(|d| d.value()).collect();
+                known.sort_unstable();
+                known.dedup();
+                match (not_one.split_first(), known.as_slice()) {
+                    (None, _) => Dim::known(1),
+                    (Some((first, rest)), _) if rest.iter().all(|d| d == first) => (*first).clone(),
+                    (_, [n]) => Dim::known(*n),
+                    _ => Dim::atom(format!("{value}#{i}")),
+                }
+            })
+            .collect()
+    }
+}
+
+/// False where two operands of a broadcast meet on an axis with different
+/// numbers other than 1: no run succeeds.
+fn broadcastable(shapes: &[Vec<Dim>]) -> bool {
+    let rank = shapes.iter().map(Vec::len).max().unwrap_or(0);
+    (0..rank).all(|i| {
+        let mut known = shapes
+            .iter()
+            .filter_map(|s| (i + s.len()).checked_sub(rank).and_then(|j| s[j].value()))
+            .filter(|&n| n != 1);
+        let first = known.next();
+        known.all(|n| Some(n) == first)
+    })
+}
+
+/// The elements of a numpy broadcast of 1-D (or one-element) operands,
+/// each computed by `f` from the operands' elements at its place.
+fn elementwise(args: &[Vec<Option<Dim>>], f: impl Fn(&[Option<Dim>]) -> Option<Dim>) -> Option<Vec<Option<Dim>>> {
+    let n = args.iter().map(Vec::len).max()?;
+    if args.iter().any(|a| a.len() != n && a.len() != 1) {
+        return None;
+    }
+    Some(
+        (0..n)
+            .map(|i| f(&args.iter().map(|a| a[if a.len() == 1 { 0 } else { i }].clone()).collect::<Vec<_>>()))
+            .collect(),
+    )
+}
+
+/// One element of `a op b` where it can be told: numbers are computed
+/// (integer division truncates, as ONNX Runtime's does), a monomial times
+/// or exactly divided by another is one, `x - x` is 0, `x ± 0` is x; for
+/// `Equal`, 1 or 0 where equal monomials, or two different numbers, or a
+/// dimension (never negative) and a negative number decide it.
+fn arithmetic(op: &str, a: &Dim, b: &Dim) -> Option<Dim> {
+    let (x, y) = (a.value(), b.value());
+    let dimension = |d: &Dim| !d.atoms.is_empty() && d.coef > 0;
+    match op {
+        "Mul" => a.mul(b),
+        "Div" => match (x, y) {
+            (Some(x), Some(y)) => x.checked_div(y).map(Dim::known),
+            _ => a.div(b),
+        },
+        "Add" | "Sub" => match (x, y) {
+            (Some(x), Some(y)) => if op == "Add" { x.checked_add(y) } else { x.checked_sub(y) }.map(Dim::known),
+            (_, Some(0)) => Some(a.clone()),
+            (Some(0), _) if op == "Add" => Some(b.clone()),
+            _ if op == "Sub" && a == b => Some(Dim::known(0)),
             _ => None,
+        },
+        "Equal" => {
+            let unequal = matches!((x, y), (Some(x), Some(y)) if x != y)
+                || (dimension(a) && y.is_some_and(|y| y < 0))
+                || (dimension(b) && x.is_some_and(|x| x < 0));
+            if a == b {
+                Some(Dim::known(1))
+            } else if unequal {
+                Some(Dim::known(0))
+            } else {
+                None
+            }
         }
+        _ => None,
     }
 }
 
@@ -731,38 +1113,4 @@ fn slice_length(len: &Dim, start: i64, end: i64, step: i64) -> Option<Dim> {
 fn normalize(axis: i64, rank: usize) -> Option<usize> {
     let a = if axis < 0 { axis + rank as i64 } else { axis };
     (0..rank as i64).contains(&a).then_some(a as usize)
-}
-
-/// Numpy broadcasting of symbolic shapes: along each axis the dimensions
-/// other than 1 must agree, so a known one other than 1 is the result (a
-/// model that runs has the others equal to it or 1); a dimension that
-/// cannot be told becomes an atom of the result.
-/// MatMul of matrices of rank 2 or more (1-D operands aside): the batch
-/// axes broadcast, then the rows of `a` and the columns of `b`.
-fn matmul(value: &str, a: &[Dim], b: &[Dim]) -> Option<Vec<Dim>> {
-    if a.len() < 2 || b.len() < 2 {
-        return None;
-    }
-    let batch = broadcast(value, &[a[..a.len() - 2].to_vec(), b[..b.len() - 2].to_vec()]);
-    Some([batch, vec![a[a.len() - 2].clone(), b[b.len() - 1].clone()]].concat())
-}
-
-fn broadcast(value: &str, shapes: &[Vec<Dim>]) -> Vec<Dim> {
-    let rank = shapes.iter().map(Vec::len).max().unwrap_or(0);
-    (0..rank)
-        .map(|i| {
-            let dims: Vec<&Dim> =
-                shapes.iter().filter_map(|s| (i + s.len()).checked_sub(rank).map(|j| &s[j])).collect();
-            let not_one: Vec<&Dim> = dims.iter().copied().filter(|d| d.value() != Some(1)).collect();
-            let mut known: Vec<i64> = not_one.iter().filter_map(|d| d.value()).collect();
-            known.sort_unstable();
-            known.dedup();
-            match (not_one.split_first(), known.as_slice()) {
-                (None, _) => Dim::known(1),
-                (Some((first, rest)), _) if rest.iter().all(|d| d == first) => (*first).clone(),
-                (_, [n]) => Dim::known(*n),
-                _ => Dim::atom(format!("{value}#{i}")),
-            }
-        })
-        .collect()
 }
