@@ -19,7 +19,7 @@ use crate::onnx::{
     TensorProto, FUSED_KEY,
 };
 use crate::pattern::Weight;
-use crate::require;
+use crate::{decline, require};
 
 /// A fusion pass: a name, what it does, and its rule.
 pub struct Pass {
@@ -87,6 +87,10 @@ pub struct Rewrite {
     /// (a weight given the shape the fused op takes), each named as the
     /// replacement reads it; the driver makes the names unique.
     pub constants: Vec<TensorProto>,
+    /// Ops that, reading the anchor's output, continue the pattern (a norm
+    /// without a scale before a Mul whose scale the pass did not prove):
+    /// where one does, the rewrite is declined rather than taken in part.
+    pub yields_to: &'static [&'static str],
 }
 
 /// A value a match reads from a node it leaves in place.
@@ -126,6 +130,12 @@ impl Rewrite {
     pub fn offering(mut self, slot: usize, value: &str) -> Self {
         self.offers.push((slot, value.to_string()));
         self
+    }
+
+    /// Declined where an op of `ops` reads the anchor's output (see
+    /// `yields_to`).
+    pub fn yielding_to(self, ops: &'static [&'static str]) -> Self {
+        Rewrite { yields_to: ops, ..self }
     }
 
     /// `fallback` is tried where this rewrite fails the driver's checks.
@@ -183,6 +193,7 @@ impl Match {
             function: None,
             import: None,
             constants: self.constants,
+            yields_to: &[],
         }
     }
 
@@ -667,6 +678,7 @@ fn settle(g: &Graph, mut rewrite: Rewrite, functions: &[&FunctionProto]) -> Chec
             }
         }
         check_nothing_escapes(g, &rewrite)?;
+        check_yields(g, &rewrite)?;
         check_computed_once(g, &rewrite, &walked)?;
         check_unambiguous(g, &rewrite, &walked.union(&rewrite.nodes).copied().collect())?;
         check_function_identity(functions.iter().copied(), &rewrite)?;
@@ -744,6 +756,20 @@ fn check_nothing_escapes(g: &Graph, rewrite: &Rewrite) -> Check<()> {
                 "{value} is also read outside the matched nodes"
             );
         }
+    }
+    Ok(())
+}
+
+/// A rewrite that yields to an op reading its anchor's output (a weight
+/// Mul the pass did not prove, or a Cast on the way to one) is not taken
+/// in part.
+fn check_yields(g: &Graph, rewrite: &Rewrite) -> Check<()> {
+    let out = &g.node(rewrite.anchor).output[0];
+    let reader = g.consumers(out).iter().map(|&c| g.node(c)).find(|c| {
+        crate::onnx::is_default_domain(c.domain()) && rewrite.yields_to.contains(&c.op_type()) && c.input.contains(out)
+    });
+    if let Some(reader) = reader {
+        decline!("its output is read by {}, whose pattern did not match", display_name(reader));
     }
     Ok(())
 }

@@ -226,6 +226,60 @@ fn a_layer_norm_without_gamma_gets_a_scale_of_ones_where_d_is_known() {
     assert!(why.iter().any(|r| r.contains("a LayerNorm without gamma: the last axis and type of x")), "{why:?}");
 }
 
+/// onnxscript's RMSNorm without a scale: `x * Reciprocal(Sqrt(mean(x²) + eps))`,
+/// the normalized value read by `reader` (a graph output where none).
+fn rms_without_weight(x_dims: &[D], reader: Option<(&str, onnx_fuse::onnx::TensorProto)>) -> ModelProto {
+    let mut b = Builder::default();
+    b.input("x", FLOAT, Some(x_dims));
+    let sq = b.node("Mul", &["x", "x"], vec![]);
+    let m = b.node("ReduceMean", &[&sq], vec![attr_ints("axes", &[-1])]);
+    let eps = b.init("eps", tensor(FLOAT, &[], &[1e-6]));
+    let a = b.node("Add", &[&m, &eps], vec![]);
+    let r = b.node("Sqrt", &[&a], vec![]);
+    let inv = b.node("Reciprocal", &[&r], vec![]);
+    let n = b.node("Mul", &["x", &inv], vec![]);
+    let y = match reader {
+        None => n,
+        Some((op, t)) => {
+            let w = b.init("w", t);
+            b.node(op, &[&n, &w], vec![])
+        }
+    };
+    b.output(&y, FLOAT, None);
+    b.model(14)
+}
+
+#[test]
+fn an_rms_norm_without_weight_gets_a_weight_of_ones_where_d_is_known() {
+    let model = rms_without_weight(&dims(X), None);
+    let fused = fused_one(&model, "SimplifiedLayerNormalization");
+    let node = &fused.graph.as_ref().unwrap().node[0];
+    assert_eq!(node.input[0], "x");
+    let ones = weight_read(&fused, 1);
+    assert_eq!((ones.dims.as_slice(), ones.values()), (&[4][..], Some(vec![1.0; 4])));
+    assert_eq!(node.attr_float("epsilon"), Some(1e-6));
+    assert_eq!(fused_list(node).len(), 6, "Mul, Mul, ReduceMean, Add, Sqrt, Reciprocal");
+    // Read by a MatMul, it is still a norm without weight.
+    let model = rms_without_weight(&dims(X), Some(("MatMul", tensor(FLOAT, &[4, 4], &ramp(16)))));
+    let (fused, outcome) = fuse_model(&model, &["layer-norm", "rms-norm"]);
+    assert_eq!(count_op(&fused, "SimplifiedLayerNormalization"), 1, "{:?}", outcome.declined);
+    assert_equivalent(&model, &fused, "forms");
+}
+
+#[test]
+fn an_rms_norm_without_weight_whose_d_is_unknown_or_whose_scale_is_not_proved_does_not_fuse() {
+    // A symbolic last axis: no weight of ones can be made.
+    let why = declined(&rms_without_weight(&[D::N(2), D::N(3), sym("d")], None));
+    assert!(why.iter().any(|r| r.contains("a norm without weight: the last axis and type of x")), "{why:?}");
+    // A Mul by a [2, D] weight reads it: the weighted form declines it, and
+    // the core is not taken alone either.
+    let model = rms_without_weight(&dims(X), Some(("Mul", tensor(FLOAT, &[2, 4], &ramp(8)))));
+    let (fused, outcome) = fuse_model(&model, &["layer-norm", "rms-norm"]);
+    assert_eq!(count_op(&fused, "SimplifiedLayerNormalization"), 0, "{:?}", outcome.declined);
+    let why = declined(&model);
+    assert!(why.iter().any(|r| r.contains("whose pattern did not match")), "{why:?}");
+}
+
 /// `softmax(steps(q·k)) · v` with `q, k, v` of shape (2, 2, 3, 3); `steps`
 /// writes what comes between the MatMul and the Softmax.
 fn core(steps: impl Fn(&mut Builder, String) -> String, after: impl Fn(&mut Builder, String) -> String) -> ModelProto {

@@ -110,6 +110,48 @@ fn a_bias_of_one_axis_is_the_bias_input() {
     }
 }
 
+/// `norm((a + b) + bias)`: the bias added to the sum afterwards, the outer
+/// sum read by `also` and the inner one by `inner_also`.
+fn bias_after_the_sum(bias: &[i64], also: bool, inner_also: bool) -> ModelProto {
+    let mut b = Builder::default();
+    b.input("a", FLOAT, Some(&dims(&[2, 3, 4])));
+    b.input("b", FLOAT, Some(&dims(&[2, 3, 4])));
+    let inner = b.node("Add", &["a", "b"], vec![]);
+    let n: i64 = bias.iter().product();
+    let t = b.init("bias", tensor(FLOAT, bias, &(0..n).map(|i| i as f64 / 8.0).collect::<Vec<_>>()));
+    b.node_to("Add", &[&inner, &t], &["s"], vec![]);
+    let y = rms_norm(&mut b, "s", FLOAT, &[0.5, 1.0, 1.5, 2.0]);
+    b.output(&y, FLOAT, None);
+    if also {
+        b.output("s", FLOAT, None);
+    }
+    if inner_also {
+        let neg = b.node("Neg", &[&inner], vec![]);
+        b.output(&neg, FLOAT, None);
+    }
+    b.model(17)
+}
+
+#[test]
+fn a_bias_added_to_the_sum_afterwards_is_the_bias_input() {
+    // onnxscript's form: a + b + bias is the same sum, the outer one is
+    // input_skip_bias_sum where the residual stream reads it.
+    for also in [false, true] {
+        let fused = fused_skip(&bias_after_the_sum(&[4], also, false), "SkipSimplifiedLayerNormalization");
+        let node = skip_nodes(&fused)[0];
+        assert_eq!(node.input.len(), 4, "{:?}", node.input);
+        assert_eq!(node.input[..2], ["a", "b"]);
+        assert_eq!(node.output.get(3).map(String::as_str).filter(|o| !o.is_empty()), also.then_some("s"));
+    }
+    // The inner sum read elsewhere: it would escape, nothing fuses.
+    let (fused, _) = fuse_model(&bias_after_the_sum(&[4], true, true), &["default"]);
+    assert!(skip_nodes(&fused).is_empty());
+    // A bias of two axes [S, D] is no bias: it is the skip of the inner sum.
+    let fused = fused_skip(&bias_after_the_sum(&[3, 4], false, false), "SkipSimplifiedLayerNormalization");
+    let node = skip_nodes(&fused)[0];
+    assert_eq!(node.input[1], "bias", "{:?}", node.input);
+}
+
 #[test]
 fn a_bias_of_two_axes_is_no_bias() {
     // [2, D] is not one value per channel: the biased operand is the input.

@@ -20,7 +20,7 @@ use crate::graph::{Check, Graph, Relabel, Stop, Target};
 use crate::onnx::{AttributeProto, BFLOAT16, FLOAT, FLOAT16};
 use crate::pattern::{self, cast_to, either_order, is_vector, scalar};
 use crate::rewrite::{node, Match, Pass, Portable, Rewrite};
-use crate::{decline, no_candidate, require};
+use crate::{candidate, decline, no_candidate, require};
 
 pub const PASS: Pass = Pass {
     name: "rms-norm",
@@ -71,6 +71,26 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
         },
     )
     .or_if_no_candidate(|| weight_not_a_vector(g, index))
+    .or_if_no_candidate(|| without_weight(g, index))
+}
+
+/// The core alone, `x / sqrt(mean(x²) + eps)` with no scale after it (a
+/// norm without a weight): the op gets a `[D]` weight of ones, which
+/// multiplies exactly, where D and the type are known numbers. Where a Mul
+/// (or a Cast on the way to one) reads it, the norm is the weighted form's
+/// to fuse whole, or to leave whole where its weight is not proved.
+fn without_weight(g: &Graph, index: usize) -> Check<Rewrite> {
+    let last = g.node(index);
+    candidate!(last.is("Div") || last.is("Mul"));
+    let core = rms_core(g, &last.output[0]).or_no_candidate()?;
+    let d = g.shapes().last_axis(core.x).and_then(|d| d.value());
+    let elem = g.elem_type(core.x);
+    let ones = d.zip(elem).and_then(|(d, elem)| pattern::filled(elem, d, 1.0));
+    let ones = ones
+        .or_decline(|| format!("a norm without weight: the last axis and type of {} are not known numbers", core.x))?;
+    let mut m = Match::new(index);
+    let weight = m.weight_input(g, pattern::Weight::Made(Box::new(ones)), "weight");
+    Ok(m.replace_with(node(op_for(g)?, &[core.x, &weight], norm_attributes(core.eps))).yielding_to(&["Mul", "Cast"]))
 }
 
 /// The op the target allows: ONNX Runtime's `SimplifiedLayerNormalization`

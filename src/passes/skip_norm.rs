@@ -15,9 +15,10 @@
 //!   Cast is the same value: it joins, or stays for the residual stream
 //!   reading it.
 //! - **A bias**: `Add(a0, bias)` (either order) as an operand of the sum,
-//!   with `bias` a constant of one axis D (leading axes of 1 aside), read by
-//!   the sum alone, becomes the bias input (`a0 + bias + b`: the same sum,
-//!   rounded in another order).
+//!   or added to the sum afterwards (`(a + b) + bias`), with `bias` a
+//!   constant of one axis D (leading axes of 1 aside), read by the sum
+//!   alone, becomes the bias input (`a0 + bias + b`: the same sum, rounded
+//!   in another order).
 //! - **Shapes ONNX Runtime's kernel accepts** (measured on 1.31.1): the
 //!   input of rank 2 or 3 with the shape of the sum; the skip of the same
 //!   shape, or for a 3-D input `[S, D]` or `[1, S, D]` (one row for every
@@ -115,6 +116,13 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     // next form.
     let mut chosen: Option<Rewrite> = None;
     let mut declined = None;
+    // A bias added to the sum afterwards, `(a + b) + bias` (onnxscript
+    // fuses it): the same sum, the bias input; preferred where it is.
+    if let Some((inner, bias)) = pattern::bias_added(g, s) {
+        if let Ok((input, skip, None)) = g.produced_by(inner, "Add").and_then(|add| residual(g, &shapes, add, None)) {
+            chosen = Some(skip_norm((input, skip, Some(bias))));
+        }
+    }
     for fold in [Some(0), Some(1), None] {
         match residual(g, &shapes, sum, fold) {
             Ok((_, _, None)) if fold.is_some() => {}

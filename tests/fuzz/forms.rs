@@ -486,6 +486,18 @@ pub fn rms(rng: &mut Rng) -> Case {
     let before = b.graph.node.len();
     let n = rms_core(rng, &mut c, &mut b, opset, &core_in, core_elem, rank, declared);
     let inner = computed_since(&b, before);
+    if !cast_form && rng.chance(0.1) {
+        // onnxscript's norm without a scale: a weight of ones needs a known D.
+        c.note("no weight");
+        if !matches!(last, D::N(_)) {
+            c.breaks(format!("no weight on x of last axis {last:?}"));
+        }
+        b.output(&n, core_elem, None);
+        // The norm's own output may be read anywhere.
+        c.aside.push(n.clone());
+        leak(rng, &mut c, &mut b, &inner, core_elem);
+        return finish(rng, c, b, opset, core_elem);
+    }
     let mut normalized = n;
     let mut w_elem = core_elem;
     if cast_form {
