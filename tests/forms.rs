@@ -7,7 +7,7 @@ mod common;
 
 use common::build::*;
 use common::*;
-use onnx_fuse::onnx::{ModelProto, NodeProto, BOOL, DOUBLE, FLOAT, INT64};
+use onnx_fuse::onnx::{ModelProto, NodeProto, TensorProto, BOOL, DOUBLE, FLOAT, INT64};
 
 const X: &[i64] = &[2, 3, 4];
 
@@ -320,6 +320,62 @@ fn fill_through_reshape(b: &mut Builder, value: f64) -> String {
     let one = b.init(&format!("fill{value}"), tensor(FLOAT, &[], &[value]));
     let shape = b.init(&format!("shape{value}"), tensor(INT64, &[4], &[1.0, 1.0, 1.0, 1.0]));
     b.node("Reshape", &[&one, &shape], vec![])
+}
+
+/// Gemma 2's soft-capping `Tanh(s / by) * cap` (`mul`: `s * by`), then the
+/// mask when `mask_first` is false, else before it.
+fn softcapped(by: f64, cap: f64, mul: bool, mask_first: bool) -> ModelProto {
+    core(
+        move |b, s| {
+            let s = b.node("Mul", &[&s, "scale"], vec![]);
+            let add_mask = |b: &mut Builder, s: String| b.node("Add", &[&s, "mask"], vec![]);
+            let s = if mask_first { add_mask(b, s) } else { s };
+            let by = b.init("by", tensor(FLOAT, &[], &[by]));
+            let t = b.node(if mul { "Mul" } else { "Div" }, &[&s, &by], vec![]);
+            let t = b.node("Tanh", &[&t], vec![]);
+            let cap = b.init("cap", tensor(FLOAT, &[], &[cap]));
+            let s = b.node("Mul", &[&cap, &t], vec![]);
+            if mask_first {
+                s
+            } else {
+                add_mask(b, s)
+            }
+        },
+        |_, p| p,
+    )
+}
+
+fn with_scale(mut model: ModelProto) -> ModelProto {
+    model
+        .graph
+        .as_mut()
+        .unwrap()
+        .initializer
+        .push(TensorProto { name: Some("scale".into()), ..tensor(FLOAT, &[], &[0.125]) });
+    model
+}
+
+#[test]
+fn soft_capping_before_the_mask_is_a_step_of_the_core() {
+    for (mul, by, form) in [(false, 0.5, "mul.softcap.add.softmax"), (true, 2.0, "mul.softcap_mul.add.softmax")] {
+        let model = with_scale(softcapped(by, 0.5, mul, false));
+        let (n, why, fused) = attention(&model);
+        assert_eq!(n, 1, "{why:?}");
+        let node = &fused.graph.as_ref().unwrap().node[0];
+        assert_eq!(node.overload(), form);
+        assert_eq!(node.input, ["q", "k", "v", "mask"]);
+        let attributes: Vec<&str> = node.attribute.iter().map(|a| a.name()).collect();
+        assert_eq!(attributes, ["scale", "cap_in", "cap"]);
+        assert_equivalent(&model, &fused, "softcap");
+    }
+    // After the mask, hidden keys would keep the weight of -cap.
+    let (n, why, _) = attention(&with_scale(softcapped(0.5, 0.5, false, true)));
+    assert_eq!(n, 0);
+    assert!(why.iter().any(|r| r.contains("the soft-cap is applied after the mask")), "{why:?}");
+    // Divided by one value and multiplied by another: no one cap.
+    let (n, why, _) = attention(&with_scale(softcapped(0.5, 0.25, false, false)));
+    assert_eq!(n, 0);
+    assert!(why.iter().any(|r| r.contains("not one cap")), "{why:?}");
 }
 
 #[test]

@@ -7,6 +7,8 @@
 //! s = MatMul(q, k)                 (an Identity or an inference Dropout anywhere on the way is no step)
 //!     Mul(s, c) | Div(s, c)        c a constant with one value   → attribute `scale`
 //!     Div(s, d)                    d computed at run time        → input `divisor`
+//!     Mul(Tanh(Div(s, cap)), cap)  soft-capping (Gemma 2), cap a constant with one
+//!                                  value, also Mul(s, 1/cap); before any mask → `cap_in`, `cap`
 //!     Cast(s, to = float type)                                   → attribute `scores_to`
 //!     Where(keep, s, fill)         fill a constant ≤ -1e4        → input `keep`, attribute `fill`
 //!     Where(hide, fill, s)         masked_fill: the same, inverted → input `hide`, attribute `fill`
@@ -57,6 +59,8 @@ const MAX_FILL: f64 = -1.0e4;
 enum Step {
     Scale(&'static str, TensorProto),
     Divisor(String),
+    /// `Mul(Tanh(op(s, cap_in)), cap)`: op `Div` by cap, or `Mul` by 1/cap.
+    Softcap(&'static str, TensorProto, TensorProto),
     Cast(i32),
     /// `Where(keep, s, fill)`, or with `fill_first` `Where(hide, fill, s)`
     /// (`masked_fill`): the condition names the keys hidden.
@@ -133,6 +137,13 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     let count = |steps: &[(usize, Step)], f: fn(&Step) -> bool| steps.iter().filter(|(_, s)| f(s)).count();
     require!(count(&before, |s| matches!(s, Step::Scale(..) | Step::Divisor(_))) <= 1, "more than one scale");
     require!(count(&before, |s| matches!(s, Step::Where { .. })) <= 1, "more than one Where");
+    require!(count(&before, |s| matches!(s, Step::Softcap(..))) <= 1, "more than one soft-cap");
+    // Soft-capping bounds the scores before the mask hides keys; after
+    // it, hidden keys keep the weight of -cap.
+    if let Some(cap) = before.iter().position(|(_, s)| matches!(s, Step::Softcap(..))) {
+        let masked = before[..cap].iter().any(|(_, s)| matches!(s, Step::Where { .. } | Step::Mask(_)));
+        require!(!masked, "the soft-cap is applied after the mask");
+    }
     require!(count(&before, |s| matches!(s, Step::Cast(_))) <= 2, "more than two Casts before the Softmax");
     require!(count(&after, |s| matches!(s, Step::Cast(_))) <= 2, "more than two Casts after the Softmax");
     require!(count(&after, |s| matches!(s, Step::NanGuard(_))) <= 1, "more than one NaN guard");
@@ -200,6 +211,9 @@ fn onnx_attention(g: &Graph, shapes: &Shapes, mut m: Match, [q, k, v]: [&str; 3]
             Step::Where { .. } => decline!("a masked core (Where): {MASK_FILLS}"),
             Step::Divisor(d) => decline!("the divisor {d} is computed at run time"),
             Step::NanGuard(_) => decline!("a NaN guard: Attention does not zero NaN rows"),
+            Step::Softcap(..) => {
+                decline!("a soft-cap: not handed to Attention's softcap (not measured to round alike)")
+            }
         }
     }
     require!(scale.is_finite() && (scale as f32).is_normal(), "the scale {scale} is no normal f32");
@@ -384,6 +398,9 @@ fn scores_chain<'a>(g: &Graph<'a>, value: &'a str, depth: usize) -> Check<(usize
         _ if !crate::onnx::is_default_domain(node.domain()) => {}
         "MatMul" if binary => return Ok((p, vec![])),
         "Mul" if binary => {
+            if let Some((scores, cap)) = softcap(g, node)? {
+                return step(scores_chain(g, scores, depth + 1), cap);
+            }
             // The scale is the constant operand (either order).
             let (s, c) = if g.constant(&node.input[1]).is_some() { (0, 1) } else { (1, 0) };
             pattern::scalar(g, &node.input[c], &node.input[s], "the Mul scale")?;
@@ -432,6 +449,50 @@ fn scores_chain<'a>(g: &Graph<'a>, value: &'a str, depth: usize) -> Check<(usize
         _ => {}
     }
     decline!("{} {} is not a step of the attention core", node.op_type(), node.name())
+}
+
+/// `Mul(Tanh(t), cap)` (either order) with `t = Div(s, cap)` or
+/// `Mul(s, 1/cap)` (either order), cap a constant with one value: Gemma 2's
+/// soft-capping, and the scores it reads. None where the Mul reads no Tanh.
+fn softcap<'a>(g: &Graph<'a>, node: &'a NodeProto) -> Check<Option<(&'a str, Step)>> {
+    let tanh_at = (0..2).find(|&i| g.produced_by(&node.input[i], "Tanh").is_ok());
+    let Some(t) = tanh_at else { return Ok(None) };
+    let cap = &node.input[1 - t];
+    let tanh = g.node(g.produced_by(&node.input[t], "Tanh")?);
+    let cap_value = pattern::scalar(g, cap, &tanh.input[0], "the soft-cap")?;
+    let inner = g.node(g.computing(&tanh.input[0])?);
+    require!(
+        crate::onnx::is_default_domain(inner.domain())
+            && inner.input.len() == 2
+            && (inner.is("Div") || inner.is("Mul")),
+        "the soft-cap's Tanh does not read the scores divided by the cap"
+    );
+    let (scores, by) = match inner.op_type() {
+        "Div" => (&inner.input[0], &inner.input[1]),
+        _ if g.constant(&inner.input[1]).is_some() => (&inner.input[0], &inner.input[1]),
+        _ => (&inner.input[1], &inner.input[0]),
+    };
+    let by_value = pattern::scalar(g, by, scores, "the soft-cap's divisor")?;
+    let matches = match inner.op_type() {
+        "Div" => by_value == cap_value,
+        // 1/cap rounded to the constant's type: within 2 units in its last place.
+        _ => ((by_value * cap_value) - 1.0).abs() <= 2.0 * ulp_of_one(g.elem_type(by)),
+    };
+    require!(matches, "the soft-cap divides by {by_value} and multiplies by {cap_value}: not one cap");
+    require!(cap_value.is_finite() && cap_value > 0.0, "the soft-cap {cap_value} is not a positive number");
+    let constant = |v: &str| attribute_tensor(g.constant(v).expect("a constant, proved above"));
+    let op = if inner.is("Div") { "Div" } else { "Mul" };
+    Ok(Some((scores.as_str(), Step::Softcap(op, constant(by), constant(cap)))))
+}
+
+/// The relative spacing of floats near 1 in an element type.
+fn ulp_of_one(elem: Option<i32>) -> f64 {
+    match elem {
+        Some(FLOAT16) => 2f64.powi(-10),
+        Some(BFLOAT16) => 2f64.powi(-7),
+        Some(DOUBLE) => 2f64.powi(-52),
+        _ => 2f64.powi(-23),
+    }
 }
 
 /// Reshapes come in pairs that give back the shape they started from:
@@ -526,6 +587,13 @@ fn build(q: &str, k: &str, v: &str, steps: &[Step]) -> (NodeProto, FunctionProto
                 form.push(op.to_ascii_lowercase());
                 let c = b.constant("scale", c);
                 b.op(op, &[&s, &c], vec![])
+            }
+            Step::Softcap(op, by, cap) => {
+                form.push(if *op == "Div" { "softcap".into() } else { "softcap_mul".into() });
+                let (by, cap) = (b.constant("cap_in", by), b.constant("cap", cap));
+                let t = b.op(op, &[&s, &by], vec![]);
+                let t = b.op("Tanh", &[&t], vec![]);
+                b.op("Mul", &[&t, &cap], vec![])
             }
             Step::Divisor(d) => {
                 form.push("div_input".into());

@@ -686,6 +686,24 @@ pub fn attention(rng: &mut Rng) -> Case {
             s = if op == "Mul" { commuted(rng, &mut b, "Mul", &s, &t) } else { b.node("Div", &[&s, &t], vec![]) };
         }
     }
+    if rng.chance(0.15) {
+        // Gemma 2: Tanh(s / cap) * cap (or s * 1/cap), before any mask.
+        c.ort_only("soft-capped");
+        let cap = 2.0;
+        let (op, by) = if rng.chance(0.5) { ("Div", cap) } else { ("Mul", 1.0 / cap) };
+        let by = if rng.chance(0.1) {
+            c.breaks("the soft-cap divides by another value than it multiplies by");
+            by * 2.0
+        } else {
+            by
+        };
+        let by = one_value(rng, &mut b, "cap_in", elem, 0, by);
+        let t = b.node(op, &[&s, &by], vec![]);
+        let t = b.node("Tanh", &[&t], vec![]);
+        let r = scalar_rank(rng, &mut c, "the cap", declare.then_some(rank));
+        let cap = one_value(rng, &mut b, "cap", elem, r, cap);
+        s = commuted(rng, &mut b, "Mul", &t, &cap);
+    }
     if rng.chance(0.3) && elem == FLOAT16 {
         c.ort_only("scores cast to f32");
         s = b.node("Cast", &[&s], vec![attr_int("to", FLOAT as i64)]);
