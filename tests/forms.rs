@@ -378,6 +378,38 @@ fn soft_capping_before_the_mask_is_a_step_of_the_core() {
     assert!(why.iter().any(|r| r.contains("not one cap")), "{why:?}");
 }
 
+/// Megatron's mask on the scores: `s·m − 10000·(1 − m)`, m read from `m`.
+fn megatron(m_of: fn(&mut Builder) -> String) -> ModelProto {
+    core(
+        move |b, s| {
+            let m = m_of(b);
+            let one = b.init("one", tensor(FLOAT, &[], &[1.0]));
+            let penalty = b.init("penalty", tensor(FLOAT, &[], &[10000.0]));
+            let kept = b.node("Mul", &[&s, &m], vec![]);
+            let hidden = b.node("Sub", &[&one, &m], vec![]);
+            let hidden = b.node("Mul", &[&hidden, &penalty], vec![]);
+            b.node("Sub", &[&kept, &hidden], vec![])
+        },
+        |_, p| p,
+    )
+}
+
+#[test]
+fn megatrons_mask_of_zeros_and_ones_is_a_step_of_the_core() {
+    let model = megatron(|b| b.node("Cast", &["hide"], vec![attr_int("to", FLOAT as i64)]));
+    let (n, why, fused) = attention(&model);
+    assert_eq!(n, 1, "{why:?}");
+    let node = fused.graph.as_ref().unwrap().node.iter().find(|n| n.op_type() == "AttentionCore").unwrap();
+    assert_eq!(node.overload(), "megatron_mask.softmax");
+    assert_eq!(node.input[..3], ["q", "k", "v"]);
+    assert_eq!(node.input.len(), 4, "the mask m: {:?}", node.input);
+    assert_equivalent(&model, &fused, "megatron");
+    // m a float input: not proved to hold only 0 and 1.
+    let (n, why, _) = attention(&megatron(|_| "mask".to_string()));
+    assert_eq!(n, 0);
+    assert!(why.iter().any(|r| r.contains("is not proved to hold only 0 and 1")), "{why:?}");
+}
+
 #[test]
 fn masked_fill_with_a_reshaped_fill_is_a_core() {
     let model = core(

@@ -10,6 +10,8 @@
 //!     Mul(Tanh(Div(s, cap)), cap)  soft-capping (Gemma 2), cap a constant with one
 //!                                  value, also Mul(s, 1/cap); before any mask → `cap_in`, `cap`
 //!     Cast(s, to = float type)                                   → attribute `scores_to`
+//!     Sub(Mul(s, m), Mul(c, Sub(1, m)))  Megatron's mask, m proved to hold only 0 and 1
+//!                                  (a Cast of a bool, or a constant), c ≥ 1e4 → input `keep_mask`
 //!     Where(keep, s, fill)         fill a constant ≤ -1e4        → input `keep`, attribute `fill`
 //!     Where(hide, fill, s)         masked_fill: the same, inverted → input `hide`, attribute `fill`
 //!     Add(s, mask)                 either order; several in a row → input `mask`, `mask_2`, …
@@ -61,6 +63,12 @@ enum Step {
     Divisor(String),
     /// `Mul(Tanh(op(s, cap_in)), cap)`: op `Div` by cap, or `Mul` by 1/cap.
     Softcap(&'static str, TensorProto, TensorProto),
+    /// Megatron's `s·m − penalty·(one − m)`, m of zeros and ones.
+    Megatron {
+        m: String,
+        penalty: TensorProto,
+        one: TensorProto,
+    },
     Cast(i32),
     /// `Where(keep, s, fill)`, or with `fill_first` `Where(hide, fill, s)`
     /// (`masked_fill`): the condition names the keys hidden.
@@ -82,7 +90,7 @@ impl Step {
     /// The value computed at run time the step reads besides the scores.
     fn side_input(&self) -> Option<&str> {
         match self {
-            Step::Divisor(d) | Step::Where { keep: d, .. } | Step::Mask(d) => Some(d),
+            Step::Divisor(d) | Step::Where { keep: d, .. } | Step::Mask(d) | Step::Megatron { m: d, .. } => Some(d),
             Step::Reshape { shape: Side::Input(d), .. } => Some(d),
             _ => None,
         }
@@ -136,12 +144,13 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
 
     let count = |steps: &[(usize, Step)], f: fn(&Step) -> bool| steps.iter().filter(|(_, s)| f(s)).count();
     require!(count(&before, |s| matches!(s, Step::Scale(..) | Step::Divisor(_))) <= 1, "more than one scale");
-    require!(count(&before, |s| matches!(s, Step::Where { .. })) <= 1, "more than one Where");
+    require!(count(&before, |s| matches!(s, Step::Where { .. } | Step::Megatron { .. })) <= 1, "more than one Where");
     require!(count(&before, |s| matches!(s, Step::Softcap(..))) <= 1, "more than one soft-cap");
     // Soft-capping bounds the scores before the mask hides keys; after
     // it, hidden keys keep the weight of -cap.
     if let Some(cap) = before.iter().position(|(_, s)| matches!(s, Step::Softcap(..))) {
-        let masked = before[..cap].iter().any(|(_, s)| matches!(s, Step::Where { .. } | Step::Mask(_)));
+        let masked =
+            before[..cap].iter().any(|(_, s)| matches!(s, Step::Where { .. } | Step::Mask(_) | Step::Megatron { .. }));
         require!(!masked, "the soft-cap is applied after the mask");
     }
     require!(count(&before, |s| matches!(s, Step::Cast(_))) <= 2, "more than two Casts before the Softmax");
@@ -214,6 +223,7 @@ fn onnx_attention(g: &Graph, shapes: &Shapes, mut m: Match, [q, k, v]: [&str; 3]
             Step::Softcap(..) => {
                 decline!("a soft-cap: not handed to Attention's softcap (not measured to round alike)")
             }
+            Step::Megatron { .. } => decline!("a masked core (Megatron's s·m − c·(1 − m)): {MASK_FILLS}"),
         }
     }
     require!(scale.is_finite() && (scale as f32).is_normal(), "the scale {scale} is no normal f32");
@@ -446,6 +456,10 @@ fn scores_chain<'a>(g: &Graph<'a>, value: &'a str, depth: usize) -> Check<(usize
         "Reshape" if binary => {
             return step(scores_chain(g, &node.input[0], depth + 1), reshape(g, node));
         }
+        "Sub" if binary => {
+            let (scores, megatron) = megatron_mask(g, node)?;
+            return step(scores_chain(g, scores, depth + 1), megatron);
+        }
         _ => {}
     }
     decline!("{} {} is not a step of the attention core", node.op_type(), node.name())
@@ -483,6 +497,42 @@ fn softcap<'a>(g: &Graph<'a>, node: &'a NodeProto) -> Check<Option<(&'a str, Ste
     let constant = |v: &str| attribute_tensor(g.constant(v).expect("a constant, proved above"));
     let op = if inner.is("Div") { "Div" } else { "Mul" };
     Ok(Some((scores.as_str(), Step::Softcap(op, constant(by), constant(cap)))))
+}
+
+/// Megatron's mask `Sub(Mul(s, m), Mul(c, Sub(1, m)))` (each Mul either
+/// order): where m is 1 the scores, where it is 0 the fill −c. It hides keys
+/// only where m is proved to hold nothing but 0 and 1 (a Cast of a bool,
+/// or a constant of zeros and ones) and c ≥ 1e4. Returns the scores.
+fn megatron_mask<'a>(g: &Graph<'a>, node: &'a NodeProto) -> Check<(&'a str, Step)> {
+    let product = g.node(g.produced_by(&node.input[0], "Mul")?);
+    let penalty = g.node(g.produced_by(&node.input[1], "Mul")?);
+    // The penalty: a constant times (1 - m).
+    let (c, complement) = if g.constant(&penalty.input[0]).is_some() {
+        (&penalty.input[0], &penalty.input[1])
+    } else {
+        (&penalty.input[1], &penalty.input[0])
+    };
+    let complement = g.node(g.produced_by(complement, "Sub")?);
+    let (one, m) = (&complement.input[0], complement.input[1].as_str());
+    let scores = match (product.input[0].as_str(), product.input[1].as_str()) {
+        (s, x) | (x, s) if x == m && s != m => s,
+        _ => decline!("the scores are not multiplied by the mask that 1 − m reads"),
+    };
+    require!(pattern::scalar(g, one, m, "the mask's complement")? == 1.0, "the complement is not 1 − m");
+    let c_value = pattern::scalar(g, c, scores, "the mask's penalty")?;
+    require!(c_value >= -MAX_FILL, "the penalty is {c_value}, not at least 1e4: hidden keys would keep weight");
+    require!(zeros_and_ones(g, m), "the mask {m} is not proved to hold only 0 and 1");
+    let constant = |v: &str| attribute_tensor(g.constant(v).expect("a constant, proved above"));
+    Ok((scores, Step::Megatron { m: m.to_string(), penalty: constant(c), one: constant(one) }))
+}
+
+/// A value proved to hold only 0 and 1: a Cast of a bool, or a constant of
+/// zeros and ones.
+fn zeros_and_ones(g: &Graph, m: &str) -> bool {
+    if let Some(t) = g.constant(m) {
+        return t.values().is_some_and(|v| v.iter().all(|&x| x == 0.0 || x == 1.0));
+    }
+    g.produced_by(m, "Cast").is_ok_and(|c| g.elem_type(&g.node(c).input[0]) == Some(crate::onnx::BOOL))
 }
 
 /// The relative spacing of floats near 1 in an element type.
@@ -594,6 +644,15 @@ fn build(q: &str, k: &str, v: &str, steps: &[Step]) -> (NodeProto, FunctionProto
                 let t = b.op(op, &[&s, &by], vec![]);
                 let t = b.op("Tanh", &[&t], vec![]);
                 b.op("Mul", &[&t, &cap], vec![])
+            }
+            Step::Megatron { m, penalty, one } => {
+                form.push("megatron_mask".into());
+                let m = b.input("keep_mask", m);
+                let (penalty, one) = (b.constant("penalty", penalty), b.constant("one", one));
+                let kept = b.op("Mul", &[&s, &m], vec![]);
+                let hidden = b.op("Sub", &[&one, &m], vec![]);
+                let hidden = b.op("Mul", &[&penalty, &hidden], vec![]);
+                b.op("Sub", &[&kept, &hidden], vec![])
             }
             Step::Divisor(d) => {
                 form.push("div_input".into());

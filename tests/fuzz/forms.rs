@@ -709,7 +709,8 @@ pub fn attention(rng: &mut Rng) -> Case {
         s = b.node("Cast", &[&s], vec![attr_int("to", FLOAT as i64)]);
         s_elem = FLOAT;
     }
-    if rng.chance(0.3) {
+    let megatron = rng.chance(0.1);
+    if rng.chance(0.3) && !megatron {
         let fill = if rng.chance(0.2) {
             c.breaks("fill -100");
             -100.0
@@ -739,6 +740,25 @@ pub fn attention(rng: &mut Rng) -> Case {
         } else {
             b.node("Where", &[&keep, &s, &f], vec![])
         };
+    }
+    if megatron {
+        // Megatron: s·m − 10000·(1 − m), m a Cast of the bool mask.
+        c.ort_only("Megatron's s·m − 10000·(1 − m)");
+        let km = b.input("keep_src", FLOAT, Some(&[D::N(1), D::N(1), sym("s"), sym("t")][4 - rank..]));
+        let zero = b.init("zero", tensor(FLOAT, &[], &[0.0]));
+        let keep = b.node("Greater", &[&km, &zero], vec![]);
+        let m = if rng.chance(0.15) {
+            c.breaks("Megatron's m is not proved to hold only 0 and 1");
+            b.node("Cast", &[&km], vec![attr_int("to", s_elem as i64)])
+        } else {
+            b.node("Cast", &[&keep], vec![attr_int("to", s_elem as i64)])
+        };
+        let one = one_value(rng, &mut b, "one", s_elem, 0, 1.0);
+        let penalty = one_value(rng, &mut b, "penalty", s_elem, 0, 10000.0);
+        let kept = commuted(rng, &mut b, "Mul", &s, &m);
+        let hidden = b.node("Sub", &[&one, &m], vec![]);
+        let hidden = commuted(rng, &mut b, "Mul", &hidden, &penalty);
+        s = b.node("Sub", &[&kept, &hidden], vec![]);
     }
     // Additive terms: a position bias, ALiBi, the mask, in a row.
     for i in 0..[0, 1, 1, 2][rng.below(4)] {
