@@ -76,6 +76,10 @@ def configs():
         "mpt": t.MptConfig(vocab_size=64, d_model=32, n_heads=4, n_layers=2, expansion_ratio=2, max_seq_len=64),
         # LayerNorm with neither weight nor bias.
         "olmo": t.OlmoConfig(**SMALL, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+        # Soft-capped attention scores (and logits), sliding-window layers.
+        "gemma2": t.Gemma2Config(**SMALL, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6,
+                                 attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+                                 query_pre_attn_scalar=8, sliding_window=4),
     }
 
 
@@ -855,6 +859,7 @@ def main():
         ("bloom_ts_op14.onnx", lambda n: export_torch(n, "bloom", opset=14)),
         ("mpt_ts_op14.onnx", lambda n: export_torch(n, "mpt", opset=14)),
         ("olmo_ts_op14.onnx", lambda n: export_torch(n, "olmo", opset=14)),
+        ("gemma2_ts_op18.onnx", lambda n: export_torch(n, "gemma2", opset=18)),
         # 3-D scores viewed as 4-D once, against a 4-D v.
         ("bloom_dynamo_op18.onnx", lambda n: export_torch(n, "bloom", opset=18, dynamo=True)),
         ("opt_optimum.onnx", lambda n: export_optimum(n, "opt", "text-generation", opset=14)),

@@ -34,6 +34,7 @@ const FORMS: &[(&str, &str)] = &[
     ("bloom_dynamo_op18.onnx", "mul.add.reshape_allowzero.add.softmax"),
     ("distilbert_ts_op14.onnx", "masked_fill.softmax"),
     ("mpt_ts_op14.onnx", "mul.add.masked_fill.cast.softmax.cast"),
+    ("gemma2_ts_op18.onnx", "mul.softcap.add.softmax.cast.cast"),
 ];
 
 #[test]

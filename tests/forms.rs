@@ -410,6 +410,37 @@ fn megatrons_mask_of_zeros_and_ones_is_a_step_of_the_core() {
     assert!(why.iter().any(|r| r.contains("is not proved to hold only 0 and 1")), "{why:?}");
 }
 
+/// SwinV2's learned scale: the scores times `Exp(Clip(logit_scale))`, a
+/// value of shape `dims` computed at run time.
+fn per_head_scale(dims: &'static [i64]) -> ModelProto {
+    core(
+        move |b, s| {
+            let n: i64 = dims.iter().product();
+            let logit = b.init("logit_scale", tensor(FLOAT, dims, &(0..n).map(|i| 0.1 * i as f64).collect::<Vec<_>>()));
+            let max = b.init("max", tensor(FLOAT, &[], &[4.6]));
+            let clipped = b.node("Min", &[&logit, &max], vec![]);
+            let scale = b.node("Exp", &[&clipped], vec![]);
+            b.node("Mul", &[&scale, &s], vec![])
+        },
+        |_, p| p,
+    )
+}
+
+#[test]
+fn a_per_head_scale_computed_at_run_time_is_an_input_of_the_core() {
+    let model = per_head_scale(&[1, 2, 1, 1]);
+    let (n, why, fused) = attention(&model);
+    assert_eq!(n, 1, "{why:?}");
+    let node = fused.graph.as_ref().unwrap().node.iter().find(|n| n.op_type() == "AttentionCore").unwrap();
+    assert_eq!(node.overload(), "mul_input.softmax");
+    assert_eq!(node.input.len(), 4, "q, k, v, the multiplier: {:?}", node.input);
+    assert_equivalent(&model, &fused, "swinv2");
+    // A scale whose broadcast widens the scores (a leading axis of 3).
+    let (n, why, _) = attention(&per_head_scale(&[3, 1, 1, 1, 1]));
+    assert_eq!(n, 0);
+    assert!(why.iter().any(|r| r.contains("not proved to leave the scores' shape as it is")), "{why:?}");
+}
+
 #[test]
 fn masked_fill_with_a_reshaped_fill_is_a_core() {
     let model = core(

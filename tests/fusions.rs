@@ -68,6 +68,8 @@ pub const EXPORTS: &[(&str, &[(&str, usize)], f32)] = &[
     ("modernbert_ts_op14.onnx", &[("layer-norm", 5), ("attention", 2)], 1e-5),
     // LayerNorms with neither weight nor bias: a scale of ones is made.
     ("olmo_ts_op14.onnx", &[("layer-norm", 5), ("attention", 2)], 1e-5),
+    // Soft-capped scores (tokens softcap): four norms a layer.
+    ("gemma2_ts_op18.onnx", &[("rms-norm", 9), ("attention", 2)], 1e-6),
     // Position ids from the mask (CumSum).
     ("opt_ts_op14.onnx", &[("layer-norm", 5), ("attention", 2)], 1e-5),
     ("opt_optimum.onnx", &[("layer-norm", 5), ("attention", 2)], 1e-5),

@@ -96,6 +96,9 @@ pub trait Relabel<T> {
     /// Where the anchor is no candidate, `other` is tried (a declined
     /// candidate keeps its reason).
     fn or_if_no_candidate(self, other: impl FnOnce() -> Check<T>) -> Check<T>;
+    /// Where this form fails, `other` (another form at the same anchor) is
+    /// tried; its verdict stands unless it is no candidate either.
+    fn or_other_form(self, other: impl FnOnce() -> Check<T>) -> Check<T>;
 }
 
 impl<T> Relabel<T> for Check<T> {
@@ -106,6 +109,16 @@ impl<T> Relabel<T> for Check<T> {
     fn or_if_no_candidate(self, other: impl FnOnce() -> Check<T>) -> Check<T> {
         match self {
             Err(Miss::NotCandidate) => other(),
+            checked => checked,
+        }
+    }
+
+    fn or_other_form(self, other: impl FnOnce() -> Check<T>) -> Check<T> {
+        match self {
+            Err(miss) => match other() {
+                Err(Miss::NotCandidate) => Err(miss),
+                other => other,
+            },
             checked => checked,
         }
     }

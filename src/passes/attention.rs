@@ -6,7 +6,8 @@
 //! ```text
 //! s = MatMul(q, k)                 (an Identity or an inference Dropout anywhere on the way is no step)
 //!     Mul(s, c) | Div(s, c)        c a constant with one value   → attribute `scale`
-//!     Div(s, d)                    d computed at run time        → input `divisor`
+//!     Div(s, d) | Mul(s, d)        d computed at run time (SwinV2's per-head scale),
+//!                                  its broadcast leaving the scores' shape → input `divisor` / `multiplier`
 //!     Mul(Tanh(Div(s, cap)), cap)  soft-capping (Gemma 2), cap a constant with one
 //!                                  value, also Mul(s, 1/cap); before any mask → `cap_in`, `cap`
 //!     Cast(s, to = float type)                                   → attribute `scores_to`
@@ -61,6 +62,7 @@ const MAX_FILL: f64 = -1.0e4;
 enum Step {
     Scale(&'static str, TensorProto),
     Divisor(String),
+    Multiplier(String),
     /// `Mul(Tanh(op(s, cap_in)), cap)`: op `Div` by cap, or `Mul` by 1/cap.
     Softcap(&'static str, TensorProto, TensorProto),
     /// Megatron's `s·m − penalty·(one − m)`, m of zeros and ones.
@@ -90,7 +92,11 @@ impl Step {
     /// The value computed at run time the step reads besides the scores.
     fn side_input(&self) -> Option<&str> {
         match self {
-            Step::Divisor(d) | Step::Where { keep: d, .. } | Step::Mask(d) | Step::Megatron { m: d, .. } => Some(d),
+            Step::Divisor(d)
+            | Step::Multiplier(d)
+            | Step::Where { keep: d, .. }
+            | Step::Mask(d)
+            | Step::Megatron { m: d, .. } => Some(d),
             Step::Reshape { shape: Side::Input(d), .. } => Some(d),
             _ => None,
         }
@@ -143,7 +149,20 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     m.keep(Kept::ForItsShape(g.node(scores).output[0].clone()));
 
     let count = |steps: &[(usize, Step)], f: fn(&Step) -> bool| steps.iter().filter(|(_, s)| f(s)).count();
-    require!(count(&before, |s| matches!(s, Step::Scale(..) | Step::Divisor(_))) <= 1, "more than one scale");
+    require!(
+        count(&before, |s| matches!(s, Step::Scale(..) | Step::Divisor(_) | Step::Multiplier(_))) <= 1,
+        "more than one scale"
+    );
+    // A scale computed at run time is the kernel's to apply where it
+    // leaves the scores' shape as it is (one value, or one per head).
+    for (n, step) in &before {
+        if let Step::Divisor(d) | Step::Multiplier(d) = step {
+            let node = g.node(*n);
+            let scores = node.input.iter().find(|i| *i != d).unwrap_or(&node.input[0]);
+            let kept = shapes.shape(scores).is_some_and(|s| shapes.shape(&node.output[0]) == Some(s));
+            require!(kept, "the scale {d} is not proved to leave the scores' shape as it is");
+        }
+    }
     require!(count(&before, |s| matches!(s, Step::Where { .. } | Step::Megatron { .. })) <= 1, "more than one Where");
     require!(count(&before, |s| matches!(s, Step::Softcap(..))) <= 1, "more than one soft-cap");
     // Soft-capping bounds the scores before the mask hides keys; after
@@ -218,7 +237,7 @@ fn onnx_attention(g: &Graph, shapes: &Shapes, mut m: Match, [q, k, v]: [&str; 3]
             }
             Step::Mask(_) => decline!("more than one additive mask"),
             Step::Where { .. } => decline!("a masked core (Where): {MASK_FILLS}"),
-            Step::Divisor(d) => decline!("the divisor {d} is computed at run time"),
+            Step::Divisor(d) | Step::Multiplier(d) => decline!("the scale {d} is computed at run time"),
             Step::NanGuard(_) => decline!("a NaN guard: Attention does not zero NaN rows"),
             Step::Softcap(..) => {
                 decline!("a soft-cap: not handed to Attention's softcap (not measured to round alike)")
@@ -410,6 +429,16 @@ fn scores_chain<'a>(g: &Graph<'a>, value: &'a str, depth: usize) -> Check<(usize
         "Mul" if binary => {
             if let Some((scores, cap)) = softcap(g, node)? {
                 return step(scores_chain(g, scores, depth + 1), cap);
+            }
+            // Neither operand a constant: a scale computed at run time
+            // (SwinV2's Exp(Clip(logit_scale)) per head); the scores are
+            // the operand that leads back to the MatMul.
+            if node.input.iter().all(|i| g.constant(i).is_none()) {
+                let (a, b) = (&node.input[0], &node.input[1]);
+                let first = step(scores_chain(g, a, depth + 1), Step::Multiplier(b.clone()));
+                return first.or_else(|miss| {
+                    step(scores_chain(g, b, depth + 1), Step::Multiplier(a.clone())).map_err(|_| miss)
+                });
             }
             // The scale is the constant operand (either order).
             let (s, c) = if g.constant(&node.input[1]).is_some() { (0, 1) } else { (1, 0) };
@@ -658,6 +687,11 @@ fn build(q: &str, k: &str, v: &str, steps: &[Step]) -> (NodeProto, FunctionProto
                 form.push("div_input".into());
                 let d = b.input("divisor", d);
                 b.op("Div", &[&s, &d], vec![])
+            }
+            Step::Multiplier(d) => {
+                form.push("mul_input".into());
+                let d = b.input("multiplier", d);
+                b.op("Mul", &[&s, &d], vec![])
             }
             Step::Cast(to) => {
                 form.push("cast".into());

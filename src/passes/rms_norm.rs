@@ -71,7 +71,9 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
         },
     )
     .or_if_no_candidate(|| weight_not_a_vector(g, index))
-    .or_if_no_candidate(|| without_weight(g, index))
+    // The core's own last node (`Mul(x, Reciprocal(r))`) may look like a
+    // weighted norm that declines (x of one axis as its weight).
+    .or_other_form(|| without_weight(g, index))
 }
 
 /// The core alone, `x / sqrt(mean(x²) + eps)` with no scale after it (a

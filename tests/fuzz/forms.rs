@@ -679,6 +679,17 @@ pub fn attention(rng: &mut Rng) -> Case {
             c.ort_only("a run-time divisor");
             let d = b.input("divisor", elem, Some(&[]));
             s = b.node("Div", &[&s, &d], vec![]);
+        } else if rng.chance(0.1) {
+            // SwinV2: the scores times a learned scale per head.
+            c.ort_only("a run-time multiplier per head");
+            let dims: Vec<D> = if rng.chance(0.15) {
+                c.breaks("the run-time multiplier widens the scores");
+                [D::N(3)].into_iter().chain(std::iter::repeat_n(D::N(1), rank)).collect()
+            } else {
+                std::iter::repeat_n(D::N(1), rank).collect()
+            };
+            let d = b.input("multiplier", elem, Some(&dims));
+            s = commuted(rng, &mut b, "Mul", &s, &d);
         } else {
             let op = rng.pick(&["Mul", "Div"]);
             let r = scalar_rank(rng, &mut c, "the scale", declare.then_some(rank));
