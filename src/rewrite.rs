@@ -16,7 +16,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use crate::graph::{free_values, values_read_by, Check, Graph, Miss, Scope, Target};
 use crate::onnx::{
     AttributeProto, FunctionProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, StringStringEntryProto,
-    TensorProto, FUSED_KEY,
+    TensorProto, FUSED_KEY, MICROSOFT,
 };
 use crate::pattern::Weight;
 use crate::{decline, require};
@@ -303,9 +303,6 @@ pub fn node(op_type: &str, inputs: &[&str], attributes: Vec<AttributeProto>) -> 
         ..Default::default()
     }
 }
-
-/// ONNX Runtime's own operators' domain.
-const MICROSOFT: &str = "com.microsoft";
 
 /// Builds a replacement node in `domain` (`transmuter`, say).
 pub fn node_in(domain: &str, op_type: &str, inputs: &[&str], attributes: Vec<AttributeProto>) -> NodeProto {

@@ -441,6 +441,48 @@ fn a_per_head_scale_computed_at_run_time_is_an_input_of_the_core() {
     assert!(why.iter().any(|r| r.contains("not proved to leave the scores' shape as it is")), "{why:?}");
 }
 
+/// `softmax(FusedMatMul(q, key, alpha, transB = 1) + mask) · v`, with the
+/// key untransposed; `trans_a` sets transA as well.
+fn fused_matmul_scores(trans_a: bool) -> ModelProto {
+    let mut b = Builder::default();
+    for v in ["q", "key", "v"] {
+        b.input(v, FLOAT, Some(&dims(&[2, 2, 3, 3])));
+    }
+    b.input("mask", FLOAT, Some(&dims(&[2, 1, 1, 3])));
+    let mut attributes = vec![attr_float("alpha", 0.35), attr_int("transB", 1)];
+    if trans_a {
+        attributes.push(attr_int("transA", 1));
+    }
+    let s = b.node("FusedMatMul", &["q", "key"], attributes);
+    b.graph.node.last_mut().unwrap().domain = Some("com.microsoft".into());
+    let s = b.node("Add", &[&s, "mask"], vec![]);
+    let p = b.node("Softmax", &[&s], vec![attr_int("axis", -1)]);
+    b.node_to("MatMul", &[&p, "v"], &["out"], vec![]);
+    b.output("out", FLOAT, None);
+    let mut model = b.model(14);
+    model
+        .opset_import
+        .push(onnx_fuse::onnx::OperatorSetIdProto { domain: Some("com.microsoft".into()), version: Some(1) });
+    model
+}
+
+#[test]
+fn fused_matmul_scores_with_their_alpha_are_a_core() {
+    let model = fused_matmul_scores(false);
+    let (n, why, fused) = attention(&model);
+    assert_eq!(n, 1, "{why:?}");
+    let node = fused.graph.as_ref().unwrap().node.iter().find(|n| n.op_type() == "AttentionCore").unwrap();
+    assert_eq!(node.overload(), "fused_matmul.add.softmax");
+    assert_eq!(node.input, ["q", "key", "v", "mask"]);
+    assert_eq!(node.attr_float("alpha"), Some(0.35));
+    assert_eq!(node.attr_int("trans_k"), Some(1));
+    assert_equivalent(&model, &fused, "fused_matmul");
+    // transA: q transposed, not the core's q·k.
+    let (n, why, _) = attention(&fused_matmul_scores(true));
+    assert_eq!(n, 0);
+    assert!(why.iter().any(|r| r.contains("transposes q (transA)")), "{why:?}");
+}
+
 #[test]
 fn masked_fill_with_a_reshaped_fill_is_a_core() {
     let model = core(

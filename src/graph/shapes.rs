@@ -419,7 +419,9 @@ impl<'g, 'a> Shapes<'g, 'a> {
         if node.domain() == crate::onnx::TRANSMUTER_DOMAIN && node.op_type() == "AttentionCore" {
             // softmax(q·k with its side values broadcast in) · v; a form with
             // Reshapes regroups axes its inputs do not show.
-            if node.overload().contains("reshape") || node.output.first().map(String::as_str) != Some(value) {
+            // FusedMatMul scores may read k untransposed.
+            let regrouped = node.overload().contains("reshape") || node.overload().contains("fused_matmul");
+            if regrouped || node.output.first().map(String::as_str) != Some(value) {
                 return None;
             }
             let mut scores = self.matmul(value, &input(0)?, &input(1)?)?;

@@ -19,6 +19,9 @@ pub const FUSED_KEY: &str = "transmuter.fused";
 /// model-local function so every runtime can run it.
 pub const TRANSMUTER_DOMAIN: &str = "transmuter";
 
+/// ONNX Runtime's own operators' domain.
+pub const MICROSOFT: &str = "com.microsoft";
+
 impl NodeProto {
     pub fn attr(&self, name: &str) -> Option<&AttributeProto> {
         self.attribute.iter().find(|a| a.name() == name)

@@ -5,6 +5,7 @@
 //!
 //! ```text
 //! s = MatMul(q, k)                 (an Identity or an inference Dropout anywhere on the way is no step)
+//!   | com.microsoft.FusedMatMul(q, k, alpha, transB)  not transA → token `fused_matmul`, attributes `alpha`, `trans_k`
 //!     Mul(s, c) | Div(s, c)        c a constant with one value   → attribute `scale`
 //!     Div(s, d) | Mul(s, d)        d computed at run time (SwinV2's per-head scale),
 //!                                  its broadcast leaving the scores' shape → input `divisor` / `multiplier`
@@ -189,12 +190,20 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     }
     let steps: Vec<Step> =
         before.into_iter().map(|(_, s)| s).chain([Step::Softmax]).chain(after.into_iter().map(|(_, s)| s)).collect();
+    let scores_node = g.node(scores);
+    let fused = (scores_node.op_type() == "FusedMatMul").then_some(scores_node);
     match g.target {
         Target::Ort => {
-            let (node, function) = build(q, k, v, &steps);
+            let (node, function) = build(q, k, v, fused, &steps);
             Ok(m.replace_with_call(node, function))
         }
-        Target::Portable => onnx_attention(g, &shapes, m, [q, k, v], &steps),
+        Target::Portable => {
+            require!(
+                fused.is_none(),
+                "the scores are ONNX Runtime's FusedMatMul, which ONNX's Attention does not read"
+            );
+            onnx_attention(g, &shapes, m, [q, k, v], &steps)
+        }
     }
 }
 
@@ -424,6 +433,15 @@ fn scores_chain<'a>(g: &Graph<'a>, value: &'a str, depth: usize) -> Check<(usize
     }
     let binary = node.input.len() == 2;
     match node.op_type() {
+        _ if node.domain() == crate::onnx::MICROSOFT && node.op_type() == "FusedMatMul" && binary => {
+            let trans = |a: &str| node.attr_int(a).unwrap_or(0) != 0;
+            require!(!trans("transA"), "the FusedMatMul of the scores transposes q (transA)");
+            require!(
+                !trans("transBatchA") && !trans("transBatchB"),
+                "the FusedMatMul of the scores transposes batches"
+            );
+            return Ok((p, vec![]));
+        }
         _ if !crate::onnx::is_default_domain(node.domain()) => {}
         "MatMul" if binary => return Ok((p, vec![])),
         "Mul" if binary => {
@@ -654,12 +672,24 @@ fn attribute_tensor(t: &TensorProto) -> TensorProto {
 }
 
 /// The AttentionCore node and the function computing its form.
-fn build(q: &str, k: &str, v: &str, steps: &[Step]) -> (NodeProto, FunctionProto) {
+fn build(q: &str, k: &str, v: &str, fused: Option<&NodeProto>, steps: &[Step]) -> (NodeProto, FunctionProto) {
     let mut b = Body::default();
-    let mut s = b.op("MatMul", &["q", "k"], vec![]);
+    let mut form = Vec::new();
+    let mut s = match fused {
+        None => b.op("MatMul", &["q", "k"], vec![]),
+        Some(node) => {
+            // FusedMatMul(q, k) = alpha · q · op(k), as the model wrote it.
+            form.push("fused_matmul".to_string());
+            let alpha = b.float("alpha", "alpha", node.attr_float("alpha").unwrap_or(1.0));
+            let trans = b.int("trans_k", node.attr_int("transB").unwrap_or(0));
+            let out =
+                b.op("FusedMatMul", &["q", "k"], vec![alpha, AttributeProto { name: Some("transB".into()), ..trans }]);
+            b.nodes.last_mut().expect("the FusedMatMul").domain = Some(crate::onnx::MICROSOFT.into());
+            out
+        }
+    };
     let mut after_softmax = false;
     let side = |after: bool| if after { "probs" } else { "scores" };
-    let mut form = Vec::new();
     for step in steps {
         s = match step {
             Step::Scale(op, c) => {
@@ -811,6 +841,18 @@ impl Body {
             ..Default::default()
         };
         self.op("Constant", &[], vec![reference])
+    }
+
+    /// A float attribute of the node, passed to a body node as `attr`.
+    fn float(&mut self, base: &str, attr: &str, value: f32) -> AttributeProto {
+        let name = self.fresh(base);
+        self.attributes.push(AttributeProto::float(&name, value));
+        AttributeProto {
+            name: Some(attr.into()),
+            ref_attr_name: Some(name),
+            r#type: Some(AttributeType::Float as i32),
+            ..Default::default()
+        }
     }
 
     /// An int attribute of the node, passed to a body node as `attr`.

@@ -659,7 +659,21 @@ pub fn attention(rng: &mut Rng) -> Case {
     };
     let v = b.input("v", elem, declare.then_some(&vd[..]));
     let before = b.graph.node.len();
-    let mut s = b.node("MatMul", &[&q, &k], vec![]);
+    let mut s = if rng.chance(0.1) && elem == FLOAT {
+        // ONNX Runtime's FusedMatMul(q, k, alpha): the scale inside the
+        // product (an ONNX Runtime optimizer's output, fused again).
+        c.ort_only("the scores are com.microsoft.FusedMatMul");
+        let mut attributes = vec![attr_float("alpha", 0.5)];
+        if rng.chance(0.15) {
+            c.breaks("the FusedMatMul transposes q and k");
+            attributes.extend([attr_int("transA", 1), attr_int("transB", 1)]);
+        }
+        let s = b.node("FusedMatMul", &[&q, &k], attributes);
+        b.graph.node.last_mut().expect("the FusedMatMul").domain = Some("com.microsoft".into());
+        s
+    } else {
+        b.node("MatMul", &[&q, &k], vec![])
+    };
     let mut s_elem = elem;
     let scores = s.clone();
     let shape_read = rng.chance(0.06);
