@@ -259,6 +259,15 @@ fn an_rms_norm_without_weight_gets_a_weight_of_ones_where_d_is_known() {
     assert_eq!((ones.dims.as_slice(), ones.values()), (&[4][..], Some(vec![1.0; 4])));
     assert_eq!(node.attr_float("epsilon"), Some(1e-6));
     assert_eq!(fused_list(node).len(), 6, "Mul, Mul, ReduceMean, Add, Sqrt, Reciprocal");
+    // Written x / r: the Div is the anchor.
+    let mut div = rms_without_weight(&dims(X), None);
+    let g = div.graph.as_mut().unwrap();
+    let last = g.node.len() - 1;
+    let r = g.node[last - 1].input[0].clone();
+    g.node.remove(last - 1);
+    g.node[last - 1] =
+        NodeProto { op_type: Some("Div".into()), input: vec!["x".into(), r], ..g.node[last - 1].clone() };
+    fused_one(&div, "SimplifiedLayerNormalization");
     // Read by a MatMul, it is still a norm without weight.
     let model = rms_without_weight(&dims(X), Some(("MatMul", tensor(FLOAT, &[4, 4], &ramp(16)))));
     let (fused, outcome) = fuse_model(&model, &["layer-norm", "rms-norm"]);

@@ -36,6 +36,13 @@ pub const PASS: Pass = Pass {
 const PORTABLE: Portable = Portable { op: "RMSNormalization", since: 23 };
 
 fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
+    // The core's own last node (`Mul(x, Reciprocal(r))`) may look like a
+    // weighted norm that declines (x of one axis as its weight).
+    weighted(g, index).or_other_form(|| without_weight(g, index))
+}
+
+/// `core * weight`, the weight Mul the anchor.
+fn weighted(g: &Graph, index: usize) -> Check<Rewrite> {
     let out = pattern::anchor(g, index, "Mul")?;
     pattern::anchor_operands(
         out,
@@ -71,9 +78,6 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
         },
     )
     .or_if_no_candidate(|| weight_not_a_vector(g, index))
-    // The core's own last node (`Mul(x, Reciprocal(r))`) may look like a
-    // weighted norm that declines (x of one axis as its weight).
-    .or_other_form(|| without_weight(g, index))
 }
 
 /// The core alone, `x / sqrt(mean(x²) + eps)` with no scale after it (a
