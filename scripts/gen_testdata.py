@@ -691,19 +691,25 @@ def near_misses_complex():
     save_near_miss(m, "nm_cmul_gather_axis0.onnx", base, "a Gather on axis 0")
 
 
+def testdata_models():
+    """Every export and near-miss in testdata (folders included, fuzz
+    regressions aside) as (name relative to testdata, model without its
+    external data), in name order."""
+    import glob
+    for path in sorted(glob.glob(os.path.join(OUT, "*.onnx")) + glob.glob(os.path.join(OUT, "*", "*.onnx"))):
+        name = os.path.relpath(path, OUT)
+        if not name.startswith("fuzz"):
+            yield name, onnx.load(path, load_external_data=False)
+
+
 def onnx_shapes():
     """What ONNX's own shape inference (with data propagation) knows of every
     value of every model in testdata: testdata/shapes/NAME.json maps each
     value whose shape it infers to its dims (numbers, "$symbol", or null).
     tests/toolkit.rs holds onnx-fuse's shapes against them."""
-    import glob
     out_dir = os.path.join(OUT, "shapes")
     os.makedirs(out_dir, exist_ok=True)
-    for path in sorted(glob.glob(os.path.join(OUT, "*.onnx")) + glob.glob(os.path.join(OUT, "*", "*.onnx"))):
-        name = os.path.relpath(path, OUT)
-        if name.startswith("fuzz"):
-            continue
-        model = onnx.load(path, load_external_data=False)
+    for name, model in testdata_models():
         inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
         shapes = {}
         for v in inferred.graph.value_info:
@@ -726,7 +732,6 @@ def ort_shapes():
     none is 1, so it is no proof), or `failed` with the reason where the
     inference stopped. tests/toolkit.rs holds onnx-fuse's shapes against
     them."""
-    import glob
     import inspect
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
@@ -760,11 +765,7 @@ def ort_shapes():
 
     out_dir = os.path.join(OUT, "shapes", "ort")
     os.makedirs(out_dir, exist_ok=True)
-    for path in sorted(glob.glob(os.path.join(OUT, "*.onnx")) + glob.glob(os.path.join(OUT, "*", "*.onnx"))):
-        name = os.path.relpath(path, OUT)
-        if name.startswith("fuzz"):
-            continue
-        model = onnx.load(path, load_external_data=False)
+    for name, model in testdata_models():
         infer = Recording(2**31 - 1, True, False, 0)
         result = {}
         try:

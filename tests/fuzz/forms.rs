@@ -153,6 +153,15 @@ fn scalar_rank(rng: &mut Rng, c: &mut Ctx, what: &str, x_rank: Option<usize>) ->
     rank
 }
 
+/// A mask over the scores' last two axes: a float input `keep_src` and the
+/// bool `keep_src > 0` (true where a key is kept).
+fn bool_mask(b: &mut Builder, rank: usize) -> (String, String) {
+    let km = b.input("keep_src", FLOAT, Some(&[D::N(1), D::N(1), sym("s"), sym("t")][4 - rank..]));
+    let zero = b.init("zero", tensor(FLOAT, &[], &[0.0]));
+    let keep = b.node("Greater", &[&km, &zero], vec![]);
+    (km, keep)
+}
+
 /// `Op(a, b)` with the operands in random order.
 fn commuted(rng: &mut Rng, b: &mut Builder, op: &str, x: &str, y: &str) -> String {
     if rng.chance(0.5) {
@@ -743,9 +752,7 @@ pub fn attention(rng: &mut Rng) -> Case {
             -1.0e9_f64.max(if s_elem == FLOAT16 { -65504.0 } else { -1e9 })
         };
         c.ort_only("a Where mask");
-        let km = b.input("keep_src", FLOAT, Some(&[D::N(1), D::N(1), sym("s"), sym("t")][4 - rank..]));
-        let zero = b.init("zero", tensor(FLOAT, &[], &[0.0]));
-        let keep = b.node("Greater", &[&km, &zero], vec![]);
+        let (_, keep) = bool_mask(&mut b, rank);
         let f = if rng.chance(0.3) {
             // The fill as one value reshaped (an exporter's torch.tensor(fill)).
             c.note("the fill reshaped from one value");
@@ -769,9 +776,7 @@ pub fn attention(rng: &mut Rng) -> Case {
     if megatron {
         // Megatron: s·m − 10000·(1 − m), m a Cast of the bool mask.
         c.ort_only("Megatron's s·m − 10000·(1 − m)");
-        let km = b.input("keep_src", FLOAT, Some(&[D::N(1), D::N(1), sym("s"), sym("t")][4 - rank..]));
-        let zero = b.init("zero", tensor(FLOAT, &[], &[0.0]));
-        let keep = b.node("Greater", &[&km, &zero], vec![]);
+        let (km, keep) = bool_mask(&mut b, rank);
         let m = if rng.chance(0.15) {
             c.breaks("Megatron's m is not proved to hold only 0 and 1");
             b.node("Cast", &[&km], vec![attr_int("to", s_elem as i64)])
