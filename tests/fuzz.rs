@@ -287,7 +287,7 @@ fn print(tallies: &BTreeMap<&'static str, Tally>, seconds: f64) {
 #[test]
 fn no_false_fusion_in_a_fixed_budget() {
     let started = Instant::now();
-    let (tallies, failures) = campaign(1, 60, None);
+    let (tallies, failures) = campaign(1, 100, None);
     print(&tallies, started.elapsed().as_secs_f64());
     assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
     for (pass, t) in &tallies {

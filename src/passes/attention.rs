@@ -195,7 +195,11 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     match g.target {
         Target::Ort => {
             let (node, function) = build(q, k, v, fused, &steps);
-            Ok(m.replace_with_call(node, function))
+            let rewrite = m.replace_with_call(node, function);
+            // The function calls com.microsoft's FusedMatMul: a function
+            // resolves only the domains the model imports (ONNX Runtime
+            // resolves an unimported one for nodes of the graph alone).
+            Ok(if fused.is_some() { rewrite.importing(crate::onnx::MICROSOFT, 1) } else { rewrite })
         }
         Target::Portable => {
             require!(
