@@ -1476,7 +1476,14 @@ pub fn skip_norm(rng: &mut Rng) -> Case {
     } else {
         a.clone()
     };
-    let s = commuted(rng, &mut b, "Add", &left, &skip);
+    let mut s = commuted(rng, &mut b, "Add", &left, &skip);
+    if left == a && d == D::N(HIDDEN) && rng.chance(0.15) {
+        // onnxscript's form: the bias added to the sum afterwards.
+        c.note("a bias of [D] added to the sum afterwards");
+        c.aside.push("bias".into());
+        let bias = b.init("bias", tensor(elem, &[HIDDEN], &(0..HIDDEN).map(|i| i as f64 / 16.0).collect::<Vec<_>>()));
+        s = commuted(rng, &mut b, "Add", &s, &bias);
+    }
     c.aside.push(s.clone());
     let x = if rng.chance(0.15) {
         c.note("an identity Cast between the sum and the norm");
