@@ -250,7 +250,8 @@ fn onnx_attention(g: &Graph, shapes: &Shapes, mut m: Match, [q, k, v]: [&str; 3]
             }
             Step::Mask(_) => decline!("more than one additive mask"),
             Step::Where { .. } => decline!("a masked core (Where): {MASK_FILLS}"),
-            Step::Divisor(d) | Step::Multiplier(d) => decline!("the scale {d} is computed at run time"),
+            Step::Divisor(d) => decline!("the divisor {d} is computed at run time"),
+            Step::Multiplier(d) => decline!("the multiplier {d} is computed at run time"),
             Step::NanGuard(_) => decline!("a NaN guard: Attention does not zero NaN rows"),
             Step::Softcap(..) => {
                 decline!("a soft-cap: not handed to Attention's softcap (not measured to round alike)")
