@@ -35,6 +35,12 @@ impl Dim {
         Dim { coef: 1, atoms: vec![name] }
     }
 
+    /// A positive multiple of atoms: a size, never negative (shape
+    /// elements are sizes; only Neg makes a negative coefficient).
+    fn is_dimension(&self) -> bool {
+        !self.atoms.is_empty() && self.coef > 0
+    }
+
     pub fn value(&self) -> Option<i64> {
         self.atoms.is_empty().then_some(self.coef)
     }
@@ -225,8 +231,7 @@ impl<'g, 'a> Shapes<'g, 'a> {
         let rank = shapes.iter().map(Vec::len).max().unwrap_or(0);
         let mut pairs = vec![];
         for i in 0..rank {
-            let dims: Vec<&Dim> =
-                shapes.iter().filter_map(|s| (i + s.len()).checked_sub(rank).map(|j| &s[j])).collect();
+            let dims = aligned(shapes, rank, i);
             for d in &dims {
                 if let ([atom], 1) = (d.atoms.as_slice(), d.coef) {
                     if let Some((e, _)) = mins.get(atom).filter(|(e, n)| *n >= 2 && dims.contains(&e)) {
@@ -714,7 +719,6 @@ impl<'g, 'a> Shapes<'g, 'a> {
         if let (Some(s), Some(e), Some(st)) = (start.value(), end.value(), step.value()) {
             return slice_length(len, s, e, st);
         }
-        let dimension = |d: &Dim| !d.atoms.is_empty() && d.coef > 0;
         if step.value() != Some(1) {
             return None;
         }
@@ -732,8 +736,8 @@ impl<'g, 'a> Shapes<'g, 'a> {
             _ if end == *len => Some(len.clone()),
             (Some(n), Some(e)) => Some(Dim::known(slice_count(0, e, 1, n))),
             (None, Some(e)) if e >= i64::MAX / 2 => Some(len.clone()),
-            (None, Some(e)) if e >= 1 && dimension(len) => Some(self.min_atom(len.clone(), e)),
-            (Some(n), None) if n >= 1 && dimension(&end) => Some(self.min_atom(end, n)),
+            (None, Some(e)) if e >= 1 && len.is_dimension() => Some(self.min_atom(len.clone(), e)),
+            (Some(n), None) if n >= 1 && end.is_dimension() => Some(self.min_atom(end, n)),
             _ => None,
         }
     }
@@ -945,8 +949,7 @@ impl Shapes<'_, '_> {
         let rank = shapes.iter().map(Vec::len).max().unwrap_or(0);
         (0..rank)
             .map(|i| {
-                let dims: Vec<&Dim> =
-                    shapes.iter().filter_map(|s| (i + s.len()).checked_sub(rank).map(|j| &s[j])).collect();
+                let dims = aligned(shapes, rank, i);
                 let beside_its_e = |d: &Dim| match d.atoms.as_slice() {
                     [atom] if d.coef == 1 => mins.get(atom).is_some_and(|(e, _)| dims.contains(&e)),
                     _ => false,
@@ -967,15 +970,18 @@ impl Shapes<'_, '_> {
     }
 }
 
+/// Axis `i` of a broadcast to `rank` axes: each operand's dimension there
+/// (trailing axes aligned), operands too short to reach it left out.
+fn aligned(shapes: &[Vec<Dim>], rank: usize, i: usize) -> Vec<&Dim> {
+    shapes.iter().filter_map(|s| (i + s.len()).checked_sub(rank).map(|j| &s[j])).collect()
+}
+
 /// False where two operands of a broadcast meet on an axis with different
 /// numbers other than 1: no run succeeds.
 fn broadcastable(shapes: &[Vec<Dim>]) -> bool {
     let rank = shapes.iter().map(Vec::len).max().unwrap_or(0);
     (0..rank).all(|i| {
-        let mut known = shapes
-            .iter()
-            .filter_map(|s| (i + s.len()).checked_sub(rank).and_then(|j| s[j].value()))
-            .filter(|&n| n != 1);
+        let mut known = aligned(shapes, rank, i).into_iter().filter_map(Dim::value).filter(|&n| n != 1);
         let first = known.next();
         known.all(|n| Some(n) == first)
     })
@@ -1002,7 +1008,6 @@ fn elementwise(args: &[Vec<Option<Dim>>], f: impl Fn(&[Option<Dim>]) -> Option<D
 /// dimension (never negative) and a negative number decide it.
 fn arithmetic(op: &str, a: &Dim, b: &Dim) -> Option<Dim> {
     let (x, y) = (a.value(), b.value());
-    let dimension = |d: &Dim| !d.atoms.is_empty() && d.coef > 0;
     match op {
         "Mul" => a.mul(b),
         "Div" => match (x, y) {
@@ -1018,8 +1023,8 @@ fn arithmetic(op: &str, a: &Dim, b: &Dim) -> Option<Dim> {
         },
         "Equal" => {
             let unequal = matches!((x, y), (Some(x), Some(y)) if x != y)
-                || (dimension(a) && y.is_some_and(|y| y < 0))
-                || (dimension(b) && x.is_some_and(|x| x < 0));
+                || (a.is_dimension() && y.is_some_and(|y| y < 0))
+                || (b.is_dimension() && x.is_some_and(|x| x < 0));
             if a == b {
                 Some(Dim::known(1))
             } else if unequal {
