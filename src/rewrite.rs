@@ -570,6 +570,9 @@ fn fixed_point(
 ) -> bool {
     let mut any = false;
     loop {
+        // Each round records this graph's reasons anew: a later round, or
+        // a later call once the bodies ran again, only repeats them.
+        outcome.declined.retain(|d| d.graph != path);
         let mut changed = false;
         let mut next = 0;
         while next < passes.len() {
@@ -600,8 +603,6 @@ fn fixed_point(
             return any;
         }
         any = true;
-        // A later round only ever repeats reasons already recorded.
-        outcome.declined.retain(|d| d.graph != path);
     }
 }
 

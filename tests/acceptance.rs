@@ -210,8 +210,9 @@ fn a_body_that_redefines_a_visible_outer_name_is_not_fused() {
 #[test]
 fn a_run_on_its_own_output_changes_nothing_whatever_the_first_run_removed() {
     // The outer RMSNorm's Sqrt output is named again inside the branch
-    // (true shadowing): the branch's norm is unprovable until the outer
-    // fusion removes the name, and then it is fused in the same run.
+    // (true shadowing, spec ground rules 4 and 8): no match may touch the
+    // name, in the branch or outside it, so the outer norm is declined
+    // too; the other outer norm is fused, and a second run finds nothing.
     let mut b = Builder::default();
     b.input("x", FLOAT, Some(&[D::N(2), D::N(4)]));
     b.input("c", BOOL, Some(&[]));
@@ -232,14 +233,53 @@ fn a_run_on_its_own_output_changes_nothing_whatever_the_first_run_removed() {
     body.output(&z, FLOAT, None);
     let body = GraphProto { name: Some("branch".into()), ..body.graph };
     b.node_to("If", &["c"], &["r"], vec![attr_graph("then_branch", body.clone()), attr_graph("else_branch", body)]);
+    let other = b.node("Neg", &["x"], vec![]);
+    let unshadowed = rms_norm(&mut b, &other, FLOAT, &[2.0, 2.0, 3.0, 4.0]);
     b.output(&y, FLOAT, None);
+    b.output(&unshadowed, FLOAT, None);
     b.output("r", FLOAT, None);
     let model = b.model(14);
     let (once, outcome) = fuse_model(&model, &["default"]);
-    assert_eq!(outcome.fused.len(), 3, "{:?}", outcome.declined);
+    assert_eq!(outcome.fused.len(), 1, "{:?}", outcome.declined);
+    let shadowed = format!("{outer_sqrt} is defined in two scopes");
+    assert_eq!(outcome.declined.iter().filter(|d| d.reason.contains(&shadowed)).count(), 3, "{:?}", outcome.declined);
     let (twice, outcome) = fuse_model(&once, &["default"]);
     assert!(outcome.fused.is_empty(), "a second run fused {:?}", outcome.fused);
     assert_eq!(once, twice);
+}
+
+#[test]
+fn a_body_initializer_named_like_an_outer_value_is_shadowing() {
+    // Spec, ground rule 4: the branch's own initializer is named like the
+    // outer norm's Sqrt output, which the branch could read. Which value
+    // the branch's Add reads is what runtimes disagree on, so the outer
+    // norm, whose fusion would remove the outer value, is declined; an
+    // initializer named like a value the branch cannot see (the If's own
+    // output) shadows nothing.
+    for (named_like_sqrt, fused) in [(true, 0), (false, 1)] {
+        let mut b = Builder::default();
+        b.input("x", FLOAT, Some(&[D::N(2), D::N(4)]));
+        b.input("c", BOOL, Some(&[]));
+        let y = rms_norm(&mut b, "x", FLOAT, &[1.0, 2.0, 3.0, 4.0]);
+        let sqrt = b.graph.node.iter().find(|n| n.op_type() == "Sqrt").unwrap().output[0].clone();
+        let name = if named_like_sqrt { sqrt.clone() } else { "r".to_string() };
+        let mut body = Builder::default();
+        let own = body.init(&name, tensor(FLOAT, &[2, 1], &[0.5, 0.25]));
+        let z = body.node("Add", &["x", &own], vec![]);
+        body.output(&z, FLOAT, None);
+        let body = GraphProto { name: Some("branch".into()), ..body.graph };
+        b.node_to("If", &["c"], &["r"], vec![attr_graph("then_branch", body.clone()), attr_graph("else_branch", body)]);
+        b.output(&y, FLOAT, None);
+        b.output("r", FLOAT, None);
+        let model = b.model(14);
+        onnx_fuse::validate::model(&model).unwrap();
+        let (_, outcome) = fuse_model(&model, &["rms-norm"]);
+        assert_eq!(outcome.fused.len(), fused, "{name}: {:?}", outcome.declined);
+        if named_like_sqrt {
+            let why = format!("{sqrt} is defined in two scopes");
+            assert!(outcome.declined.iter().any(|d| d.reason.contains(&why)), "{:?}", outcome.declined);
+        }
+    }
 }
 
 /// Ground rule 10: a value that several `Constant` nodes define (or an

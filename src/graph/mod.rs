@@ -285,6 +285,7 @@ impl<'a> Graph<'a> {
             list.sort_unstable();
             list.dedup();
         }
+        g.mark_names_bodies_define_again();
         // Readers come after their producers in `order`.
         for k in (0..g.order.len()).rev() {
             let i = g.order[k];
@@ -295,6 +296,33 @@ impl<'a> Graph<'a> {
         }
         g.infer_types();
         g
+    }
+
+    /// Spec, ground rules 4 and 8: a body (at any depth) that defines again
+    /// a name of this graph it could read (as an input, an initializer of
+    /// its own or a node output) shadows it, and runtimes disagree on which
+    /// value its readers get. The body's own view declines what touches
+    /// the name; this one does too, since a match here that removes or
+    /// rewrites the value may change what the body reads.
+    fn mark_names_bodies_define_again(&mut self) {
+        let proto = self.proto;
+        for (holder, node) in proto.node.iter().enumerate() {
+            if node.subgraphs().next().is_none() {
+                continue;
+            }
+            let hidden = self.hidden_from_bodies_of(holder);
+            let mut again = Vec::new();
+            for body in node.subgraphs() {
+                names_defined_in(body, &mut |name| {
+                    if let Some(name) = self.lookup_name(name) {
+                        if !hidden.contains(name) {
+                            again.push(name);
+                        }
+                    }
+                });
+            }
+            self.ambiguous.extend(again);
+        }
     }
 
     /// Whether a graph output depends on node `index`, so that every run of
@@ -819,27 +847,46 @@ pub fn values_read_by(node: &NodeProto) -> Vec<String> {
     values
 }
 
+/// Calls `f` with every name a body defines, at any depth: its inputs,
+/// initializers and node outputs.
+fn names_defined_in<'a>(body: &'a GraphProto, f: &mut impl FnMut(&'a str)) {
+    body.input.iter().for_each(|i| f(i.name()));
+    body.initializer.iter().for_each(|t| f(t.name()));
+    body.sparse_initializer.iter().filter_map(|s| s.values.as_ref()).for_each(|t| f(t.name()));
+    for node in &body.node {
+        node.output.iter().filter(|o| !o.is_empty()).for_each(|o| f(o));
+        for sub in node.subgraphs() {
+            names_defined_in(sub, f);
+        }
+    }
+}
+
 /// Names a graph body reads but does not define (at any depth): the values
 /// of enclosing graphs it captures.
 pub fn free_values(body: &GraphProto) -> HashSet<String> {
-    let mut used = HashSet::new();
     let mut defined = HashSet::new();
-    fn walk(g: &GraphProto, used: &mut HashSet<String>, defined: &mut HashSet<String>) {
-        defined.extend(g.input.iter().map(|i| i.name().to_string()));
-        defined.extend(g.initializer.iter().map(|t| t.name().to_string()));
-        defined.extend(g.sparse_initializer.iter().filter_map(|s| s.values.as_ref()).map(|t| t.name().to_string()));
-        for node in &g.node {
-            used.extend(node.input.iter().filter(|i| !i.is_empty()).cloned());
-            defined.extend(node.output.iter().cloned());
-            for sub in node.subgraphs() {
-                walk(sub, used, defined);
-            }
+    names_defined_in(body, &mut |name| {
+        defined.insert(name);
+    });
+    let mut free = HashSet::new();
+    names_read_in(body, &mut |name| {
+        if !defined.contains(name) {
+            free.insert(name.to_string());
         }
-        used.extend(g.output.iter().map(|o| o.name().to_string()));
+    });
+    free
+}
+
+/// Calls `f` with every name a body reads, at any depth: node inputs and
+/// graph outputs.
+fn names_read_in<'a>(body: &'a GraphProto, f: &mut impl FnMut(&'a str)) {
+    for node in &body.node {
+        node.input.iter().filter(|i| !i.is_empty()).for_each(|i| f(i));
+        for sub in node.subgraphs() {
+            names_read_in(sub, f);
+        }
     }
-    walk(body, &mut used, &mut defined);
-    used.retain(|u| !defined.contains(u));
-    used
+    body.output.iter().for_each(|o| f(o.name()));
 }
 
 /// The indices of `nodes` in an order in which each comes after every node
