@@ -76,6 +76,13 @@ def configs():
         "mpt": t.MptConfig(vocab_size=64, d_model=32, n_heads=4, n_layers=2, expansion_ratio=2, max_seq_len=64),
         # LayerNorm with neither weight nor bias.
         "olmo": t.OlmoConfig(**SMALL, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+        # Disentangled attention: a relative position bias gathered through
+        # an If whose condition only shapes decide, and a Reshape pair
+        # around the softmax.
+        "deberta": t.DebertaV2Config(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=64, max_position_embeddings=64, relative_attention=True,
+                                     position_buckets=8, pos_att_type=["p2c", "c2p"], max_relative_positions=16,
+                                     layer_norm_eps=1e-7, pad_token_id=0, type_vocab_size=0),
         # Soft-capped attention scores (and logits), sliding-window layers.
         "gemma2": t.Gemma2Config(**SMALL, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6,
                                  attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
@@ -117,7 +124,7 @@ def build(kind, attn="eager"):
 
 
 # Encoders built with AutoModel: no cache, no logits.
-ENCODERS = ("mpnet", "distilbert", "modernbert")
+ENCODERS = ("mpnet", "distilbert", "modernbert", "deberta")
 
 
 class Wrap(torch.nn.Module):
@@ -175,6 +182,35 @@ def export_torch(name, kind, *, opset, dynamo=False, fp16=False, attn="eager", o
     record(name, model=kind, exporter="torch.onnx dynamo" if dynamo else "torch.onnx TorchScript",
            opset=opset, dtype="float16" if fp16 else "float32", attention=attn, exporter_optimizer=optimize,
            config=configs()[kind].to_diff_dict())
+
+
+class FeatureMapNorms(torch.nn.Module):
+    """LayerNorms over more than the last axis, as vision models write them:
+    over a feature map's (H, W) with a weight and bias of that shape, and
+    over (C, H, W) without either."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.norm = torch.nn.LayerNorm((16, 16))
+        self.norm2 = torch.nn.LayerNorm((8, 16, 16), elementwise_affine=False)
+        with torch.no_grad():
+            self.norm.weight.uniform_(0.5, 1.5)
+            self.norm.bias.uniform_(-0.5, 0.5)
+
+    def forward(self, x):
+        return self.norm2(torch.relu(self.norm(self.conv(x))))
+
+
+def export_feature_map_norms(name, *, opset):
+    torch.manual_seed(0)
+    model = FeatureMapNorms().eval()
+    path = os.path.join(OUT, name)
+    torch.onnx.export(model, (torch.randn(1, 3, 16, 16),), path, input_names=["pixel_values"],
+                      output_names=["out"], dynamic_axes={"pixel_values": {0: "batch"}}, opset_version=opset,
+                      dynamo=False)
+    record(name, model="FeatureMapNorms (scripts/gen_testdata.py)", exporter="torch.onnx TorchScript", opset=opset,
+           dtype="float32")
 
 
 class Seq2Seq(torch.nn.Module):
@@ -861,6 +897,8 @@ def main():
         ("mpt_ts_op14.onnx", lambda n: export_torch(n, "mpt", opset=14)),
         ("olmo_ts_op14.onnx", lambda n: export_torch(n, "olmo", opset=14)),
         ("gemma2_ts_op18.onnx", lambda n: export_torch(n, "gemma2", opset=18)),
+        ("deberta_ts_op14.onnx", lambda n: export_torch(n, "deberta", opset=14)),
+        ("ln_axes_ts_op14.onnx", lambda n: export_feature_map_norms(n, opset=14)),
         # 3-D scores viewed as 4-D once, against a 4-D v.
         ("bloom_dynamo_op18.onnx", lambda n: export_torch(n, "bloom", opset=18, dynamo=True)),
         ("opt_optimum.onnx", lambda n: export_optimum(n, "opt", "text-generation", opset=14)),

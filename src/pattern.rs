@@ -102,6 +102,37 @@ fn cast_scalar(g: &Graph, value: &str) -> Option<(f64, usize)> {
 /// input from opset 18 on; absent or empty axes mean all axes (or, with
 /// `noop_with_empty_axes`, no reduction), which is not the last axis alone.
 pub fn reduce_mean_last_axis(g: &Graph, index: usize) -> Check<()> {
+    let (axes, last) = kept_reduce_axes(g, index)?;
+    require!(
+        axes.len() == 1 && (axes[0] == -1 || Some(axes[0]) == last),
+        "ReduceMean {} reduces axes {axes:?}, not the last axis alone",
+        g.node(index).name()
+    );
+    Ok(())
+}
+
+/// `node` is a ReduceMean over the last `k` axes (k ≥ 1, each once, in
+/// any order and sign) that keeps them: returns k.
+pub fn reduce_mean_last_axes(g: &Graph, index: usize) -> Check<usize> {
+    let (axes, last) = kept_reduce_axes(g, index)?;
+    let rank = last.map(|l| l + 1);
+    let k = axes.len() as i64;
+    let from_end: Option<Vec<i64>> = axes.iter().map(|&a| if a < 0 { Some(a) } else { rank.map(|r| a - r) }).collect();
+    let trailing = from_end.is_some_and(|mut e| {
+        e.sort_unstable();
+        e.into_iter().eq(-k..0)
+    });
+    require!(
+        k >= 1 && trailing && rank.is_none_or(|r| k <= r),
+        "ReduceMean {} reduces axes {axes:?}, not the last axis alone or the last axes",
+        g.node(index).name()
+    );
+    Ok(k as usize)
+}
+
+/// The axes a ReduceMean that keeps them reduces, and the index of the
+/// last axis of its input where its rank is proved.
+fn kept_reduce_axes(g: &Graph, index: usize) -> Check<(Vec<i64>, Option<i64>)> {
     let node = g.node(index);
     require!(node.is("ReduceMean"), "{} is not a ReduceMean", node.name());
     require!(node.attr_int("keepdims").unwrap_or(1) == 1, "ReduceMean {} does not keep dims", node.name());
@@ -112,13 +143,7 @@ pub fn reduce_mean_last_axis(g: &Graph, index: usize) -> Check<()> {
             decline!("the axes of ReduceMean {} are not a constant", node.name());
         }
     };
-    let last = g.shapes().rank(&node.input[0]).map(|r| r as i64 - 1);
-    require!(
-        axes.len() == 1 && (axes[0] == -1 || Some(axes[0]) == last),
-        "ReduceMean {} reduces axes {axes:?}, not the last axis alone",
-        node.name()
-    );
-    Ok(())
+    Ok((axes, g.shapes().rank(&node.input[0]).map(|r| r as i64 - 1)))
 }
 
 /// True for a value that may be a weight: of one axis at most, leading
@@ -177,10 +202,51 @@ pub fn weight<'a>(g: &Graph<'a>, value: &'a str, x: &str, what: &str) -> Check<W
     Ok(Weight::Made(Box::new(TensorProto { dims: vec![t.dims.last().copied().unwrap_or(1)], name: None, ..t.clone() })))
 }
 
+/// A weight over the last `k` axes of `x` (k ≥ 2: a LayerNorm over several
+/// axes). The kernels read one weight per normalized element, so only
+/// these are taken (no other broadcast):
+/// - a value whose proved shape is the last k axes of x, read as is;
+/// - a constant of that shape after leading axes of 1 (its rank at most
+///   x's): the same values, made with the k axes;
+/// - a one-value constant of rank at most x's, the k axes known numbers:
+///   the op gets copies of it.
+pub fn weight_over<'a>(g: &Graph<'a>, value: &'a str, x: &str, k: usize, what: &str) -> Check<Weight<'a>> {
+    let shapes = g.shapes();
+    let shape = shapes.shape(value).or_decline(|| format!("the {what} ({value}) has no proved shape"))?;
+    let x_shape = shapes.shape(x).filter(|s| s.len() >= k);
+    let x_shape = x_shape.or_decline(|| format!("the last {k} axes of {x} are not proved"))?;
+    let normalized = &x_shape[x_shape.len() - k..];
+    let rank_fits = shape.len() <= x_shape.len();
+    let lead = shape.len().checked_sub(k).filter(|&lead| shape[lead..] == *normalized);
+    let constant = g.constant(value).filter(|t| !t.is_external());
+    if let (Some(lead), true) = (lead, rank_fits) {
+        if lead == 0 {
+            return Ok(Weight::Value(value));
+        }
+        require!(shape[..lead].iter().all(|d| d.value() == Some(1)), "the {what} ({value}) widens the last {k} axes of {x}");
+        let t = constant.or_decline(|| format!("the {what} ({value}) has leading axes of 1 but is not a constant"))?;
+        return Ok(Weight::Made(Box::new(TensorProto { dims: t.dims[lead..].to_vec(), name: None, ..t.clone() })));
+    }
+    let dims: Option<Vec<i64>> = normalized.iter().map(Dim::value).collect();
+    let one = constant.filter(|t| t.numel() == Some(1) && rank_fits).and_then(|t| Some((t.data_type(), t.scalar()?)));
+    if let Some(made) = one.zip(dims).and_then(|((elem, v), dims)| filled_shape(elem, &dims, v)) {
+        return Ok(Weight::Made(Box::new(made)));
+    }
+    let shown = |dims: &[Dim]| dims.iter().map(Dim::to_string).collect::<Vec<_>>().join(", ");
+    decline!("the {what} ({value}) has shape [{}], not the last {k} axes of {x}, [{}]", shown(&shape), shown(normalized))
+}
+
 /// A `[d]` tensor of float type `elem` holding `v` (exact in that type)
 /// `d` times; none for other types or more than 2^20 elements.
 pub fn filled(elem: i32, d: i64, v: f64) -> Option<TensorProto> {
+    filled_shape(elem, &[d], v)
+}
+
+/// A tensor of shape `dims` and float type `elem` holding `v` everywhere;
+/// none for other types or more than 2^20 elements.
+pub fn filled_shape(elem: i32, dims: &[i64], v: f64) -> Option<TensorProto> {
     const MAX: i64 = 1 << 20;
+    let d = dims.iter().try_fold(1i64, |n, &d| n.checked_mul(d).filter(|_| d >= 0))?;
     let bytes: Vec<u8> = match elem {
         FLOAT => (v as f32).to_le_bytes().to_vec(),
         DOUBLE => v.to_le_bytes().to_vec(),
@@ -189,7 +255,7 @@ pub fn filled(elem: i32, d: i64, v: f64) -> Option<TensorProto> {
         _ => return None,
     };
     (d <= MAX).then(|| TensorProto {
-        dims: vec![d],
+        dims: dims.to_vec(),
         data_type: Some(elem),
         raw_data: Some(bytes.repeat(d as usize).into()),
         ..Default::default()

@@ -62,7 +62,7 @@ fn fused_one(model: &ModelProto, op: &str) -> ModelProto {
 
 fn declined(model: &ModelProto) -> Vec<String> {
     let (_, outcome) = fuse_model(model, &["layer-norm", "rms-norm"]);
-    assert_eq!(outcome.fused.len(), 0, "must not fuse");
+    assert_eq!(outcome.fused.len(), 0, "must not fuse: {:?}", outcome.fused);
     outcome.declined.into_iter().map(|d| d.reason).collect()
 }
 
@@ -224,6 +224,90 @@ fn a_layer_norm_without_gamma_gets_a_scale_of_ones_where_d_is_known() {
     symbolic.graph.as_mut().unwrap().input[0] = value_info("x", FLOAT, Some(&[D::N(2), D::N(3), sym("d")]));
     let why = declined(&symbolic);
     assert!(why.iter().any(|r| r.contains("a LayerNorm without gamma: the last axis and type of x")), "{why:?}");
+}
+
+/// A LayerNorm of x `[2, 3, 4]` whose first mean reduces `mean_axes` and
+/// whose variance reduces `var_axes`, scaled by `gamma` and shifted by
+/// `beta` (opset 14: axes as attributes).
+fn layer_norm_over(mean_axes: &[i64], var_axes: &[i64], gamma: TensorProto, beta: TensorProto) -> ModelProto {
+    let mut b = Builder::default();
+    b.input("x", FLOAT, Some(&dims(X)));
+    let mean = b.node("ReduceMean", &["x"], vec![attr_ints("axes", mean_axes)]);
+    let d = b.node("Sub", &["x", &mean], vec![]);
+    let two = b.init("two", tensor(FLOAT, &[], &[2.0]));
+    let sq = b.node("Pow", &[&d, &two], vec![]);
+    let var = b.node("ReduceMean", &[&sq], vec![attr_ints("axes", var_axes)]);
+    let eps = b.init("eps", tensor(FLOAT, &[], &[1e-5]));
+    let a = b.node("Add", &[&var, &eps], vec![]);
+    let r = b.node("Sqrt", &[&a], vec![]);
+    let n = b.node("Div", &[&d, &r], vec![]);
+    let gamma = b.init("gamma", gamma);
+    let scaled = b.node("Mul", &[&n, &gamma], vec![]);
+    let beta = b.init("beta", beta);
+    b.node_to("Add", &[&scaled, &beta], &["y"], vec![]);
+    b.output("y", FLOAT, None);
+    b.model(14)
+}
+
+#[test]
+fn a_layer_norm_over_the_last_two_axes_is_layer_normalization_with_axis_minus_two() {
+    let (hw, n) = (&[3, 4][..], 12);
+    for axes in [&[-2, -1][..], &[1, 2], &[-1, 1]] {
+        let model = layer_norm_over(axes, axes, tensor(FLOAT, hw, &ramp(n)), tensor(FLOAT, hw, &ramp(n)));
+        let fused = fused_one(&model, "LayerNormalization");
+        let node = &fused.graph.as_ref().unwrap().node[0];
+        assert_eq!(node.attr_int("axis"), Some(-2), "{axes:?}");
+        assert_eq!(node.input, ["x", "gamma", "beta"], "{axes:?}");
+        assert_eq!(fused_list(node).len(), 9, "{axes:?}");
+    }
+    // Leading axes of 1 and a one-value gamma: constants of the two axes made for the op.
+    let model = layer_norm_over(&[-2, -1], &[-2, -1], tensor(FLOAT, &[1, 3, 4], &ramp(n)), tensor(FLOAT, &[], &[0.5]));
+    let fused = fused_one(&model, "LayerNormalization");
+    let (gamma, beta) = (weight_read(&fused, 1), weight_read(&fused, 2));
+    assert_eq!((gamma.dims.as_slice(), gamma.values()), (hw, Some(ramp(n))));
+    assert_eq!((beta.dims.as_slice(), beta.values()), (hw, Some(vec![0.5; n])));
+    // Over all three axes.
+    let model = layer_norm_over(&[0, 1, 2], &[-3, -2, -1], tensor(FLOAT, X, &ramp(24)), tensor(FLOAT, X, &ramp(24)));
+    let fused = fused_one(&model, "LayerNormalization");
+    assert_eq!(fused.graph.as_ref().unwrap().node[0].attr_int("axis"), Some(-3));
+}
+
+#[test]
+fn a_layer_norm_whose_means_reduce_other_axes_or_whose_weights_broadcast_does_not_fuse() {
+    let hw = || tensor(FLOAT, &[3, 4], &ramp(12));
+    // What stays of the model, equivalent to it, and the reasons given.
+    let fuse = |model: &ModelProto| {
+        let (fused, outcome) = fuse_model(model, &["layer-norm", "rms-norm"]);
+        assert_equivalent(model, &fused, "forms");
+        let ops: Vec<String> = fused.graph.as_ref().unwrap().node.iter().map(|n| n.op_type().to_string()).collect();
+        (ops, outcome.declined.into_iter().map(|d| d.reason).collect::<Vec<_>>())
+    };
+    // The two means reduce different trailing axes.
+    for (mean, var, why) in [
+        (&[-2, -1][..], &[-1][..], "the mean reduces the last 2 axes and the variance the last 1"),
+        (&[-1], &[-2, -1], "the mean reduces the last 1 axes and the variance the last 2"),
+    ] {
+        let (ops, declined) = fuse(&layer_norm_over(mean, var, hw(), hw()));
+        assert!(!ops.iter().any(|op| op.contains("LayerNormalization")), "{ops:?}");
+        assert!(declined.iter().any(|r| r.contains(why)), "{declined:?}");
+    }
+    // Axes that are not the trailing ones.
+    let (ops, declined) = fuse(&layer_norm_over(&[0, 2], &[0, 2], tensor(FLOAT, &[2, 1, 4], &ramp(8)), hw()));
+    assert_eq!(ops.len(), 9, "{ops:?}");
+    assert!(declined.iter().any(|r| r.contains("reduces axes [0, 2], not the last axis alone or the last axes")));
+    // A gamma of the last axis alone, or a beta of more axes, broadcasts:
+    // the kernels read one weight per normalized element, so the weight
+    // stays outside the norm.
+    let (ops, _) = fuse(&layer_norm_over(&[-2, -1], &[-2, -1], tensor(FLOAT, &[4], &ramp(4)), hw()));
+    assert_eq!(ops, ["LayerNormalization", "Mul", "Add"]);
+    let (ops, declined) = fuse(&layer_norm_over(&[-2, -1], &[-2, -1], hw(), tensor(FLOAT, &[2, 3, 4], &ramp(24))));
+    assert_eq!(ops, ["LayerNormalization", "Add"]);
+    assert!(declined.iter().any(|r| r.contains("the beta (beta) widens the last 2 axes of x")), "{declined:?}");
+    // An RMSNorm over two axes is no rms-norm (the spec: axis -1 only).
+    let mut model = norm(&dims(X), hw(), None, false);
+    let g = model.graph.as_mut().unwrap();
+    g.node.iter_mut().find(|n| n.op_type() == "ReduceMean").unwrap().attribute = vec![attr_ints("axes", &[-2, -1])];
+    assert_eq!(fuse(&model).0.len(), 6);
 }
 
 /// onnxscript's RMSNorm without a scale: `x * Reciprocal(Sqrt(mean(x²) + eps))`,

@@ -43,11 +43,11 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     pattern::anchor_operands(
         out,
         "a beta of one axis (leading axes of 1 aside)",
-        |b| is_vector(g, b),
+        |b| may_be_weight(g, b),
         |scaled, beta| {
             let norm = scaled_norm(g, scaled)?;
-            let x = if norm.centered { norm.input } else { centered(g, norm.input)? };
-            layer_normalization(g, Match::new(index), x, norm.gamma, Some(beta), norm.eps)
+            let x = if norm.centered { norm.input } else { centered(g, norm.input, norm.axes)? };
+            layer_normalization(g, Match::new(index), x, norm.gamma, Some(beta), norm.eps, norm.axes)
         },
     )
     .or_if_no_candidate(|| beta_not_a_vector(g, index))
@@ -63,11 +63,11 @@ fn without_beta(g: &Graph, index: usize) -> Check<Rewrite> {
     pattern::anchor_operands(
         out,
         "a gamma of one axis (leading axes of 1 aside)",
-        |c| is_vector(g, c),
+        |c| may_be_weight(g, c),
         |n, gamma| {
             let core = rms_core(g, n).or_no_candidate()?;
-            let x = centered(g, core.x).or_no_candidate()?;
-            layer_normalization(g, Match::new(index), x, gamma, None, core.eps)
+            let x = centered(g, core.x, core.axes).or_no_candidate()?;
+            layer_normalization(g, Match::new(index), x, gamma, None, core.eps, core.axes)
         },
     )
 }
@@ -81,29 +81,44 @@ fn without_gamma(g: &Graph, index: usize) -> Check<Rewrite> {
     candidate!(last.input.len() == 2);
     let n = &last.output[0];
     let core = rms_core(g, n).or_no_candidate()?;
-    let x = centered(g, core.x).or_no_candidate()?;
-    let d = g.shapes().last_axis(x).and_then(|d| d.value());
+    let x = centered(g, core.x, core.axes).or_no_candidate()?;
+    let shape = g.shapes().shape(x).filter(|s| s.len() >= core.axes);
+    let normalized = shape.and_then(|s| s[s.len() - core.axes..].iter().map(|d| d.value()).collect::<Option<Vec<_>>>());
+    let normalized = normalized.or_else(|| g.shapes().last_axis(x).and_then(|d| d.value()).filter(|_| core.axes == 1).map(|d| vec![d]));
     let elem = g.elem_type(x);
-    let ones = d.zip(elem).and_then(|(d, elem)| pattern::filled(elem, d, 1.0));
-    let ones =
-        ones.or_decline(|| format!("a LayerNorm without gamma: the last axis and type of {x} are not known numbers"))?;
+    let ones = normalized.zip(elem).and_then(|(dims, elem)| pattern::filled_shape(elem, &dims, 1.0));
+    let over = if core.axes == 1 { "last axis".to_string() } else { format!("last {} axes", core.axes) };
+    let ones = ones
+        .or_decline(|| format!("a LayerNorm without gamma: the {over} and type of {x} are not known numbers"))?;
     require!(elem == Some(core.elem_type), "x and eps do not share one element type");
     if g.target == Target::Portable {
         g.require_portable(PORTABLE)?;
     }
     let mut m = Match::new(index);
     let gamma = m.weight_input(g, pattern::Weight::Made(Box::new(ones)), "gamma");
-    Ok(m.replace_with(node("LayerNormalization", &[x, &gamma], norm_attributes(core.eps))))
+    Ok(m.replace_with(node("LayerNormalization", &[x, &gamma], norm_attributes(core.eps, core.axes))))
 }
 
-/// The x of `d = Sub(x, ReduceMean(x))` over the last axis.
-fn centered<'a>(g: &Graph<'a>, d: &'a str) -> Check<&'a str> {
+/// The x of `d = Sub(x, ReduceMean(x))` over the last `axes` axes, the
+/// axes the variance's mean reduces.
+fn centered<'a>(g: &Graph<'a>, d: &'a str, axes: usize) -> Check<&'a str> {
     let sub = g.produced_by(d, "Sub")?;
     let (x, mean) = (g.node(sub).input[0].as_str(), g.node(sub).input[1].as_str());
     let mean = g.produced_by(mean, "ReduceMean")?;
     require!(g.node(mean).input[0] == x, "the mean is not of the value it is subtracted from");
-    pattern::reduce_mean_last_axis(g, mean)?;
+    let centered_over = pattern::reduce_mean_last_axes(g, mean)?;
+    require!(
+        centered_over == axes,
+        "the mean reduces the last {centered_over} axes and the variance the last {axes} (ReduceMean {})",
+        g.node(mean).name()
+    );
     Ok(x)
+}
+
+/// An operand that may be gamma or beta: of one axis (leading axes of 1
+/// aside), or a constant of more (a LayerNorm over several axes).
+fn may_be_weight(g: &Graph, value: &str) -> bool {
+    is_vector(g, value) || g.constant(value).is_some_and(|t| t.dims.len() >= 2)
 }
 
 /// `LayerNormalization(x, gamma[, beta])`, once gamma and beta are proved
@@ -115,9 +130,14 @@ fn layer_normalization<'a>(
     gamma: &'a str,
     beta: Option<&'a str>,
     eps: f32,
+    axes: usize,
 ) -> Check<Rewrite> {
-    let gamma_weight = pattern::weight(g, gamma, x, "gamma")?;
-    let beta_weight = beta.map(|beta| pattern::weight(g, beta, x, "beta")).transpose()?;
+    let weight = |value: &'a str, what: &str| match axes {
+        1 => pattern::weight(g, value, x, what),
+        _ => pattern::weight_over(g, value, x, axes, what),
+    };
+    let gamma_weight = weight(gamma, "gamma")?;
+    let beta_weight = beta.map(|beta| weight(beta, "beta")).transpose()?;
     let gamma_type = g.elem_type(gamma);
     require!(
         beta.is_none_or(|b| g.elem_type(b) == gamma_type) && g.elem_type(x).is_none_or(|t| Some(t) == gamma_type),
@@ -131,7 +151,7 @@ fn layer_normalization<'a>(
     let mut inputs = vec![x.to_string(), m.weight_input(g, gamma_weight, "gamma")];
     inputs.extend(beta_weight.map(|b| m.weight_input(g, b, "beta")));
     let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
-    Ok(m.replace_with(node("LayerNormalization", &inputs, norm_attributes(eps))))
+    Ok(m.replace_with(node("LayerNormalization", &inputs, norm_attributes(eps, axes))))
 }
 
 /// An Add with no operand of rank ≤ 1 is no candidate, unless one operand
@@ -158,6 +178,8 @@ struct Scaled<'a> {
     centered: bool,
     gamma: &'a str,
     eps: f32,
+    /// The trailing axes normalized.
+    axes: usize,
 }
 
 fn scaled_norm<'a>(g: &Graph<'a>, scaled: &'a str) -> Check<Scaled<'a>> {
@@ -166,21 +188,25 @@ fn scaled_norm<'a>(g: &Graph<'a>, scaled: &'a str) -> Check<Scaled<'a>> {
     let fused = ["SimplifiedLayerNormalization", "RMSNormalization", "LayerNormalization"];
     if fused.iter().any(|op| node.is(op)) && node.input.len() == 2 {
         // As rms-norm or this pass writes it (either target): the last
-        // axis, in f32.
-        require!(node.attr_int("axis").unwrap_or(-1) == -1, "the {} is not over the last axis", node.op_type());
+        // axis (this pass: the last few), in f32.
+        let axis = node.attr_int("axis").unwrap_or(-1);
+        let rank = g.shapes().rank(&node.input[0]).map(|r| r as i64);
+        let axes = if axis < 0 { Some(-axis) } else { rank.map(|r| r - axis).filter(|&k| k >= 1) };
+        let axes = axes.or_decline(|| format!("the {} is not over the last axes", node.op_type()))?;
         require!(node.attr_int("stash_type").unwrap_or(1) == 1, "the {} does not compute in f32", node.op_type());
         let eps = node.attr_float("epsilon").unwrap_or(1e-5);
         let centered = node.is("LayerNormalization");
-        return Ok(Scaled { input: &node.input[0], centered, gamma: &node.input[1], eps });
+        let input = &node.input[0];
+        return Ok(Scaled { input, centered, gamma: &node.input[1], eps, axes: axes as usize });
     }
     candidate!(node.is("Mul")); // n * gamma
     either_order(
         node,
         "a gamma of one axis (leading axes of 1 aside)",
-        |c| is_vector(g, c),
+        |c| may_be_weight(g, c),
         |n, gamma| {
             let core = rms_core(g, n)?;
-            Ok(Scaled { input: core.x, centered: false, gamma, eps: core.eps })
+            Ok(Scaled { input: core.x, centered: false, gamma, eps: core.eps, axes: core.axes })
         },
     )
 }

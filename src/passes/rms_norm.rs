@@ -51,7 +51,7 @@ fn weighted(g: &Graph, index: usize) -> Check<Rewrite> {
         |y, weight| {
             let output_cast = g.produced_by(y, "Cast").ok();
             let normalized = output_cast.map_or(y, |c| g.node(c).input[0].as_str());
-            let core = rms_core(g, normalized)?;
+            let core = last_axis_core(g, normalized)?;
             let (x, or_x) = match output_cast {
                 None => (core.x, None),
                 Some(cast) => {
@@ -64,7 +64,7 @@ fn weighted(g: &Graph, index: usize) -> Check<Rewrite> {
                 let mut m = Match::new(index);
                 let weight = pattern::weight(g, weight, x, "weight")?;
                 let weight = m.weight_input(g, weight, "weight");
-                Ok(m.replace_with(node(op_for(g)?, &[x, &weight], norm_attributes(core.eps))))
+                Ok(m.replace_with(node(op_for(g)?, &[x, &weight], norm_attributes(core.eps, 1))))
             };
             // Where the folded Cast's output is read elsewhere too, the
             // driver takes the norm that reads it.
@@ -88,7 +88,7 @@ fn weighted(g: &Graph, index: usize) -> Check<Rewrite> {
 fn without_weight(g: &Graph, index: usize) -> Check<Rewrite> {
     let last = g.node(index);
     candidate!(last.is("Div") || last.is("Mul"));
-    let core = rms_core(g, &last.output[0]).or_no_candidate()?;
+    let core = last_axis_core(g, &last.output[0]).or_no_candidate()?;
     let d = g.shapes().last_axis(core.x).and_then(|d| d.value());
     let elem = g.elem_type(core.x);
     let ones = d.zip(elem).and_then(|(d, elem)| pattern::filled(elem, d, 1.0));
@@ -96,7 +96,7 @@ fn without_weight(g: &Graph, index: usize) -> Check<Rewrite> {
         .or_decline(|| format!("a norm without weight: the last axis and type of {} are not known numbers", core.x))?;
     let mut m = Match::new(index);
     let weight = m.weight_input(g, pattern::Weight::Made(Box::new(ones)), "weight");
-    Ok(m.replace_with(node(op_for(g)?, &[core.x, &weight], norm_attributes(core.eps))).yielding_to(&["Mul", "Cast"]))
+    Ok(m.replace_with(node(op_for(g)?, &[core.x, &weight], norm_attributes(core.eps, 1))).yielding_to(&["Mul", "Cast"]))
 }
 
 /// The op the target allows: ONNX Runtime's `SimplifiedLayerNormalization`
@@ -118,20 +118,31 @@ fn weight_not_a_vector(g: &Graph, index: usize) -> Check<Rewrite> {
     let out = g.node(index);
     for (y, weight) in [(&out.input[0], &out.input[1]), (&out.input[1], &out.input[0])] {
         let normalized = g.produced_by(y, "Cast").map_or(y.as_str(), |c| g.node(c).input[0].as_str());
-        if rms_core(g, normalized).is_ok() {
+        if last_axis_core(g, normalized).is_ok() {
             decline!("the weight ({weight}) is not proved to have one axis (leading axes of 1 aside)");
         }
     }
     no_candidate!()
 }
 
-/// The attributes both norms are written with: over the last axis, the
-/// model's eps, computed in f32.
-pub fn norm_attributes(eps: f32) -> Vec<AttributeProto> {
-    vec![AttributeProto::int("axis", -1), AttributeProto::float("epsilon", eps), AttributeProto::int("stash_type", 1)]
+/// The attributes both norms are written with: over the last `axes` axes
+/// (`axis = -axes`), the model's eps, computed in f32.
+pub fn norm_attributes(eps: f32, axes: usize) -> Vec<AttributeProto> {
+    let axis = AttributeProto::int("axis", -(axes as i64));
+    vec![axis, AttributeProto::float("epsilon", eps), AttributeProto::int("stash_type", 1)]
 }
 
-/// The normalization without its weight: `n = x / sqrt(mean(x², -1) + eps)`.
+/// The core over the last axis alone, the one this pass fuses.
+fn last_axis_core<'a>(g: &Graph<'a>, n: &'a str) -> Check<RmsCore<'a>> {
+    let core = rms_core(g, n)?;
+    if core.axes != 1 {
+        pattern::reduce_mean_last_axis(g, core.mean)?;
+    }
+    Ok(core)
+}
+
+/// The normalization without its weight: `n = x / sqrt(mean(x², axes) + eps)`
+/// over the last `axes` axes.
 pub struct RmsCore<'a> {
     /// The value normalized (the numerator).
     pub x: &'a str,
@@ -140,6 +151,9 @@ pub struct RmsCore<'a> {
     pub eps: f32,
     /// The element type the core computes in: eps's (an Add takes one type).
     pub elem_type: i32,
+    /// How many trailing axes the mean reduces, and the ReduceMean.
+    pub axes: usize,
+    pub mean: usize,
 }
 
 /// Matches the core that ends in the value `n`.
@@ -171,11 +185,11 @@ pub fn rms_core<'a>(g: &Graph<'a>, n: &'a str) -> Check<RmsCore<'a>> {
         }
     };
     require!(matches!(eps_type, FLOAT | FLOAT16 | BFLOAT16), "eps ({eps}) is not f32, f16 or bf16");
-    pattern::reduce_mean_last_axis(g, mean)?;
+    let axes = pattern::reduce_mean_last_axes(g, mean)?;
     let square = g.producer(&g.node(mean).input[0]).or_decline(|| "the mean's input is not x²".into())?;
     same_value(g, x, pattern::square(g, square)?)?;
     require!(g.elem_type(x).is_none_or(|t| t == eps_type), "eps ({eps}) does not have the element type of x");
-    Ok(RmsCore { x, eps: eps_value as f32, elem_type: eps_type })
+    Ok(RmsCore { x, eps: eps_value as f32, elem_type: eps_type, axes, mean })
 }
 
 /// The numerator and the squared value must be the same value: the same

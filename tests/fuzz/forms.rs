@@ -68,11 +68,16 @@ struct Ctx {
     /// ones, or without its bias, and the Mul or Add after it): a second
     /// definition of one may block the whole fusion or only that part.
     may_stay: Vec<String>,
+    /// How many trailing axes the norm's ReduceMeans reduce (a LayerNorm
+    /// over several axes), and whether one already reduces one axis more
+    /// or fewer (a second such mutant would make the two agree again).
+    over: usize,
+    axes_mutated: bool,
 }
 
 impl Ctx {
     fn new() -> Self {
-        Ctx { what: vec![], expect: Expect::Fuse, portable: true, aside: vec![], may_stay: vec![] }
+        Ctx { what: vec![], expect: Expect::Fuse, portable: true, aside: vec![], may_stay: vec![], over: 1, axes_mutated: false }
     }
 
     fn note(&mut self, s: impl Into<String>) {
@@ -171,7 +176,8 @@ fn commuted(rng: &mut Rng, b: &mut Builder, op: &str, x: &str, y: &str) -> Strin
     }
 }
 
-/// ReduceMean over the last axis (axes as the opset wants them), or a mutant.
+/// ReduceMean over the last `c.over` axes (axes as the opset wants them,
+/// negative, positive where the rank is declared, in any order), or a mutant.
 fn reduce_mean(
     rng: &mut Rng,
     c: &mut Ctx,
@@ -181,19 +187,36 @@ fn reduce_mean(
     rank: usize,
     declared: bool,
 ) -> String {
-    let mut axes: Option<Vec<i64>> = Some(vec![-1]);
+    let k = c.over as i64;
+    let mut axes: Option<Vec<i64>> = Some((-k..0).collect());
+    if k > 1 {
+        let axes = axes.as_mut().expect("axes");
+        if rng.chance(0.3) {
+            c.note("the last axes in another order");
+            axes.reverse();
+        }
+        if declared && rng.chance(0.3) {
+            c.note("the last axes counted from the front");
+            axes.iter_mut().for_each(|a| *a += rank as i64);
+        }
+    }
     match rng.below(24) {
         0 if rank > 1 => {
             c.breaks("ReduceMean over axis 0");
             axes = Some(vec![0]);
         }
-        1 => {
+        1 if k == 1 => {
             if declared {
                 c.note("ReduceMean over axis rank-1");
             } else {
                 c.breaks("ReduceMean over axis rank-1, rank unknown");
             }
             axes = Some(vec![rank as i64 - 1]);
+        }
+        1 if !c.axes_mutated => {
+            c.breaks("ReduceMean over fewer axes than the other");
+            c.axes_mutated = true;
+            axes = Some((1 - k..0).collect());
         }
         2 => {
             if rank == 1 {
@@ -203,9 +226,10 @@ fn reduce_mean(
             }
             axes = None;
         }
-        3 if rank > 1 => {
-            c.breaks("ReduceMean over two axes");
-            axes = Some(vec![-2, -1]);
+        3 if rank > c.over && !c.axes_mutated => {
+            c.breaks(format!("ReduceMean over {} axes", k + 1));
+            c.axes_mutated = true;
+            axes = Some((-k - 1..0).collect());
         }
         _ => {}
     }
@@ -433,6 +457,51 @@ fn norm_weight(
     w
 }
 
+/// A gamma or beta of a LayerNorm over the last axes `normalized` of x
+/// (known numbers, or none): of exactly those axes, with a leading axis
+/// of 1, of one value, or of the last axis alone (which broadcasts: it
+/// stays outside the norm, which may fuse without it).
+fn weight_over_axes(
+    rng: &mut Rng,
+    c: &mut Ctx,
+    b: &mut Builder,
+    name: &str,
+    elem: i32,
+    normalized: Option<&[i64]>,
+    x_rank: Option<usize>,
+) -> String {
+    let ramp = |n: i64| (0..n).map(|i| 0.5 + i as f64 / 8.0).collect::<Vec<_>>();
+    let Some(dims) = normalized else {
+        c.unsure(format!("the {name} over axes of x that are not known numbers"));
+        c.aside.push(name.to_string());
+        return b.init(name, tensor(elem, &[3, HIDDEN], &ramp(3 * HIDDEN)));
+    };
+    let n = dims.iter().product();
+    match rng.below(6) {
+        0 => {
+            c.note(format!("the {name} has a leading axis of 1"));
+            if x_rank.is_none_or(|r| r <= dims.len()) {
+                c.unsure(format!("the {name} raises the rank of x: it may stay outside"));
+                c.aside.push(name.to_string());
+            }
+            b.init(name, tensor(elem, &[&[1], dims].concat(), &ramp(n)))
+        }
+        1 => {
+            c.note(format!("the {name} has one value"));
+            let w = one_value(rng, b, name, elem, 0, 0.5);
+            c.aside.push(w.clone());
+            w
+        }
+        2 => {
+            let last = dims[dims.len() - 1];
+            c.unsure(format!("the {name} of the last axis alone broadcasts: it stays outside"));
+            c.aside.push(name.to_string());
+            b.init(name, tensor(elem, &[last], &ramp(last)))
+        }
+        _ => b.init(name, tensor(elem, dims, &ramp(n))),
+    }
+}
+
 /// The values nodes since `before` compute (not Constants: a constant that
 /// something else reads too simply stays).
 fn computed_since(b: &Builder, before: usize) -> Vec<String> {
@@ -536,7 +605,18 @@ pub fn layer_norm(rng: &mut Rng) -> Case {
     let mut b = Builder::default();
     let opset = rng.pick(&[13i64, 16, 18, 23]);
     let rank = 1 + rng.below(4);
-    let (dims, last) = x_shape(rng, &mut c, rank);
+    let (mut dims, last) = x_shape(rng, &mut c, rank);
+    if rank >= 2 && rng.chance(0.2) {
+        c.note("over the last two axes");
+        c.over = 2;
+        if let Some(dims) = dims.as_mut() {
+            dims[rank - 2] = rng.pick(&[D::N(3), D::N(3), D::N(1), sym("s")]);
+        }
+    }
+    // The normalized axes as numbers: what a scale of ones needs.
+    let normalized: Option<Vec<i64>> = dims.as_ref().and_then(|dims| {
+        dims[rank - c.over..].iter().map(|d| if let D::N(n) = d { Some(*n) } else { None }).collect()
+    });
     let declared = dims.is_some();
     let elem = rng.pick(&[FLOAT, FLOAT, FLOAT16]);
     let x = b.input("x", elem, dims.as_deref());
@@ -565,7 +645,7 @@ pub fn layer_norm(rng: &mut Rng) -> Case {
     };
     let inner = computed_since(&b, before);
     let x_rank = declared.then_some(rank);
-    if matches!(last, D::N(_)) {
+    if normalized.is_some() {
         // Read elsewhere too, the normalized value still fuses as
         // LayerNormalization with a scale of ones, its Mul and Add after it.
         c.aside.push(n.clone());
@@ -573,15 +653,19 @@ pub fn layer_norm(rng: &mut Rng) -> Case {
     if rng.chance(0.1) {
         // OLMo: neither gamma nor beta; a scale of ones needs a known D.
         c.note("neither gamma nor beta");
-        if !matches!(last, D::N(_)) {
-            c.breaks(format!("no gamma on x of last axis {last:?}"));
+        if normalized.is_none() {
+            c.breaks(format!("no gamma on x of normalized axes {dims:?}"));
         }
         b.output(&n, elem, None);
         leak(rng, &mut c, &mut b, &inner, elem);
         return finish(rng, c, b, opset, elem);
     }
-    let gamma = norm_weight(rng, &mut c, &mut b, "gamma", elem, &last, x_rank, false);
-    if matches!(last, D::N(_)) {
+    let weight = |rng: &mut Rng, c: &mut Ctx, b: &mut Builder, name: &str, bias: bool| match c.over {
+        1 => norm_weight(rng, c, b, name, elem, &last, x_rank, bias),
+        _ => weight_over_axes(rng, c, b, name, elem, normalized.as_deref(), x_rank),
+    };
+    let gamma = weight(rng, &mut c, &mut b, "gamma", false);
+    if normalized.is_some() {
         c.may_stay.push(gamma.clone());
     }
     let g = commuted(rng, &mut b, "Mul", &n, &gamma);
@@ -589,7 +673,7 @@ pub fn layer_norm(rng: &mut Rng) -> Case {
         c.note("no beta (Cohere, ModernBERT)");
         g
     } else {
-        let beta = norm_weight(rng, &mut c, &mut b, "beta", elem, &last, x_rank, true);
+        let beta = weight(rng, &mut c, &mut b, "beta", true);
         c.may_stay.push(beta.clone());
         if c.aside.contains(&gamma) {
             // Past a gamma that stays outside, the beta does too.
