@@ -76,6 +76,9 @@ pub const EXPORTS: &[(&str, &[(&str, usize)], f32)] = &[
     // masked_fill, whose mask is expanded to Shape(scores): the scores'
     // MatMul stays for that reader.
     ("distilbert_ts_op14.onnx", &[("layer-norm", 5), ("attention", 2)], 1e-12),
+    // A relative position bias gathered through an If only shapes decide:
+    // every residual norm is proved (skip-norm, tests/skip_norm.rs).
+    ("deberta_ts_op14.onnx", &[("layer-norm", 5)], 1e-7),
     // LayerNorms over a feature map's (H, W) and over (C, H, W), without weights.
     ("ln_axes_ts_op14.onnx", &[("layer-norm", 2)], 1e-5),
     // Optimum's merged decoder: both branches read the If's output names.

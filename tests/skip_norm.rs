@@ -245,6 +245,9 @@ fn exports_fuse_their_residual_norms() {
         ("llama_ts_op17_fp16.onnx", "SkipSimplifiedLayerNormalization", 4),
         ("vit_ts_op17.onnx", "SkipLayerNormalization", 5),
         ("t5_encoder_ts_op14.onnx", "SkipSimplifiedLayerNormalization", 4),
+        // The attention output's shape through the relative position bias:
+        // a GatherElements, and an If whose condition the shapes decide.
+        ("deberta_ts_op14.onnx", "SkipLayerNormalization", 5),
     ] {
         let (original, fused, outcome) = fuse(name);
         let skips = skip_nodes(&fused);

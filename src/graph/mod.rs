@@ -163,6 +163,9 @@ pub struct Scope {
     /// or derived.
     shapes: HashMap<String, Vec<shapes::Dim>>,
     types: HashMap<String, i32>,
+    /// How many views of If branches deep shape derivation is
+    /// (`shapes::Shapes::if_output`): it stops at a bound.
+    shape_depth: usize,
 }
 
 pub struct Graph<'a> {

@@ -12,11 +12,11 @@
 //! so equality of two derived shapes is a proof.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
-use super::{Graph, IntsArgument};
+use super::{Graph, IntsArgument, Scope};
 use crate::onnx::proto::tensor_shape_proto::dimension::Value as DimValue;
-use crate::onnx::NodeProto;
+use crate::onnx::{GraphProto, NodeProto};
 use crate::ops;
 
 /// `coef × atoms[0] × atoms[1] × …` (atoms sorted).
@@ -109,7 +109,20 @@ pub struct Memo {
     facts: RefCell<HashMap<String, Dim>>,
     /// Atoms that stand for `min(e, n)` (`Shapes::min_atom`).
     mins: RefCell<HashMap<String, (Dim, i64)>>,
+    /// The merged output shapes of each If (by node), derived together.
+    ifs: RefCell<HashMap<usize, Vec<Option<Vec<Dim>>>>>,
 }
+
+impl Memo {
+    /// Drops every derived shape, to derive them again.
+    fn forget_shapes(&self) {
+        self.shapes.borrow_mut().clear();
+        self.ifs.borrow_mut().clear();
+    }
+}
+
+/// How deep the views of If branches that shapes derive may nest.
+const MAX_BODY_DEPTH: usize = 4;
 
 pub struct Shapes<'g, 'a> {
     g: &'g Graph<'a>,
@@ -134,13 +147,13 @@ impl<'g, 'a> Shapes<'g, 'a> {
                     Some(false) => break,
                     // Derived again: a broadcast of two axes now known equal
                     // is that axis, where it was an atom of its own.
-                    Some(true) => shapes.memo.shapes.borrow_mut().clear(),
+                    Some(true) => shapes.memo.forget_shapes(),
                     // A model no run of which succeeds: whatever it computes
                     // is vacuous, and the shapes are derived as without
                     // the equalities, as the ops alone give them.
                     None => {
                         shapes.memo.facts.borrow_mut().clear();
-                        shapes.memo.shapes.borrow_mut().clear();
+                        shapes.memo.forget_shapes();
                         fill();
                         break;
                     }
@@ -294,6 +307,95 @@ impl<'g, 'a> Shapes<'g, 'a> {
         d
     }
 
+    /// An output of an If: what both branches give it, axis by axis, as
+    /// ONNX Runtime's symbolic inference merges them. Each branch is derived
+    /// in a view of its own, with what it can read from outside; an axis the
+    /// branches give different dimensions, or a dimension of atoms of a
+    /// branch's own (meaningless outside it), is an atom of the output.
+    /// Whichever branch runs, the output has its shape, so what each branch
+    /// proves on the way (the equalities its own run needs) holds too. The
+    /// outputs of one If are derived together.
+    fn if_output(&self, node: &NodeProto, value: &str) -> Option<Vec<Dim>> {
+        let holder = self.g.producer(value)?;
+        let slot = node.output.iter().position(|o| o == value)?;
+        if let Some(merged) = self.memo.ifs.borrow().get(&holder) {
+            return merged.get(slot).cloned().flatten();
+        }
+        // A condition the shapes decide (torch traces `if x.dim() == 2`
+        // as an If on `Equal(Shape(Shape(x)), 2)`) runs one branch only.
+        let condition = self.scalar(&node.input[0]).and_then(|c| c.value());
+        let branch = |taken: bool| match condition {
+            Some(c) if (c != 0) != taken => None,
+            _ => Some(self.branch_outputs(holder, node, if taken { "then_branch" } else { "else_branch" })),
+        };
+        let (then, other) = match (branch(true), branch(false)) {
+            (Some(then), Some(other)) => (then, other),
+            (Some(one), None) | (None, Some(one)) => (one.clone(), one),
+            (None, None) => return None,
+        };
+        let merged: Vec<Option<Vec<Dim>>> = node
+            .output
+            .iter()
+            .enumerate()
+            .map(|(slot, out)| {
+                let (Some(Some(a)), Some(Some(b))) = (then.get(slot), other.get(slot)) else { return None };
+                let axes = a.iter().zip(b).enumerate().map(|(i, pair)| match pair {
+                    (Some(a), Some(b)) if a == b => a.clone(),
+                    _ => Dim::atom(format!("{out}#{i}")),
+                });
+                (a.len() == b.len()).then(|| axes.collect())
+            })
+            .collect();
+        let shape = merged.get(slot).cloned().flatten();
+        self.memo.ifs.borrow_mut().insert(holder, merged);
+        shape
+    }
+
+    /// The output shapes of an If's branch, derived in a view of the body,
+    /// with each dimension made of atoms known outside the body (none for
+    /// one of the body's own). None where nesting is too deep.
+    fn branch_outputs(&self, holder: usize, node: &NodeProto, branch: &str) -> Vec<Option<Vec<Option<Dim>>>> {
+        let g = self.g;
+        let Some(body) = node.attribute.iter().find(|a| a.name() == branch).and_then(|a| a.g.as_ref()) else {
+            return vec![];
+        };
+        if g.outer.shape_depth >= MAX_BODY_DEPTH {
+            return vec![];
+        }
+        let scope = self.scope_of(holder, body);
+        let outside: HashSet<&str> = scope.shapes.values().flatten().flat_map(|d| d.atoms.iter().map(String::as_str)).collect();
+        let view = Graph::new(body, g.opset, &scope);
+        let shapes = view.shapes();
+        let known_outside = |d: Dim| d.atoms.iter().all(|a| outside.contains(a.as_str())).then_some(d);
+        body.output.iter().map(|o| Some(shapes.shape(o.name())?.into_iter().map(known_outside).collect())).collect()
+    }
+
+    /// What a body of node `holder` sees of this graph: the names it can
+    /// read, and the constants, shapes and element types of those it does.
+    fn scope_of(&self, holder: usize, body: &GraphProto) -> Scope {
+        let g = self.g;
+        let hidden = g.hidden_from_bodies_of(holder);
+        let own = g.defined.iter().copied().chain(g.consts.keys().copied());
+        let visible = own.chain(g.outer.names.iter().map(String::as_str)).filter(|n| !hidden.contains(*n));
+        let mut scope = Scope {
+            names: visible.map(str::to_string).collect(),
+            shape_depth: g.outer.shape_depth + 1,
+            ..Scope::default()
+        };
+        for v in super::free_values(body) {
+            if let Some(t) = g.constant(&v) {
+                scope.constants.insert(v.clone(), t.clone());
+            }
+            if let Some(shape) = self.shape(&v) {
+                scope.shapes.insert(v.clone(), shape);
+            }
+            if let Some(t) = g.elem_type(&v) {
+                scope.types.insert(v, t);
+            }
+        }
+        scope
+    }
+
     pub fn rank(&self, value: &str) -> Option<usize> {
         self.shape(value).map(|s| s.len())
     }
@@ -435,11 +537,17 @@ impl<'g, 'a> Shapes<'g, 'a> {
             }
             return self.matmul(value, &scores, &input(2)?);
         }
+        if node.domain() == crate::onnx::MICROSOFT && node.op_type() == "FusedMatMul" {
+            return self.fused_matmul(node, value, input(0)?, input(1)?);
+        }
         if !crate::onnx::is_default_domain(node.domain()) {
             return None;
         }
         if node.is("Split") {
             return self.split_part(node, value, input(0)?);
+        }
+        if node.is("If") {
+            return self.if_output(node, value);
         }
         if node.output.first().map(String::as_str) != Some(value) {
             return None;
@@ -532,6 +640,11 @@ impl<'g, 'a> Shapes<'g, 'a> {
                 let (data, indices) = (input(0)?, input(1)?);
                 let axis = normalize(node.attr_int("axis").unwrap_or(0), data.len())?;
                 [&data[..axis], &indices[..], &data[axis + 1..]].concat()
+            }
+            // The output has the indices' shape (of the data's rank).
+            "GatherElements" => {
+                let (data, indices) = (input(0)?, input(1)?);
+                (data.len() == indices.len()).then_some(indices)?
             }
             "ConstantOfShape" => self
                 .shape_tensor(&node.input[0])?
@@ -874,6 +987,8 @@ impl<'g, 'a> Shapes<'g, 'a> {
             // Integers keep their values through a Cast to another
             // integer or float type; a Cast to bool does not.
             "Cast" if node.attr_int("to") != Some(i64::from(crate::onnx::BOOL)) => arg(0),
+            // To bool: a known number is true where it is not 0.
+            "Cast" => elementwise(&[arg(0)?], |e| Some(Dim::known(i64::from(e[0].as_ref()?.value()? != 0)))),
             "Gather" if node.attr_int("axis").unwrap_or(0) == 0 => {
                 let data = arg(0)?;
                 let indices = g.constant(&node.input[1])?.ints()?;
@@ -911,6 +1026,12 @@ impl<'g, 'a> Shapes<'g, 'a> {
                 };
                 Some(vec![Some(Dim::known(fill)); n])
             }
+            // Of a bool known as 0 or 1.
+            "Not" => elementwise(&[arg(0)?], |e| match e[0].as_ref()?.value()? {
+                0 => Some(Dim::known(1)),
+                1 => Some(Dim::known(0)),
+                _ => None,
+            }),
             "Neg" => elementwise(&[arg(0)?], |e| {
                 let d = e[0].as_ref()?;
                 Some(Dim { coef: d.coef.checked_neg()?, atoms: d.atoms.clone() })
@@ -937,6 +1058,23 @@ impl Shapes<'_, '_> {
         }
         let batch = self.broadcast(value, &[a[..a.len() - 2].to_vec(), b[..b.len() - 2].to_vec()]);
         Some([batch, vec![a[a.len() - 2].clone(), b[b.len() - 1].clone()]].concat())
+    }
+
+    /// ONNX Runtime's `FusedMatMul`: `alpha · A · B` with the last two axes
+    /// of A or B swapped where `transA` or `transB` is set (the batch
+    /// transposes aside: unknown).
+    fn fused_matmul(&self, node: &NodeProto, value: &str, mut a: Vec<Dim>, mut b: Vec<Dim>) -> Option<Vec<Dim>> {
+        let set = |name: &str| node.attr_int(name).unwrap_or(0) != 0;
+        if set("transBatchA") || set("transBatchB") || a.len() < 2 || b.len() < 2 {
+            return None;
+        }
+        for (x, trans) in [(&mut a, set("transA")), (&mut b, set("transB"))] {
+            if trans {
+                let n = x.len();
+                x.swap(n - 2, n - 1);
+            }
+        }
+        self.matmul(value, &a, &b)
     }
 
     /// Numpy broadcasting of symbolic shapes: along each axis the dimensions
