@@ -17,7 +17,8 @@
 #   4. a synthetic 1.6 GB one-file model (scripts/bench_synthetic.py, onnx and
 #      numpy only): onnx-fuse and onnx-fuse --verify
 # With --synthetic only case 4 runs (no exporter environment needed: python3
-# with onnx and numpy); with --gpt2 only case 1.
+# with onnx and numpy); with --gpt2 only case 1. BENCH_BASELINE=BINARY adds
+# another onnx-fuse binary (an earlier commit's) to case 1's rotation.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 synthetic_only=false
@@ -37,7 +38,7 @@ fi
 (cd "$root" && cargo build --release --quiet)
 fuse="$root/target/release/onnx-fuse"
 
-# one run of a command under GNU time: "wall system rss_kb"
+# one run of a command under GNU time: "wall system rss_kb user"
 once() {
   sync  # start every run with no dirty pages from the one before
   sleep 1  # and let the disk settle (discards of removed outputs)
@@ -47,16 +48,16 @@ import sys
 t = open(sys.argv[1]).read().splitlines()
 get = lambda key: next(l.rsplit(" ", 1)[1] for l in t if key in l)
 wall = sum(float(p) * 60 ** i for i, p in enumerate(reversed(get("Elapsed (wall clock)").split(":"))))
-print(wall, get("System time (seconds)"), get("Maximum resident"))
+print(wall, get("System time (seconds)"), get("Maximum resident"), get("User time (seconds)"))
 PY
 }
-# median wall seconds, system seconds and peak RSS (MB) of runs of a command
+# median wall seconds, user and system seconds and peak RSS (MB) of runs of a command
 report() {
   python3 - "$@" <<'PY'
 import sys, statistics
 label, runs = sys.argv[1], [r.split() for r in sys.argv[2:]]
 med = lambda i: statistics.median(float(r[i]) for r in runs)
-print(f"{label:<44} {med(0):8.2f} s  (system {med(1):5.2f} s)  {med(2) / 1024:8.1f} MB  [{len(runs)} runs]")
+print(f"{label:<44} {med(0):8.2f} s  (user {med(3):5.2f} s, system {med(1):5.2f} s)  {med(2) / 1024:8.1f} MB  [{len(runs)} runs]")
 PY
 }
 rounds="${BENCH_ROUNDS:-5}"
@@ -114,9 +115,14 @@ if $synthetic_only; then synthetic; exit 0; fi
 
 echo "GPT-2 medium, one file ($(size "$bench/gpt2-medium/model.onnx"))"
 cat "$bench/gpt2-medium/model.onnx" >/dev/null
-measure_rotating "rm -f '$bench/cp.onnx' '$bench/fused.onnx'" \
+baseline=()
+if [ -n "${BENCH_BASELINE:-}" ]; then
+  baseline=("  onnx-fuse $(basename "$BENCH_BASELINE") (baseline)" "'$BENCH_BASELINE' -q '$bench/gpt2-medium/model.onnx' -o '$bench/base.onnx'")
+fi
+measure_rotating "rm -f '$bench/cp.onnx' '$bench/fused.onnx' '$bench/base.onnx'" \
   "  cp + fsync" "cp '$bench/gpt2-medium/model.onnx' '$bench/cp.onnx' && sync '$bench/cp.onnx'" \
-  "  onnx-fuse" "'$fuse' -q '$bench/gpt2-medium/model.onnx' -o '$bench/fused.onnx'"
+  "  onnx-fuse" "'$fuse' -q '$bench/gpt2-medium/model.onnx' -o '$bench/fused.onnx'" \
+  "${baseline[@]}"
 "$fuse" "$bench/gpt2-medium/model.onnx" -o "$bench/fused.onnx" 2>&1 | sed 's/^/  /'
 rm -f "$bench/cp.onnx" "$bench/fused.onnx"
 if $gpt2_only; then exit 0; fi

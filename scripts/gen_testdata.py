@@ -83,6 +83,9 @@ def configs():
                                      intermediate_size=64, max_position_embeddings=64, relative_attention=True,
                                      position_buckets=8, pos_att_type=["p2c", "c2p"], max_relative_positions=16,
                                      layer_norm_eps=1e-7, pad_token_id=0, type_vocab_size=0),
+        # Attention written with Einsums (torch.einsum), a relative position
+        # term added and the mask subtracted (`score - 1e30 * mask`).
+        "xlnet": t.XLNetConfig(vocab_size=64, d_model=32, n_layer=2, n_head=4, d_inner=64, pad_token_id=0),
         # Soft-capped attention scores (and logits), sliding-window layers.
         "gemma2": t.Gemma2Config(**SMALL, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6,
                                  attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
@@ -124,7 +127,7 @@ def build(kind, attn="eager"):
 
 
 # Encoders built with AutoModel: no cache, no logits.
-ENCODERS = ("mpnet", "distilbert", "modernbert", "deberta")
+ENCODERS = ("mpnet", "distilbert", "modernbert", "deberta", "xlnet")
 
 
 class Wrap(torch.nn.Module):
@@ -899,6 +902,7 @@ def main():
         ("gemma2_ts_op18.onnx", lambda n: export_torch(n, "gemma2", opset=18)),
         ("deberta_ts_op14.onnx", lambda n: export_torch(n, "deberta", opset=14)),
         ("ln_axes_ts_op14.onnx", lambda n: export_feature_map_norms(n, opset=14)),
+        ("xlnet_ts_op14.onnx", lambda n: export_torch(n, "xlnet", opset=14)),
         # 3-D scores viewed as 4-D once, against a 4-D v.
         ("bloom_dynamo_op18.onnx", lambda n: export_torch(n, "bloom", opset=18, dynamo=True)),
         ("opt_optimum.onnx", lambda n: export_optimum(n, "opt", "text-generation", opset=14)),

@@ -35,6 +35,8 @@ const FORMS: &[(&str, &str)] = &[
     ("distilbert_ts_op14.onnx", "masked_fill.softmax"),
     ("mpt_ts_op14.onnx", "mul.add.masked_fill.cast.softmax.cast"),
     ("gemma2_ts_op18.onnx", "mul.softcap.add.softmax.cast.cast"),
+    // torch.einsum: a relative position term added, the mask subtracted.
+    ("xlnet_ts_op14.onnx", "einsum.add.mul.sub.softmax.einsum_v"),
 ];
 
 #[test]

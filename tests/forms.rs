@@ -576,6 +576,68 @@ fn fused_matmul_scores_with_their_alpha_are_a_core() {
     assert!(why.iter().any(|r| r.contains("transposes q (transA)")), "{why:?}");
 }
 
+/// Keras's attention as tf2onnx writes it: `einsum(key, query)` over the
+/// head axis into (batch, heads, query, key), scaled and masked, the
+/// probabilities' `Einsum` with the value back to (batch, query, heads,
+/// head size).
+fn einsum_core(scores_equation: &str, out_equation: &str, value: &[i64]) -> ModelProto {
+    let equation = |e: &str| attr_string("equation", e);
+    let mut b = Builder::default();
+    b.input("query", FLOAT, Some(&dims(&[2, 3, 2, 4])));
+    b.input("key", FLOAT, Some(&dims(&[2, 5, 2, 4])));
+    b.input("value", FLOAT, Some(&dims(value)));
+    b.input("mask", FLOAT, Some(&dims(&[2, 1, 1, 5])));
+    let s = b.node("Einsum", &["key", "query"], vec![equation(scores_equation)]);
+    let scale = b.init("scale", tensor(FLOAT, &[], &[0.5]));
+    let s = b.node("Mul", &[&s, &scale], vec![]);
+    let s = b.node("Add", &[&s, "mask"], vec![]);
+    let p = b.node("Softmax", &[&s], vec![attr_int("axis", -1)]);
+    b.node_to("Einsum", &[&p, "value"], &["out"], vec![equation(out_equation)]);
+    b.output("out", FLOAT, None);
+    b.model(14)
+}
+
+#[test]
+fn a_core_written_with_einsums_is_a_core() {
+    let model = einsum_core("aecd,abcd->acbe", "acbe,aecd->abcd", &[2, 5, 2, 4]);
+    let (n, why, fused) = attention(&model);
+    assert_eq!(n, 1, "{why:?}");
+    let node = fused.graph.as_ref().unwrap().node.iter().find(|n| n.op_type() == "AttentionCore").unwrap();
+    assert_eq!(node.overload(), "einsum_kq.mul.add.softmax.einsum_v");
+    assert_eq!(node.input, ["query", "key", "value", "mask"], "q, k, v in the core's order");
+    let text = |name: &str| node.attr(name).and_then(|a| a.s.clone()).map(|s| String::from_utf8(s.to_vec()).unwrap());
+    assert_eq!(text("scores_equation").as_deref(), Some("aecd,abcd->acbe"));
+    assert_eq!(text("out_equation").as_deref(), Some("acbe,aecd->abcd"));
+    assert_equivalent(&model, &fused, "einsum");
+    // Contracting a sequence axis (the key's), or a probabilities' Einsum
+    // that keeps their last axis: no attention core.
+    // A head of v of another size than the key's: the letter would broadcast.
+    for (scores, out, value, why) in [
+        ("aecd,abcd->acbd", "acbe,aecd->abcd", &[2, 4, 2, 4], "does not contract one head axis of q and k"),
+        ("aecd,abcd->acbe", "acbe,abcd->aecd", &[2, 5, 2, 4], "does not contract the probabilities' last axis alone"),
+        ("aecd,abcd->acbe", "acbe,aecd->abcd", &[2, 5, 1, 4], "operands give c the axes 2 and 1, not proved equal"),
+    ] {
+        let (n, declined, _) = attention(&einsum_core(scores, out, value));
+        assert_eq!(n, 0, "{scores} {out}");
+        assert!(declined.iter().any(|r| r.contains(why)), "{scores} {out}: {declined:?}");
+    }
+}
+
+#[test]
+fn a_term_subtracted_from_the_scores_is_a_step_and_one_they_are_subtracted_from_is_not() {
+    // XLNet: `score - 1e30 * mask`.
+    let model = core(|b, s| b.node("Sub", &[&s, "mask"], vec![]), |_, p| p);
+    let (n, why, fused) = attention(&model);
+    assert_eq!(n, 1, "{why:?}");
+    let node = fused.graph.as_ref().unwrap().node.iter().find(|n| n.op_type() == "AttentionCore").unwrap();
+    assert_eq!(node.overload(), "sub.softmax");
+    assert_eq!(node.input, ["q", "k", "v", "mask"]);
+    assert_equivalent(&model, &fused, "sub");
+    let (n, why, _) = attention(&core(|b, s| b.node("Sub", &["mask", &s], vec![]), |_, p| p));
+    assert_eq!(n, 0, "mask − scores is no step");
+    assert!(why.iter().any(|r| r.contains("mask is not computed by the graph")), "{why:?}");
+}
+
 #[test]
 fn masked_fill_with_a_reshaped_fill_is_a_core() {
     let model = core(

@@ -79,6 +79,8 @@ pub const EXPORTS: &[(&str, &[(&str, usize)], f32)] = &[
     // A relative position bias gathered through an If only shapes decide:
     // every residual norm is proved (skip-norm, tests/skip_norm.rs).
     ("deberta_ts_op14.onnx", &[("layer-norm", 5)], 1e-7),
+    // Attention written with Einsums, its mask subtracted.
+    ("xlnet_ts_op14.onnx", &[("layer-norm", 4), ("attention", 2)], 1e-12),
     // LayerNorms over a feature map's (H, W) and over (C, H, W), without weights.
     ("ln_axes_ts_op14.onnx", &[("layer-norm", 2)], 1e-5),
     // Optimum's merged decoder: both branches read the If's output names.

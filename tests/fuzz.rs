@@ -156,6 +156,7 @@ fn campaign(seed: u64, budget: usize, deadline: Option<Instant>) -> (BTreeMap<&'
     let mut failures = Vec::new();
     let mut refused: BTreeMap<String, usize> = BTreeMap::new();
     let all_passes = std::env::var_os("FUZZ_ALL_PASSES").is_some();
+    let trace = std::env::var_os("FUZZ_TRACE").is_some();
     for i in 0..budget {
         if deadline.is_some_and(|d| Instant::now() > d) {
             break;
@@ -163,6 +164,13 @@ fn campaign(seed: u64, budget: usize, deadline: Option<Instant>) -> (BTreeMap<&'
         for &(pass, generate) in GENERATORS {
             let case_seed = seed.wrapping_mul(1_000_003).wrapping_add(i as u64);
             let mut case = generate(&mut Rng::new(case_seed ^ hash(pass)));
+            if trace {
+                // A case that aborts the process (ONNX Runtime can) is the
+                // last one written.
+                eprintln!("case {pass} {case_seed}: {}", case.what.join("; "));
+                let last = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fuzz-last-case.onnx");
+                std::fs::write(last, prost::Message::encode_to_vec(&case.model)).unwrap();
+            }
             // One case in four for the portable target: only what the opset defines.
             let target = if case_seed % 4 == 0 { Target::Portable } else { Target::Ort };
             if target == Target::Portable {

@@ -248,6 +248,8 @@ fn exports_fuse_their_residual_norms() {
         // The attention output's shape through the relative position bias:
         // a GatherElements, and an If whose condition the shapes decide.
         ("deberta_ts_op14.onnx", "SkipLayerNormalization", 5),
+        // The attention output of Einsums.
+        ("xlnet_ts_op14.onnx", "SkipLayerNormalization", 4),
     ] {
         let (original, fused, outcome) = fuse(name);
         let skips = skip_nodes(&fused);

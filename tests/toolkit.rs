@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::build::{attr_graph, attr_int, attr_ints, attr_tensor, sym, tensor, Builder, D};
+use common::build::{attr_graph, attr_int, attr_ints, attr_string, attr_tensor, sym, tensor, Builder, D};
 use onnx_fuse::graph::{Graph, Scope};
 use onnx_fuse::onnx::unknown::find_unknown_field;
 use onnx_fuse::onnx::{GraphProto, ModelProto, BOOL, FLOAT, INT64};
@@ -246,7 +246,7 @@ fn shapes_know_what_onnx_shape_inference_knows() {
 fn shapes_know_what_onnx_runtime_symbolic_inference_knows() {
     use std::collections::{BTreeMap, HashSet};
     /// Sums of dimensions (a cache's `past + seq`, a Range from one to the
-    /// other) are no monomial; a hand-made near-miss whose declared shapes
+    /// other, XLNet's relative positions `2·seq − 1`) are no monomial; a hand-made near-miss whose declared shapes
     /// its ops contradict (onnx-fuse takes declared numbers as given).
     /// DeBERTa's are ORT's: it gives an If's output the then branch's rank
     /// where the branches' ranks differ, while the condition (decided by
@@ -264,6 +264,7 @@ fn shapes_know_what_onnx_runtime_symbolic_inference_knows() {
         ("nm_rms_op18_axes_not_constant.onnx", 4),
         ("nm_rms_op18_no_axes.onnx", 4),
         ("deberta_ts_op14.onnx", 10),
+        ("xlnet_ts_op14.onnx", 3),
     ];
     let mut problems = vec![];
     let (mut compared, mut pairs, mut assumed, mut stopped) = (0, 0, 0, 0);
@@ -510,11 +511,7 @@ fn conv_flatten_tile_and_einsum_shapes() {
     assert_eq!(shape(&b, 17, &tiled).unwrap(), ["n", "16", "4", "24"]);
     let q = b.input("q", FLOAT, Some(&[sym("b"), D::N(2), sym("s"), D::N(8)]));
     let k = b.input("k", FLOAT, Some(&[sym("b"), D::N(2), sym("t"), D::N(8)]));
-    let mut eq = attr_int("unused", 0);
-    eq.name = Some("equation".into());
-    eq.r#type = Some(onnx_fuse::onnx::AttributeType::String as i32);
-    eq.s = Some(bytes::Bytes::from_static(b"bhqd,bhkd->bhqk"));
-    let scores = b.node("Einsum", &[&q, &k], vec![eq]);
+    let scores = b.node("Einsum", &[&q, &k], vec![attr_string("equation", "bhqd,bhkd->bhqk")]);
     assert_eq!(shape(&b, 17, &scores).unwrap(), ["b", "2", "s", "t"]);
 }
 

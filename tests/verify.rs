@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::build::{attr_int, attr_ints, rms_norm, tensor, Builder, D};
+use common::build::{attr_graph, attr_int, attr_ints, rms_norm, tensor, Builder, D};
 use common::*;
 use onnx_fuse::onnx::{ModelProto, FLOAT, FLOAT16};
 use onnx_fuse::verify;
@@ -120,6 +120,39 @@ fn sizes_nothing_suggests_are_asked_for_by_name() {
     let e = verify::verify((&model, dir), (&model, dir), &Default::default()).unwrap_err();
     let e = format!("{e:#}");
     assert!(e.contains("--dim NAME=VALUE for seq") && e.contains("seq=7"), "{e}");
+}
+
+#[test]
+fn an_einsum_that_onnx_runtime_would_abort_on_is_an_error_not_an_abort() {
+    // q declares no shape, so a scalar is fed, where the equation reads 4
+    // axes: ONNX Runtime 1.31.1 terminates the process on such an Einsum.
+    // Also inside an If's branch, reading q from outside.
+    let einsum = |b: &mut Builder| {
+        b.node("Einsum", &["q", "k"], vec![common::build::attr_string("equation", "bhse,bhet->bhst")])
+    };
+    for nested in [false, true] {
+        let mut b = Builder::default();
+        b.input("q", FLOAT, None);
+        b.input("k", FLOAT, Some(&[D::N(1), D::N(2), D::N(4), D::N(3)]));
+        let s = if nested {
+            let mut body = Builder::default();
+            let s = einsum(&mut body);
+            body.output(&s, FLOAT, None);
+            let body = onnx_fuse::onnx::GraphProto { name: Some("branch".into()), ..body.graph };
+            let c = b.input("c", onnx_fuse::onnx::BOOL, Some(&[]));
+            let branches = vec![attr_graph("then_branch", body.clone()), attr_graph("else_branch", body)];
+            b.node_to("If", &[&c], &["s"], branches);
+            "s".to_string()
+        } else {
+            einsum(&mut b)
+        };
+        b.output(&s, FLOAT, None);
+        let model = b.model(14);
+        let dir = std::env::temp_dir();
+        let e = verify::verify((&model, &dir), (&model, &dir), &Default::default()).unwrap_err();
+        let e = format!("{e:#}");
+        assert!(e.contains("Einsum n0_Einsum reads q of rank 0 where its equation has 4 letters"), "{e}");
+    }
 }
 
 /// `LayerNormalization(a + 1000 + b)`: a residual stream with a large mean.

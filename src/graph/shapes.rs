@@ -526,8 +526,8 @@ impl<'g, 'a> Shapes<'g, 'a> {
         if node.domain() == crate::onnx::TRANSMUTER_DOMAIN && node.op_type() == "AttentionCore" {
             // softmax(q·k with its side values broadcast in) · v; a form with
             // Reshapes regroups axes its inputs do not show.
-            // FusedMatMul scores may read k untransposed.
-            let regrouped = node.overload().contains("reshape") || node.overload().contains("fused_matmul");
+            // FusedMatMul scores may read k untransposed, Einsums any layout.
+            let regrouped = ["reshape", "fused_matmul", "einsum"].iter().any(|t| node.overload().contains(t));
             if regrouped || node.output.first().map(String::as_str) != Some(value) {
                 return None;
             }
@@ -880,14 +880,11 @@ impl<'g, 'a> Shapes<'g, 'a> {
     /// An Einsum's output axes, from the letters of an explicit equation
     /// (`bhqd,bhkd->bhqk`); an equation with `...` or without `->` is not read.
     fn einsum(&self, node: &crate::onnx::NodeProto) -> Option<Vec<Dim>> {
-        let equation = node.attr("equation")?.s.as_deref()?;
-        let equation: String = std::str::from_utf8(equation).ok()?.chars().filter(|c| !c.is_whitespace()).collect();
-        let (inputs, output) = equation.split_once("->")?;
-        if equation.contains('.') {
+        let (terms, output) = node.einsum_terms()?;
+        if terms.iter().chain([&output]).any(|t| t.contains('.')) {
             return None;
         }
         let mut letters: HashMap<char, Dim> = HashMap::new();
-        let terms: Vec<&str> = inputs.split(',').collect();
         if terms.len() != node.input.len() {
             return None;
         }

@@ -39,6 +39,15 @@ impl NodeProto {
         self.attr(name).map(|a| a.ints.as_slice())
     }
 
+    /// An `Einsum`'s equation as its input terms and output term, without
+    /// whitespace; none without an explicit output (`->`).
+    pub fn einsum_terms(&self) -> Option<(Vec<String>, String)> {
+        let equation = std::str::from_utf8(self.attr("equation")?.s.as_deref()?).ok()?;
+        let equation: String = equation.chars().filter(|c| !c.is_whitespace()).collect();
+        let (inputs, output) = equation.split_once("->")?;
+        Some((inputs.split(',').map(str::to_string).collect(), output.to_string()))
+    }
+
     /// True for an operator of the default ONNX domain with this op type.
     pub fn is(&self, op_type: &str) -> bool {
         self.op_type() == op_type && is_default_domain(self.domain())

@@ -185,7 +185,7 @@ pub const SAME_SHAPE_AS_FIRST_INPUT: &[&str] = &[
     "Cast", "Softmax", "LogSoftmax", "Relu", "Neg", "Sqrt", "Reciprocal", "Exp", "Erf", "Tanh", "Sigmoid", "IsNaN",
     "Not", "Identity", "Dropout", "LayerNormalization", "SimplifiedLayerNormalization", "CastLike", "Cos", "Sin",
     "Abs", "Log", "Floor", "Ceil", "Round", "Sign", "Gelu", "Softplus", "HardSigmoid", "LeakyRelu", "Elu", "Selu",
-    "Mish", "HardSwish", "Clip", "IsInf", "CumSum", "Trilu", "ScatterND", "ScatterElements", "BitwiseNot",
+    "Mish", "HardSwish", "Clip", "IsInf", "CumSum", "Trilu", "ScatterND", "ScatterElements", "BitwiseNot", "EyeLike",
 ];
 
 /// True when output `index` of a `com.microsoft` op onnx-fuse writes has

@@ -6,6 +6,8 @@
 //! ```text
 //! s = MatMul(q, k)                 (an Identity or an inference Dropout anywhere on the way is no step)
 //!   | com.microsoft.FusedMatMul(q, k, alpha, transB)  not transA → token `fused_matmul`, attributes `alpha`, `trans_k`
+//!   | Einsum(q, k) | Einsum(k, q)   contracting one head axis, ending (query, key) → token `einsum` / `einsum_kq`,
+//!                                  attribute `scores_equation` (tf2onnx's Keras: `aecd,abcd->acbe` of key, query)
 //!     Mul(s, c) | Div(s, c)        c a constant with one value   → attribute `scale`
 //!     Div(s, d) | Mul(s, d)        d computed at run time (SwinV2's per-head scale),
 //!                                  its broadcast leaving the scores' shape → input `divisor` / `multiplier`
@@ -17,12 +19,14 @@
 //!     Where(keep, s, fill)         fill a constant ≤ -1e4        → input `keep`, attribute `fill`
 //!     Where(hide, fill, s)         masked_fill: the same, inverted → input `hide`, attribute `fill`
 //!     Add(s, mask)                 either order; several in a row → input `mask`, `mask_2`, …
+//!     Sub(s, mask)                 a term subtracted (XLNet)      → token `sub`, input `mask`
 //!     Reshape(s, shape) … Reshape  a pair that gives back the shape of s → `scores_shape`, `scores_shape_2`
 //! p = Softmax(s)                   over the last axis only
 //!     Cast(p, to = float type)     (up to two)                   → attribute `probs_to`, `probs_to_2`
 //!     Where(IsNaN(p), 0, p)        the SDPA export's NaN guard   → attribute `nan_value`
 //!     Reshape(Reshape(p, a), b)    giving back the shape of p    → `probs_shape`, `probs_shape_2`
 //! out = MatMul(p, v)
+//!   | Einsum(p, v)                 contracting p's last axis with v → token `einsum_v`, attribute `out_equation`
 //! ```
 //!
 //! The steps present, in their order, are the form (`mul.add.softmax.cast`):
@@ -81,6 +85,8 @@ enum Step {
         fill_first: bool,
     },
     Mask(String),
+    /// `s − mask`.
+    Subtract(String),
     Reshape {
         shape: Side,
         allowzero: bool,
@@ -97,6 +103,7 @@ impl Step {
             | Step::Multiplier(d)
             | Step::Where { keep: d, .. }
             | Step::Mask(d)
+            | Step::Subtract(d)
             | Step::Megatron { m: d, .. } => Some(d),
             Step::Reshape { shape: Side::Input(d), .. } => Some(d),
             _ => None,
@@ -110,8 +117,20 @@ enum Side {
     Input(String),
 }
 
+/// How the scores are computed from q and k.
+enum Scores<'a> {
+    MatMul,
+    /// `com.microsoft.FusedMatMul(q, k, alpha, transB)`.
+    Fused(&'a NodeProto),
+    /// An Einsum over one head axis; `key_first` where its first operand
+    /// is the key (Keras computes `einsum(key, query)`).
+    Einsum { node: &'a NodeProto, key_first: bool },
+}
+
 fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
-    let out = pattern::anchor(g, index, "MatMul")?;
+    let node = g.node(index);
+    candidate!(node.is("MatMul") || (node.is("Einsum") && node.input.len() == 2));
+    let out = pattern::anchor(g, index, g.node(index).op_type())?;
     let mut m = Match::new(index);
     let shapes = Shapes::new(g);
     let (probs, v) = (out.input[0].as_str(), out.input[1].as_str());
@@ -143,7 +162,25 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     softmax_over_last_axis(g, &shapes, softmax)?;
 
     let (scores, before) = scores_chain(g, &g.node(softmax).input[0], 0)?;
-    let (q, k) = (g.node(scores).input[0].as_str(), g.node(scores).input[1].as_str());
+    let scores_node = g.node(scores);
+    let form = match scores_node.op_type() {
+        "FusedMatMul" => Scores::Fused(scores_node),
+        "Einsum" => {
+            let key_first = einsum_scores(scores_node)?;
+            einsum_axes_agree(&shapes, scores_node)?;
+            Scores::Einsum { node: scores_node, key_first }
+        }
+        _ => Scores::MatMul,
+    };
+    let (a, b) = (scores_node.input[0].as_str(), scores_node.input[1].as_str());
+    let (q, k) = if matches!(form, Scores::Einsum { key_first: true, .. }) { (b, a) } else { (a, b) };
+    if out.is("Einsum") {
+        einsum_with_v(out)?;
+        einsum_axes_agree(&shapes, out)?;
+        // The Reshape pairs are proved against a MatMul's layout of v.
+        let reshaped = after.iter().any(|(_, s)| matches!(s, Step::Reshape { .. }));
+        require!(!reshaped, "a Reshape of the probabilities before an Einsum with v");
+    }
     // Scores whose shape alone is read elsewhere (DistilBERT expands its
     // mask to Shape(scores)) keep their MatMul for that reader; the core
     // computes q·k again (ONNX Runtime merges the two when it inlines).
@@ -170,7 +207,9 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     // it, hidden keys keep the weight of -cap.
     if let Some(cap) = before.iter().position(|(_, s)| matches!(s, Step::Softcap(..))) {
         let masked =
-            before[..cap].iter().any(|(_, s)| matches!(s, Step::Where { .. } | Step::Mask(_) | Step::Megatron { .. }));
+            before[..cap].iter().any(|(_, s)| {
+                matches!(s, Step::Where { .. } | Step::Mask(_) | Step::Subtract(_) | Step::Megatron { .. })
+            });
         require!(!masked, "the soft-cap is applied after the mask");
     }
     require!(count(&before, |s| matches!(s, Step::Cast(_))) <= 2, "more than two Casts before the Softmax");
@@ -190,25 +229,106 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     }
     let steps: Vec<Step> =
         before.into_iter().map(|(_, s)| s).chain([Step::Softmax]).chain(after.into_iter().map(|(_, s)| s)).collect();
-    let scores_node = g.node(scores);
-    let fused = (scores_node.op_type() == "FusedMatMul").then_some(scores_node);
     match g.target {
         Target::Ort => {
-            let (node, function) = build(q, k, v, fused, &steps);
+            let (node, function) = build(q, k, v, &form, out, &steps);
             let rewrite = m.replace_with_call(node, function);
             // The function calls com.microsoft's FusedMatMul: a function
             // resolves only the domains the model imports (ONNX Runtime
             // resolves an unimported one for nodes of the graph alone).
-            Ok(if fused.is_some() { rewrite.importing(crate::onnx::MICROSOFT, 1) } else { rewrite })
+            Ok(if matches!(form, Scores::Fused(_)) { rewrite.importing(crate::onnx::MICROSOFT, 1) } else { rewrite })
         }
         Target::Portable => {
-            require!(
-                fused.is_none(),
-                "the scores are ONNX Runtime's FusedMatMul, which ONNX's Attention does not read"
-            );
+            let what = match form {
+                Scores::MatMul if out.is("MatMul") => None,
+                Scores::Fused(_) => Some("the scores are ONNX Runtime's FusedMatMul"),
+                _ => Some("the core is written with Einsum"),
+            };
+            if let Some(what) = what {
+                decline!("{what}, which ONNX's Attention does not read");
+            }
             onnx_attention(g, &shapes, m, [q, k, v], &steps)
         }
     }
+}
+
+/// An Einsum's terms as attention writes them: two operands, letters
+/// only (no ellipsis), none twice in a term.
+fn einsum_letters(node: &NodeProto) -> Check<(Vec<char>, Vec<char>, Vec<char>)> {
+    let terms = node.einsum_terms().filter(|(inputs, _)| inputs.len() == 2 && node.input.len() == 2);
+    let (inputs, output) = terms.or_decline(|| format!("Einsum {} is not an equation of two operands", node.name()))?;
+    let letters = |t: &str| -> Option<Vec<char>> {
+        let chars: Vec<char> = t.chars().collect();
+        let distinct = chars.iter().enumerate().all(|(i, c)| c.is_ascii_alphabetic() && !chars[..i].contains(c));
+        distinct.then_some(chars)
+    };
+    let parsed = letters(&inputs[0]).zip(letters(&inputs[1])).zip(letters(&output));
+    let ((x, y), out) = parsed.or_decline(|| format!("Einsum {} has an ellipsis or a repeated letter", node.name()))?;
+    Ok((x, y, out))
+}
+
+/// Einsum scores: one letter contracted (in both operands, not in the
+/// output), every other letter of both operands in the output, the
+/// batch letters (all but the last two of the output) in both, and the
+/// output ending with the query axis of one operand and the key axis of the
+/// other. True where the first operand is the key.
+fn einsum_scores(node: &NodeProto) -> Check<bool> {
+    let (x, y, s) = einsum_letters(node)?;
+    let n = s.len();
+    require!(n >= 2, "the Einsum of the scores has fewer than two output axes");
+    let contracted: Vec<char> = x.iter().copied().filter(|c| !s.contains(c)).collect();
+    let one_head_axis = matches!(contracted[..], [d] if y.contains(&d) && y.iter().all(|c| *c == d || s.contains(c)));
+    let batch = s[..n - 2].iter().all(|c| x.contains(c) && y.contains(c));
+    require!(one_head_axis && batch, "the Einsum of the scores does not contract one head axis of q and k");
+    let (query, key) = (s[n - 2], s[n - 1]);
+    let only = |t: &[char], c: char, not: char| t.contains(&c) && !t.contains(&not);
+    if only(&x, query, key) && only(&y, key, query) {
+        Ok(false)
+    } else if only(&x, key, query) && only(&y, query, key) {
+        Ok(true)
+    } else {
+        decline!("the Einsum of the scores does not end with the query axis of one operand and the key axis of the other")
+    }
+}
+
+/// The axes of a letter both operands of an Einsum have are proved equal:
+/// ONNX defines no broadcasting of a letter (only of an ellipsis), and
+/// ONNX Runtime's kernel broadcasts one of 1 against another only where it
+/// comes second (measured: an output of 1 head where its shape inference
+/// says 2), so the core is not written where it would.
+fn einsum_axes_agree(shapes: &Shapes, node: &NodeProto) -> Check<()> {
+    let (x, y, _) = einsum_letters(node)?;
+    let (sx, sy) = (shapes.shape(&node.input[0]), shapes.shape(&node.input[1]));
+    let (Some(sx), Some(sy)) = (sx.filter(|s| s.len() == x.len()), sy.filter(|s| s.len() == y.len())) else {
+        decline!("the shapes of Einsum {}'s operands are not proved", node.name());
+    };
+    for (i, letter) in x.iter().enumerate() {
+        if let Some(j) = y.iter().position(|c| c == letter) {
+            require!(
+                sx[i] == sy[j],
+                "Einsum {}'s operands give {letter} the axes {} and {}, not proved equal",
+                node.name(),
+                sx[i],
+                sy[j]
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The probabilities' Einsum with v: it contracts their last axis (the
+/// key) with v, and keeps every other letter.
+fn einsum_with_v(node: &NodeProto) -> Check<()> {
+    let (p, v, out) = einsum_letters(node)?;
+    let key = p.last().copied();
+    let dropped: Vec<char> = p.iter().chain(&v).copied().filter(|c| !out.contains(c)).collect();
+    let contracts_key = key.is_some_and(|k| v.contains(&k) && dropped.iter().all(|&c| c == k));
+    let query_kept = p.len() >= 2 && !v.contains(&p[p.len() - 2]);
+    require!(
+        contracts_key && query_kept,
+        "the Einsum with v does not contract the probabilities' last axis alone"
+    );
+    Ok(())
 }
 
 /// `--target portable`: ONNX's `Attention` (from opset 23), which computes
@@ -249,6 +369,7 @@ fn onnx_attention(g: &Graph, shapes: &Shapes, mut m: Match, [q, k, v]: [&str; 3]
                 require!(Some(*to) == elem, "a Cast between the MatMuls changes the type Attention computes in")
             }
             Step::Mask(_) => decline!("more than one additive mask"),
+            Step::Subtract(d) => decline!("a term subtracted ({d}): Attention only adds its mask"),
             Step::Where { .. } => decline!("a masked core (Where): {MASK_FILLS}"),
             Step::Divisor(d) => decline!("the divisor {d} is computed at run time"),
             Step::Multiplier(d) => decline!("the multiplier {d} is computed at run time"),
@@ -448,7 +569,7 @@ fn scores_chain<'a>(g: &Graph<'a>, value: &'a str, depth: usize) -> Check<(usize
             return Ok((p, vec![]));
         }
         _ if !crate::onnx::is_default_domain(node.domain()) => {}
-        "MatMul" if binary => return Ok((p, vec![])),
+        "MatMul" | "Einsum" if binary => return Ok((p, vec![])),
         "Mul" if binary => {
             if let Some((scores, cap)) = softcap(g, node)? {
                 return step(scores_chain(g, scores, depth + 1), cap);
@@ -509,8 +630,14 @@ fn scores_chain<'a>(g: &Graph<'a>, value: &'a str, depth: usize) -> Check<(usize
             return step(scores_chain(g, &node.input[0], depth + 1), reshape(g, node));
         }
         "Sub" if binary => {
-            let (scores, megatron) = megatron_mask(g, node)?;
-            return step(scores_chain(g, scores, depth + 1), megatron);
+            // Megatron's s·m − c·(1 − m): its penalty is a Mul of 1 − m.
+            let penalty = g.produced_by(&node.input[1], "Mul").ok().map(|p| g.node(p));
+            if penalty.is_some_and(|p| p.input.iter().any(|i| g.produced_by(i, "Sub").is_ok())) {
+                let (scores, megatron) = megatron_mask(g, node)?;
+                return step(scores_chain(g, scores, depth + 1), megatron);
+            }
+            // A term subtracted (XLNet: `score − 1e30 · mask`).
+            return step(scores_chain(g, &node.input[0], depth + 1), Step::Subtract(node.input[1].clone()));
         }
         _ => {}
     }
@@ -677,12 +804,25 @@ fn attribute_tensor(t: &TensorProto) -> TensorProto {
 }
 
 /// The AttentionCore node and the function computing its form.
-fn build(q: &str, k: &str, v: &str, fused: Option<&NodeProto>, steps: &[Step]) -> (NodeProto, FunctionProto) {
+fn build(
+    q: &str,
+    k: &str,
+    v: &str,
+    scores: &Scores,
+    out: &NodeProto,
+    steps: &[Step],
+) -> (NodeProto, FunctionProto) {
     let mut b = Body::default();
     let mut form = Vec::new();
-    let mut s = match fused {
-        None => b.op("MatMul", &["q", "k"], vec![]),
-        Some(node) => {
+    let mut s = match scores {
+        Scores::MatMul => b.op("MatMul", &["q", "k"], vec![]),
+        Scores::Einsum { node, key_first } => {
+            // As the model wrote it, operands in its order.
+            form.push(if *key_first { "einsum_kq" } else { "einsum" }.to_string());
+            let equation = b.equation("scores_equation", node);
+            b.op("Einsum", if *key_first { &["k", "q"] } else { &["q", "k"] }, vec![equation])
+        }
+        Scores::Fused(node) => {
             // FusedMatMul(q, k) = alpha · q · op(k), as the model wrote it.
             form.push("fused_matmul".to_string());
             let alpha = b.float("alpha", "alpha", node.attr_float("alpha").unwrap_or(1.0));
@@ -748,6 +888,11 @@ fn build(q: &str, k: &str, v: &str, fused: Option<&NodeProto>, steps: &[Step]) -
                 let mask = b.input("mask", mask);
                 b.op("Add", &[&s, &mask], vec![])
             }
+            Step::Subtract(mask) => {
+                form.push("sub".into());
+                let mask = b.input("mask", mask);
+                b.op("Sub", &[&s, &mask], vec![])
+            }
             Step::Reshape { shape, allowzero } => {
                 let name = format!("{}_shape", side(after_softmax));
                 let (token, shape) = match shape {
@@ -772,7 +917,13 @@ fn build(q: &str, k: &str, v: &str, fused: Option<&NodeProto>, steps: &[Step]) -
             }
         };
     }
-    b.op("MatMul", &[&s, "v"], vec![]);
+    if out.is("Einsum") {
+        form.push("einsum_v".into());
+        let equation = b.equation("out_equation", out);
+        b.op("Einsum", &[&s, "v"], vec![equation]);
+    } else {
+        b.op("MatMul", &[&s, "v"], vec![]);
+    }
     let last = b.nodes.last_mut().expect("the final MatMul");
     last.output = vec!["out".into()];
     let overload = form.join(".");
@@ -856,6 +1007,20 @@ impl Body {
             name: Some(attr.into()),
             ref_attr_name: Some(name),
             r#type: Some(AttributeType::Float as i32),
+            ..Default::default()
+        }
+    }
+
+    /// An Einsum's equation as a string attribute of the node, passed to
+    /// the body's Einsum.
+    fn equation(&mut self, base: &str, einsum: &NodeProto) -> AttributeProto {
+        let name = self.fresh(base);
+        let equation = einsum.attr("equation").cloned().unwrap_or_default();
+        self.attributes.push(AttributeProto { name: Some(name.clone()), ..equation });
+        AttributeProto {
+            name: Some("equation".into()),
+            ref_attr_name: Some(name),
+            r#type: Some(AttributeType::String as i32),
             ..Default::default()
         }
     }

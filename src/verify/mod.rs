@@ -268,6 +268,9 @@ fn run_original(
         let feeds: Vec<(String, DynValue)> =
             inputs.iter().map(|i| Ok((i.name.clone(), i.to_value()?))).collect::<Result<_>>()?;
         let used = symbols.iter().filter(|s| !s.contains('+')).map(|s| (s.clone(), symbol_value(s, &o.dims))).collect();
+        if let Err(e) = einsum_operands_fit(original.0, &inputs) {
+            return Ok(Err(e));
+        }
         Ok(run_session(&mut session, "original", feeds).map(|values| (inputs, used, values)))
     };
     let first = match runs(options)? {
@@ -316,6 +319,56 @@ fn run_original(
         tried.join(", "),
         names.join(", ")
     )
+}
+
+/// ONNX Runtime (1.31.1, measured) aborts the process, rather than failing
+/// the run, on an Einsum whose operand has another number of axes than its
+/// term has letters (a scalar fed for an input whose shape the model does
+/// not declare, say). Such a run is refused with an error instead, as the
+/// failed run it would be.
+fn einsum_operands_fit(model: &ModelProto, inputs: &[Input]) -> Result<()> {
+    use crate::onnx::proto::tensor_shape_proto::Dimension;
+    let Some(graph) = model.graph.as_ref().filter(|g| has_einsum(g)) else { return Ok(()) };
+    // The graph with its inputs declared at the shapes fed.
+    let mut fed = graph.clone();
+    for input in inputs {
+        let declared = fed.input.iter_mut().find(|v| v.name() == input.name).and_then(|v| v.r#type.as_mut());
+        if let Some(TypeValue::TensorType(t)) = declared.and_then(|t| t.value.as_mut()) {
+            let dim = input.shape.iter().map(|&d| Dimension { value: Some(Dim::DimValue(d)), ..Default::default() });
+            t.shape = Some(crate::onnx::proto::TensorShapeProto { dim: dim.collect() });
+        }
+    }
+    einsums_fit(&fed, model.default_opset(), &crate::graph::Scope::default())
+}
+
+fn has_einsum(g: &crate::onnx::GraphProto) -> bool {
+    g.node.iter().any(|n| n.is("Einsum") || n.subgraphs().any(has_einsum))
+}
+
+/// `einsum_operands_fit` in `graph` and its bodies, each with what the
+/// graphs around it make visible.
+fn einsums_fit(graph: &crate::onnx::GraphProto, opset: i64, outer: &crate::graph::Scope) -> Result<()> {
+    let view = crate::graph::Graph::new(graph, opset, outer);
+    let shapes = view.shapes();
+    for (i, node) in graph.node.iter().enumerate() {
+        if node.subgraphs().next().is_some() {
+            let mut scope = view.scope_for_subgraphs();
+            scope.hide(view.hidden_from_bodies_of(i));
+            node.subgraphs().try_for_each(|body| einsums_fit(body, opset, &scope))?;
+        }
+        let Some((terms, _)) = node.einsum_terms().filter(|_| node.is("Einsum")) else { continue };
+        for (term, operand) in terms.iter().zip(&node.input).filter(|(t, _)| !t.contains('.')) {
+            let letters = term.chars().count();
+            if let Some(rank) = shapes.rank(operand).filter(|&r| r != letters) {
+                bail!(
+                    "Einsum {} reads {operand} of rank {rank} where its equation has {letters} letters (ONNX Runtime \
+                     aborts on it; give the inputs' shapes with --inputs)",
+                    node.name()
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Whether `rewritten` is `original` with some subgraphs replaced by fused

@@ -82,6 +82,10 @@ pub fn attr_float(name: &str, v: f64) -> AttributeProto {
     AttributeProto::float(name, v as f32)
 }
 
+pub fn attr_string(name: &str, v: &str) -> AttributeProto {
+    AttributeProto::string(name, v)
+}
+
 pub fn attr_ints(name: &str, v: &[i64]) -> AttributeProto {
     AttributeProto {
         name: Some(name.into()),

@@ -4,7 +4,7 @@
 
 use onnx_fuse::onnx::{ModelProto, BFLOAT16, BOOL, DOUBLE, FLOAT, FLOAT16, INT64};
 
-use crate::common::build::{attr_float, attr_graph, attr_int, attr_ints, sym, tensor, value_info, Builder, D};
+use crate::common::build::{attr_float, attr_graph, attr_int, attr_ints, attr_string, sym, tensor, value_info, Builder, D};
 
 /// What the mutations make of the rewrite.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -752,7 +752,10 @@ pub fn attention(rng: &mut Rng) -> Case {
     };
     let v = b.input("v", elem, declare.then_some(&vd[..]));
     let before = b.graph.node.len();
-    let mut s = if rng.chance(0.1) && elem == FLOAT {
+    let einsums = rng.chance(0.1) && elem == FLOAT;
+    // The Einsums' batch letters.
+    let batch = if four { "bh" } else { "b" };
+    let mut s = if !einsums && rng.chance(0.1) && elem == FLOAT {
         // ONNX Runtime's FusedMatMul(q, k, alpha): the scale inside the
         // product (an ONNX Runtime optimizer's output, fused again).
         c.ort_only("the scores are com.microsoft.FusedMatMul");
@@ -764,6 +767,26 @@ pub fn attention(rng: &mut Rng) -> Case {
         let s = b.node("FusedMatMul", &[&q, &k], attributes);
         b.graph.node.last_mut().expect("the FusedMatMul").domain = Some("com.microsoft".into());
         s
+    } else if einsums {
+        // tf2onnx: q·k as an Einsum over the head axis (Keras: of key, query).
+        c.ort_only("the scores are an Einsum");
+        if qd[..rank - 2] != kd[..rank - 2] {
+            // ONNX Runtime's kernel broadcasts a letter in one operand order only.
+            c.unsure("an Einsum letter broadcast between q and k");
+        }
+        let output = if rng.chance(0.1) {
+            c.breaks("the scores' Einsum keeps the head axis and sums the key's sequence alone");
+            format!("{batch}se")
+        } else {
+            format!("{batch}st")
+        };
+        let (qt, kt) = (format!("{batch}se"), format!("{batch}et"));
+        if rng.chance(0.5) {
+            c.note("the Einsum reads the key first");
+            b.node("Einsum", &[&k, &q], vec![attr_string("equation", &format!("{kt},{qt}->{output}"))])
+        } else {
+            b.node("Einsum", &[&q, &k], vec![attr_string("equation", &format!("{qt},{kt}->{output}"))])
+        }
     } else {
         b.node("MatMul", &[&q, &k], vec![])
     };
@@ -849,9 +872,12 @@ pub fn attention(rng: &mut Rng) -> Case {
             let r = scalar_rank(rng, &mut c, "the fill", declare.then_some(rank));
             one_value(rng, &mut b, "fill", s_elem, r, fill)
         };
+        // The condition is a side input: other readers change nothing.
+        c.aside.push(keep.clone());
         s = if rng.chance(0.4) {
             c.note("masked_fill: Where(hide, fill, scores)");
             let hide = b.node("Not", &[&keep], vec![]);
+            c.aside.push(hide.clone());
             b.node("Where", &[&hide, &f, &s], vec![])
         } else {
             b.node("Where", &[&keep, &s, &f], vec![])
@@ -867,6 +893,8 @@ pub fn attention(rng: &mut Rng) -> Case {
         } else {
             b.node("Cast", &[&keep], vec![attr_int("to", s_elem as i64)])
         };
+        // m is a side input, keep_mask: other readers change nothing.
+        c.aside.extend([keep, m.clone()]);
         let one = one_value(rng, &mut b, "one", s_elem, 0, 1.0);
         let penalty = one_value(rng, &mut b, "penalty", s_elem, 0, 10000.0);
         let kept = commuted(rng, &mut b, "Mul", &s, &m);
@@ -888,7 +916,18 @@ pub fn attention(rng: &mut Rng) -> Case {
             c.ort_only(format!("additive term {i}"));
             let lead = if i == 0 { D::N(1) } else { D::N(2) };
             let m = b.input(&format!("m{i}"), s_elem, Some(&[D::N(1), lead, sym("s"), sym("t")][4 - rank..]));
-            s = commuted(rng, &mut b, "Add", &s, &m);
+            s = match rng.below(8) {
+                // XLNet: `score - 1e30 * mask`.
+                0 => {
+                    c.note(format!("term {i} subtracted from the scores"));
+                    b.node("Sub", &[&s, &m], vec![])
+                }
+                1 => {
+                    c.breaks(format!("the scores subtracted from term {i}"));
+                    b.node("Sub", &[&m, &s], vec![])
+                }
+                _ => commuted(rng, &mut b, "Add", &s, &m),
+            };
         }
     }
     let axis = match rng.below(8) {
@@ -949,6 +988,15 @@ pub fn attention(rng: &mut Rng) -> Case {
     let out = if rng.chance(0.05) {
         c.breaks("MatMul(p, p)");
         b.node("MatMul", &[&p, &p], vec![])
+    } else if einsums && rng.chance(0.7) {
+        c.note("the output is an Einsum of p and v");
+        let equation = if rng.chance(0.1) {
+            c.breaks("the Einsum with v contracts the queries");
+            format!("{batch}st,{batch}se->{batch}te")
+        } else {
+            format!("{batch}st,{batch}te->{batch}se")
+        };
+        b.node("Einsum", &[&p, &v], vec![attr_string("equation", &equation)])
     } else {
         b.node("MatMul", &[&p, &v], vec![])
     };
