@@ -122,7 +122,7 @@ impl Memo {
 }
 
 /// How deep the views of If branches that shapes derive may nest.
-const MAX_BODY_DEPTH: usize = 4;
+const MAX_BODY_DEPTH: usize = 2;
 
 pub struct Shapes<'g, 'a> {
     g: &'g Graph<'a>,
