@@ -165,18 +165,13 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     let scores_node = g.node(scores);
     let form = match scores_node.op_type() {
         "FusedMatMul" => Scores::Fused(scores_node),
-        "Einsum" => {
-            let key_first = einsum_scores(scores_node)?;
-            einsum_axes_agree(&shapes, scores_node)?;
-            Scores::Einsum { node: scores_node, key_first }
-        }
+        "Einsum" => Scores::Einsum { node: scores_node, key_first: einsum_scores(&shapes, scores_node)? },
         _ => Scores::MatMul,
     };
     let (a, b) = (scores_node.input[0].as_str(), scores_node.input[1].as_str());
     let (q, k) = if matches!(form, Scores::Einsum { key_first: true, .. }) { (b, a) } else { (a, b) };
     if out.is("Einsum") {
-        einsum_with_v(out)?;
-        einsum_axes_agree(&shapes, out)?;
+        einsum_with_v(&shapes, out)?;
         // The Reshape pairs are proved against a MatMul's layout of v.
         let reshaped = after.iter().any(|(_, s)| matches!(s, Step::Reshape { .. }));
         require!(!reshaped, "a Reshape of the probabilities before an Einsum with v");
@@ -272,7 +267,7 @@ fn einsum_letters(node: &NodeProto) -> Check<(Vec<char>, Vec<char>, Vec<char>)> 
 /// batch letters (all but the last two of the output) in both, and the
 /// output ending with the query axis of one operand and the key axis of the
 /// other. True where the first operand is the key.
-fn einsum_scores(node: &NodeProto) -> Check<bool> {
+fn einsum_scores(shapes: &Shapes, node: &NodeProto) -> Check<bool> {
     let (x, y, s) = einsum_letters(node)?;
     let n = s.len();
     require!(n >= 2, "the Einsum of the scores has fewer than two output axes");
@@ -280,6 +275,7 @@ fn einsum_scores(node: &NodeProto) -> Check<bool> {
     let one_head_axis = matches!(contracted[..], [d] if y.contains(&d) && y.iter().all(|c| *c == d || s.contains(c)));
     let batch = s[..n - 2].iter().all(|c| x.contains(c) && y.contains(c));
     require!(one_head_axis && batch, "the Einsum of the scores does not contract one head axis of q and k");
+    einsum_axes_agree(shapes, node, &x, &y)?;
     let (query, key) = (s[n - 2], s[n - 1]);
     let only = |t: &[char], c: char, not: char| t.contains(&c) && !t.contains(&not);
     if only(&x, query, key) && only(&y, key, query) {
@@ -296,8 +292,7 @@ fn einsum_scores(node: &NodeProto) -> Check<bool> {
 /// ONNX Runtime's kernel broadcasts one of 1 against another only where it
 /// comes second (measured: an output of 1 head where its shape inference
 /// says 2), so the core is not written where it would.
-fn einsum_axes_agree(shapes: &Shapes, node: &NodeProto) -> Check<()> {
-    let (x, y, _) = einsum_letters(node)?;
+fn einsum_axes_agree(shapes: &Shapes, node: &NodeProto, x: &[char], y: &[char]) -> Check<()> {
     let (sx, sy) = (shapes.shape(&node.input[0]), shapes.shape(&node.input[1]));
     let (Some(sx), Some(sy)) = (sx.filter(|s| s.len() == x.len()), sy.filter(|s| s.len() == y.len())) else {
         decline!("the shapes of Einsum {}'s operands are not proved", node.name());
@@ -318,7 +313,7 @@ fn einsum_axes_agree(shapes: &Shapes, node: &NodeProto) -> Check<()> {
 
 /// The probabilities' Einsum with v: it contracts their last axis (the
 /// key) with v, and keeps every other letter.
-fn einsum_with_v(node: &NodeProto) -> Check<()> {
+fn einsum_with_v(shapes: &Shapes, node: &NodeProto) -> Check<()> {
     let (p, v, out) = einsum_letters(node)?;
     let key = p.last().copied();
     let dropped: Vec<char> = p.iter().chain(&v).copied().filter(|c| !out.contains(c)).collect();
@@ -328,7 +323,7 @@ fn einsum_with_v(node: &NodeProto) -> Check<()> {
         contracts_key && query_kept,
         "the Einsum with v does not contract the probabilities' last axis alone"
     );
-    Ok(())
+    einsum_axes_agree(shapes, node, &p, &v)
 }
 
 /// `--target portable`: ONNX's `Attention` (from opset 23), which computes
@@ -999,42 +994,31 @@ impl Body {
         self.op("Constant", &[], vec![reference])
     }
 
+    /// An attribute of the node (`attribute` named as given), passed to a
+    /// body node as `attr`: a reference of the same type.
+    fn pass(&mut self, base: &str, attr: &str, attribute: impl FnOnce(&str) -> AttributeProto) -> AttributeProto {
+        let name = self.fresh(base);
+        let attribute = attribute(&name);
+        let r#type = attribute.r#type;
+        self.attributes.push(attribute);
+        AttributeProto { name: Some(attr.into()), ref_attr_name: Some(name), r#type, ..Default::default() }
+    }
+
     /// A float attribute of the node, passed to a body node as `attr`.
     fn float(&mut self, base: &str, attr: &str, value: f32) -> AttributeProto {
-        let name = self.fresh(base);
-        self.attributes.push(AttributeProto::float(&name, value));
-        AttributeProto {
-            name: Some(attr.into()),
-            ref_attr_name: Some(name),
-            r#type: Some(AttributeType::Float as i32),
-            ..Default::default()
-        }
+        self.pass(base, attr, |name| AttributeProto::float(name, value))
     }
 
     /// An Einsum's equation as a string attribute of the node, passed to
     /// the body's Einsum.
     fn equation(&mut self, base: &str, einsum: &NodeProto) -> AttributeProto {
-        let name = self.fresh(base);
         let equation = einsum.attr("equation").cloned().unwrap_or_default();
-        self.attributes.push(AttributeProto { name: Some(name.clone()), ..equation });
-        AttributeProto {
-            name: Some("equation".into()),
-            ref_attr_name: Some(name),
-            r#type: Some(AttributeType::String as i32),
-            ..Default::default()
-        }
+        self.pass(base, "equation", |name| AttributeProto { name: Some(name.into()), ..equation })
     }
 
     /// An int attribute of the node, passed to a body node as `attr`.
     fn int(&mut self, base: &str, value: i64) -> AttributeProto {
-        let name = self.fresh(base);
-        self.attributes.push(AttributeProto::int(&name, value));
         let attr = if base.ends_with("_to") { "to" } else { base };
-        AttributeProto {
-            name: Some(attr.into()),
-            ref_attr_name: Some(name),
-            r#type: Some(AttributeType::Int as i32),
-            ..Default::default()
-        }
+        self.pass(base, attr, |name| AttributeProto::int(name, value))
     }
 }
