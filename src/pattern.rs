@@ -236,6 +236,17 @@ pub fn weight_over<'a>(g: &Graph<'a>, value: &'a str, x: &str, k: usize, what: &
     decline!("the {what} ({value}) has shape [{}], not the last {k} axes of {x}, [{}]", shown(&shape), shown(normalized))
 }
 
+/// A scale of ones for a norm of `x` over its last `k` axes, in x's type:
+/// none where those axes or the type are not known numbers. (For k = 1 the
+/// last axis may be known where the rank is not.)
+pub fn ones_over(g: &Graph, x: &str, k: usize) -> Option<TensorProto> {
+    let shapes = g.shapes();
+    let last_k = shapes.shape(x).filter(|s| s.len() >= k).map(|s| s[s.len() - k..].to_vec());
+    let last_k = last_k.or_else(|| shapes.last_axis(x).filter(|_| k == 1).map(|d| vec![d]))?;
+    let dims: Vec<i64> = last_k.iter().map(Dim::value).collect::<Option<_>>()?;
+    filled_shape(g.elem_type(x)?, &dims, 1.0)
+}
+
 /// A `[d]` tensor of float type `elem` holding `v` (exact in that type)
 /// `d` times; none for other types or more than 2^20 elements.
 pub fn filled(elem: i32, d: i64, v: f64) -> Option<TensorProto> {

@@ -82,15 +82,10 @@ fn without_gamma(g: &Graph, index: usize) -> Check<Rewrite> {
     let n = &last.output[0];
     let core = rms_core(g, n).or_no_candidate()?;
     let x = centered(g, core.x, core.axes).or_no_candidate()?;
-    let shape = g.shapes().shape(x).filter(|s| s.len() >= core.axes);
-    let normalized = shape.and_then(|s| s[s.len() - core.axes..].iter().map(|d| d.value()).collect::<Option<Vec<_>>>());
-    let normalized = normalized.or_else(|| g.shapes().last_axis(x).and_then(|d| d.value()).filter(|_| core.axes == 1).map(|d| vec![d]));
-    let elem = g.elem_type(x);
-    let ones = normalized.zip(elem).and_then(|(dims, elem)| pattern::filled_shape(elem, &dims, 1.0));
     let over = if core.axes == 1 { "last axis".to_string() } else { format!("last {} axes", core.axes) };
-    let ones = ones
+    let ones = pattern::ones_over(g, x, core.axes)
         .or_decline(|| format!("a LayerNorm without gamma: the {over} and type of {x} are not known numbers"))?;
-    require!(elem == Some(core.elem_type), "x and eps do not share one element type");
+    require!(g.elem_type(x) == Some(core.elem_type), "x and eps do not share one element type");
     if g.target == Target::Portable {
         g.require_portable(PORTABLE)?;
     }

@@ -89,10 +89,7 @@ fn without_weight(g: &Graph, index: usize) -> Check<Rewrite> {
     let last = g.node(index);
     candidate!(last.is("Div") || last.is("Mul"));
     let core = last_axis_core(g, &last.output[0]).or_no_candidate()?;
-    let d = g.shapes().last_axis(core.x).and_then(|d| d.value());
-    let elem = g.elem_type(core.x);
-    let ones = d.zip(elem).and_then(|(d, elem)| pattern::filled(elem, d, 1.0));
-    let ones = ones
+    let ones = pattern::ones_over(g, core.x, 1)
         .or_decline(|| format!("a norm without weight: the last axis and type of {} are not known numbers", core.x))?;
     let mut m = Match::new(index);
     let weight = m.weight_input(g, pattern::Weight::Made(Box::new(ones)), "weight");
