@@ -16,7 +16,7 @@ use std::collections::{HashMap, HashSet};
 
 use super::{Graph, IntsArgument, Scope};
 use crate::onnx::proto::tensor_shape_proto::dimension::Value as DimValue;
-use crate::onnx::{GraphProto, NodeProto};
+use crate::onnx::NodeProto;
 use crate::ops;
 
 /// `coef × atoms[0] × atoms[1] × …` (atoms sorted).
@@ -324,9 +324,13 @@ impl<'g, 'a> Shapes<'g, 'a> {
         // A condition the shapes decide (torch traces `if x.dim() == 2`
         // as an If on `Equal(Shape(Shape(x)), 2)`) runs one branch only.
         let condition = self.scalar(&node.input[0]).and_then(|c| c.value());
+        if self.g.outer.shape_depth >= MAX_BODY_DEPTH {
+            return None;
+        }
+        let scope = self.scope_of(holder, node);
         let branch = |taken: bool| match condition {
             Some(c) if (c != 0) != taken => None,
-            _ => Some(self.branch_outputs(holder, node, if taken { "then_branch" } else { "else_branch" })),
+            _ => Some(self.branch_outputs(&scope, node, if taken { "then_branch" } else { "else_branch" })),
         };
         let (then, other) = match (branch(true), branch(false)) {
             (Some(then), Some(other)) => (then, other),
@@ -351,28 +355,23 @@ impl<'g, 'a> Shapes<'g, 'a> {
         shape
     }
 
-    /// The output shapes of an If's branch, derived in a view of the body,
-    /// with each dimension made of atoms known outside the body (none for
-    /// one of the body's own). None where nesting is too deep.
-    fn branch_outputs(&self, holder: usize, node: &NodeProto, branch: &str) -> Vec<Option<Vec<Option<Dim>>>> {
-        let g = self.g;
+    /// The output shapes of an If's branch, derived in a view of the body
+    /// with what the If's bodies see (`scope`), each dimension made of atoms
+    /// known outside the bodies (none for one of the body's own).
+    fn branch_outputs(&self, scope: &Scope, node: &NodeProto, branch: &str) -> Vec<Option<Vec<Option<Dim>>>> {
         let Some(body) = node.attribute.iter().find(|a| a.name() == branch).and_then(|a| a.g.as_ref()) else {
             return vec![];
         };
-        if g.outer.shape_depth >= MAX_BODY_DEPTH {
-            return vec![];
-        }
-        let scope = self.scope_of(holder, body);
         let outside: HashSet<&str> = scope.shapes.values().flatten().flat_map(|d| d.atoms.iter().map(String::as_str)).collect();
-        let view = Graph::new(body, g.opset, &scope);
+        let view = Graph::new(body, self.g.opset, scope);
         let shapes = view.shapes();
         let known_outside = |d: Dim| d.atoms.iter().all(|a| outside.contains(a.as_str())).then_some(d);
         body.output.iter().map(|o| Some(shapes.shape(o.name())?.into_iter().map(known_outside).collect())).collect()
     }
 
-    /// What a body of node `holder` sees of this graph: the names it can
-    /// read, and the constants, shapes and element types of those it does.
-    fn scope_of(&self, holder: usize, body: &GraphProto) -> Scope {
+    /// What the bodies of node `holder` see of this graph: the names they
+    /// can read, and the constants, shapes and element types of those they do.
+    fn scope_of(&self, holder: usize, node: &NodeProto) -> Scope {
         let g = self.g;
         let hidden = g.hidden_from_bodies_of(holder);
         let own = g.defined.iter().copied().chain(g.consts.keys().copied());
@@ -382,7 +381,7 @@ impl<'g, 'a> Shapes<'g, 'a> {
             shape_depth: g.outer.shape_depth + 1,
             ..Scope::default()
         };
-        for v in super::free_values(body) {
+        for v in node.subgraphs().flat_map(super::free_values) {
             if let Some(t) = g.constant(&v) {
                 scope.constants.insert(v.clone(), t.clone());
             }
