@@ -371,6 +371,8 @@ impl<'g, 'a> Shapes<'g, 'a> {
 
     /// What the bodies of node `holder` see of this graph: the names they
     /// can read, and the constants, shapes and element types of those they do.
+    /// (`Graph::scope_for_subgraphs` gives every value's shape, which are
+    /// still being derived here.)
     fn scope_of(&self, holder: usize, node: &NodeProto) -> Scope {
         let g = self.g;
         let hidden = g.hidden_from_bodies_of(holder);
