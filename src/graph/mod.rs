@@ -7,6 +7,7 @@
 //! declared or follow from the ops that produce it. It never changes the
 //! graph; `rewrite.rs` does that.
 
+mod dim;
 pub mod shapes;
 
 use std::borrow::Cow;

@@ -14,80 +14,11 @@
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 
+pub use super::dim::{product, Dim};
 use super::{Graph, IntsArgument, Scope};
 use crate::onnx::proto::tensor_shape_proto::dimension::Value as DimValue;
 use crate::onnx::NodeProto;
 use crate::ops;
-
-/// `coef × atoms[0] × atoms[1] × …` (atoms sorted).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Dim {
-    coef: i64,
-    atoms: Vec<String>,
-}
-
-impl Dim {
-    pub fn known(n: i64) -> Self {
-        Dim { coef: n, atoms: vec![] }
-    }
-
-    fn atom(name: String) -> Self {
-        Dim { coef: 1, atoms: vec![name] }
-    }
-
-    /// A positive multiple of atoms: a size, never negative (shape
-    /// elements are sizes; only Neg makes a negative coefficient).
-    fn is_dimension(&self) -> bool {
-        !self.atoms.is_empty() && self.coef > 0
-    }
-
-    pub fn value(&self) -> Option<i64> {
-        self.atoms.is_empty().then_some(self.coef)
-    }
-
-    /// The number, given the values of the declared symbols (atoms `$name`);
-    /// none where another atom is in it (no number is known of it).
-    pub fn evaluate(&self, symbol: &dyn Fn(&str) -> Option<i64>) -> Option<u128> {
-        self.atoms.iter().try_fold(u128::try_from(self.coef).ok()?, |n, a| {
-            n.checked_mul(u128::try_from(symbol(a.strip_prefix('$')?)?).ok()?)
-        })
-    }
-
-    /// The product; none where the coefficient overflows (unknown).
-    fn mul(&self, other: &Dim) -> Option<Dim> {
-        let mut atoms = [self.atoms.clone(), other.atoms.clone()].concat();
-        atoms.sort();
-        Some(Dim { coef: self.coef.checked_mul(other.coef)?, atoms })
-    }
-
-    /// Exact division, when `other` divides `self` as a monomial.
-    fn div(&self, other: &Dim) -> Option<Dim> {
-        if self.coef.checked_rem(other.coef)? != 0 {
-            return None;
-        }
-        let mut atoms = self.atoms.clone();
-        for a in &other.atoms {
-            let i = atoms.iter().position(|x| x == a)?;
-            atoms.remove(i);
-        }
-        Some(Dim { coef: self.coef.checked_div(other.coef)?, atoms })
-    }
-}
-
-/// The product of dimensions (1 for none); none where it overflows.
-pub fn product(dims: &[Dim]) -> Option<Dim> {
-    dims.iter().try_fold(Dim::known(1), |p, d| p.mul(d))
-}
-
-impl std::fmt::Display for Dim {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut parts: Vec<String> = self.atoms.iter().map(|a| a.trim_start_matches('$').to_string()).collect();
-        if self.coef != 1 || parts.is_empty() {
-            parts.insert(0, self.coef.to_string());
-        }
-        f.write_str(&parts.join("·"))
-    }
-}
 
 /// Recursion is cut off here: a proof that needs more is given up (never
 /// wrongly made). Shapes are derived in dependency order (producers
@@ -246,7 +177,7 @@ impl<'g, 'a> Shapes<'g, 'a> {
         for i in 0..rank {
             let dims = aligned(shapes, rank, i);
             for d in &dims {
-                if let ([atom], 1) = (d.atoms.as_slice(), d.coef) {
+                if let Some((atom, 1)) = d.single_atom() {
                     if let Some((e, _)) = mins.get(atom).filter(|(e, n)| *n >= 2 && dims.contains(&e)) {
                         pairs.push(((*d).clone(), e.clone()));
                     }
@@ -267,16 +198,16 @@ impl<'g, 'a> Shapes<'g, 'a> {
             return false;
         }
         let solve = |x: &Dim, y: &Dim| -> Option<(String, Dim)> {
-            let [atom] = x.atoms.as_slice() else { return None };
-            if x.coef == 0 || y.atoms.contains(atom) {
+            let (atom, coef) = x.single_atom()?;
+            if y.atoms().any(|a| a == atom) {
                 return None;
             }
-            Some((atom.clone(), y.div(&Dim::known(x.coef))?))
+            Some((atom.to_string(), y.div(&Dim::known(coef))?))
         };
         // Prefer solving for an atom of the derivation (`value#i`) over a
         // declared symbol (`$seq`), so that declared names stay; then the
         // later name, for determinism.
-        let rank = |x: &Dim| x.atoms.first().map(|a| (!a.starts_with('$'), a.clone()));
+        let rank = |x: &Dim| x.single_atom().map(|(a, _)| (!a.starts_with('$'), a.to_string()));
         let (first, second) = if rank(&a) >= rank(&b) { (&a, &b) } else { (&b, &a) };
         let Some((atom, value)) = solve(first, second).or_else(|| solve(second, first)) else { return false };
         self.memo.facts.borrow_mut().insert(atom, value);
@@ -292,17 +223,10 @@ impl<'g, 'a> Shapes<'g, 'a> {
         let facts = self.memo.facts.borrow();
         let mut d = d;
         for _ in 0..=facts.len() {
-            if !d.atoms.iter().any(|a| facts.contains_key(a)) {
+            if !d.atoms().any(|a| facts.contains_key(a)) {
                 break;
             }
-            let mut out = Dim::known(d.coef);
-            for atom in d.atoms {
-                out = match facts.get(&atom).and_then(|v| out.mul(v)) {
-                    Some(v) => v,
-                    None => out.mul(&Dim::atom(atom)).expect("an atom leaves the coefficient as it is"),
-                };
-            }
-            d = out;
+            d = d.substitute(|a| facts.get(a).cloned());
         }
         d
     }
@@ -362,10 +286,13 @@ impl<'g, 'a> Shapes<'g, 'a> {
         let Some(body) = node.attribute.iter().find(|a| a.name() == branch).and_then(|a| a.g.as_ref()) else {
             return vec![];
         };
-        let outside: HashSet<&str> = scope.shapes.values().flatten().flat_map(|d| d.atoms.iter().map(String::as_str)).collect();
+        let outside: HashSet<&str> = scope.shapes.values().flatten().flat_map(|d| d.atoms().map(String::as_str)).collect();
         let view = Graph::new(body, self.g.opset, scope);
         let shapes = view.shapes();
-        let known_outside = |d: Dim| d.atoms.iter().all(|a| outside.contains(a.as_str())).then_some(d);
+        let known_outside = |d: Dim| {
+            let known = d.atoms().all(|a| outside.contains(a.as_str()));
+            known.then_some(d)
+        };
         body.output.iter().map(|o| Some(shapes.shape(o.name())?.into_iter().map(known_outside).collect())).collect()
     }
 
@@ -488,7 +415,7 @@ impl<'g, 'a> Shapes<'g, 'a> {
             // what the ops prove (spec, ground rule 11: torch names an
             // output's axes `MatMulout_dim_0`, Optimum its caches' sums) but
             // an atom of the value itself, which says nothing.
-            let own = |d: &Dim| d.atoms.iter().any(|a| a.starts_with(value) && a[value.len()..].starts_with('#'));
+            let own = |d: &Dim| d.atoms().any(|a| a.starts_with(value) && a[value.len()..].starts_with('#'));
             let from_ops = || self.derive_from_ops(value).filter(|d| d.len() == declared.dim.len());
             let mut once: Option<Option<Vec<Dim>>> = None;
             let mut derived = |i: usize| once.get_or_insert_with(from_ops).as_ref().map(|d| d[i].clone());
@@ -765,8 +692,8 @@ impl<'g, 'a> Shapes<'g, 'a> {
                 let mut out: Vec<Dim> = (0..rank)
                     .map(|i| parts.iter().map(|p| &p[i]).find(|d| d.value().is_some()).unwrap_or(&parts[0][i]).clone())
                     .collect();
-                let total: Option<i64> = parts.iter().map(|p| p[axis].value()).try_fold(0i64, |t, d| t.checked_add(d?));
-                out[axis] = total.map_or_else(|| Dim::atom(format!("{value}#{axis}")), Dim::known);
+                let total = parts.iter().try_fold(Dim::known(0), |t, p| t.add(&p[axis]));
+                out[axis] = total.unwrap_or_else(|| Dim::atom(format!("{value}#{axis}")));
                 out
             }
             op if op.starts_with("Reduce") => {
@@ -816,12 +743,13 @@ impl<'g, 'a> Shapes<'g, 'a> {
     }
 
     /// The length the `i`th sliced axis of a Slice keeps where its bounds
-    /// are computed at run time: from 0 by 1 to an end `e` on an axis of
-    /// length `len`, that is `len` where `e` is `len` (or past it), else
-    /// `min(e, len)` where one of the two is a number of at least 1 and the
-    /// other a dimension (`min_atom`: GPT-2's causal mask and BERT's
-    /// position ids, a buffer sliced to the sequence's length); the last
-    /// len elements are the axis.
+    /// are computed at run time, by 1 from a start `s` to an end `e` on an
+    /// axis of length `len`: `e - s` where 0 ≤ s ≤ e and e ≤ len or len ≤ e
+    /// are proved (a cache's causal mask `bias[..., past : past + seq, :]`),
+    /// as for `0 .. len`; from 0, `min(e, len)` where one of the two is a
+    /// number of at least 1 and the other a dimension (`min_atom`: GPT-2's
+    /// causal mask and BERT's position ids, a buffer sliced to the
+    /// sequence's length); the last len elements are the axis.
     fn runtime_slice_length(&self, node: &NodeProto, i: usize, len: &Dim) -> Option<Dim> {
         let at = |k: usize| -> Option<Dim> { self.elements(node.input.get(k)?, 0)?.get(i)?.clone() };
         let step = match node.input.get(4).filter(|s| !s.is_empty()) {
@@ -839,15 +767,25 @@ impl<'g, 'a> Shapes<'g, 'a> {
         // The last e elements of an axis of length e, `-e:` (T5's position
         // bias cut to the query length), are the axis. (Where e may be
         // other than len, `-0:` is the whole axis, not min(0, len).)
-        let last = Dim { coef: start.coef.checked_neg()?, atoms: start.atoms.clone() };
+        let last = start.neg()?;
         if last == *len && (end.value().is_some_and(|e| e >= i64::MAX / 2) || end == *len) {
             return Some(len.clone());
+        }
+        // Each bound within the axis, or past its end (the end then).
+        let within = |b: &Dim| match b.is_size() {
+            true if self.proved_at_most(b, len) => Some(b.clone()),
+            true if self.proved_at_most(len, b) => Some(len.clone()),
+            _ => None,
+        };
+        if let (Some(s), Some(e)) = (within(&start), within(&end)) {
+            if let Some(kept) = e.sub(&s).filter(Dim::is_size) {
+                return Some(kept);
+            }
         }
         if start.value() != Some(0) {
             return None;
         }
         match (len.value(), end.value()) {
-            _ if end == *len => Some(len.clone()),
             (Some(n), Some(e)) => Some(Dim::known(slice_count(0, e, 1, n))),
             (None, Some(e)) if e >= i64::MAX / 2 => Some(len.clone()),
             (None, Some(e)) if e >= 1 && len.is_dimension() => Some(self.min_atom(len.clone(), e)),
@@ -859,20 +797,46 @@ impl<'g, 'a> Shapes<'g, 'a> {
     /// An atom for `min(e, n)`, with e a dimension and n ≥ 1, remembered so
     /// that a broadcast with e itself is e (`broadcast`).
     fn min_atom(&self, e: Dim, n: i64) -> Dim {
-        let name = format!("min({}·{}, {n})", e.coef, e.atoms.join("·"));
+        let name = min_name(&e, n);
         self.memo.mins.borrow_mut().entry(name.clone()).or_insert((e, n));
         Dim::atom(name)
     }
 
-    /// The length of `Range(start, limit, delta)`: `limit` for the common
-    /// `Range(0, n, 1)` (n a dimension, say), else computed from numbers.
+    /// `a ≤ b` in every run: `b - a` is a size, or b is a number n and the
+    /// run has proved `min(e, m) = e` (`required_equalities`) for an e of
+    /// at least a and an m of at most n.
+    fn proved_at_most(&self, a: &Dim, b: &Dim) -> bool {
+        if b.sub(a).is_some_and(|d| d.is_size()) {
+            return true;
+        }
+        let Some(n) = b.value() else { return false };
+        let a = self.resolve(a.clone());
+        let mins = self.memo.mins.borrow();
+        mins.iter().any(|(name, (e, m))| {
+            let e = self.resolve(e.clone());
+            *m <= n && e.sub(&a).is_some_and(|d| d.is_size()) && self.resolve(Dim::atom(name.clone())) == e
+        })
+    }
+
+    /// The length of `Range(start, limit, delta)`, max(limit - start, 0)
+    /// for a step of 1 or -1: `limit` for the common `Range(0, n, 1)`, `seq`
+    /// for a cache's positions `Range(past, past + seq, 1)`; else computed
+    /// from numbers.
     fn range_length(&self, node: &crate::onnx::NodeProto) -> Option<Dim> {
         let g = self.g;
-        let (start, delta) = (g.scalar(node.input.first()?)?, g.scalar(node.input.get(2)?)?);
+        let delta = g.scalar(node.input.get(2)?)?;
         let limit = self.scalar(node.input.get(1)?)?;
-        if start == 0.0 && delta == 1.0 {
-            return Some(limit);
+        if delta == 1.0 || delta == -1.0 {
+            if let Some(start) = self.scalar(node.input.first()?) {
+                let span = if delta == 1.0 { limit.sub(&start) } else { start.sub(&limit) }?;
+                return match span.value() {
+                    Some(n) => Some(Dim::known(n.max(0))),
+                    None if span.is_dimension() => Some(span),
+                    None => span.neg().filter(Dim::is_dimension).map(|_| Dim::known(0)),
+                };
+            }
         }
+        let start = g.scalar(node.input.first()?)?;
         let limit = limit.value()? as f64;
         let n = ((limit - start) / delta).ceil().max(0.0);
         (n.is_finite() && n < i64::MAX as f64).then(|| Dim::known(n as i64))
@@ -925,11 +889,12 @@ impl<'g, 'a> Shapes<'g, 'a> {
     /// The elements of a 1-D integer tensor that holds a shape: known where
     /// they are constants or dimensions read by `Shape`, or computed from
     /// those, None where they are computed otherwise (such an element may
-    /// even be 0 or -1).
+    /// even be 0 or -1), or where a difference is not proved to be a size
+    /// (`seq - 1` is -1 where seq is 0).
     pub fn shape_tensor(&self, value: &str) -> Option<Vec<Option<Dim>>> {
         match self.shape(value) {
             Some(shape) if shape.len() != 1 => None,
-            _ => self.elements(value, 0),
+            _ => Some(self.elements(value, 0)?.into_iter().map(|d| d.filter(|d| d.value().is_some() || d.is_size())).collect()),
         }
     }
 
@@ -982,11 +947,15 @@ impl<'g, 'a> Shapes<'g, 'a> {
             }
             // The same elements under another rank (0 or 1).
             "Unsqueeze" | "Squeeze" | "Reshape" | "Identity" => arg(0),
-            // Integers keep their values through a Cast to another
-            // integer or float type; a Cast to bool does not.
-            "Cast" if node.attr_int("to") != Some(i64::from(crate::onnx::BOOL)) => arg(0),
             // To bool: a known number is true where it is not 0.
-            "Cast" => elementwise(&[arg(0)?], |e| Some(Dim::known(i64::from(e[0].as_ref()?.value()? != 0)))),
+            "Cast" if node.attr_int("to") == Some(i64::from(crate::onnx::BOOL)) => {
+                elementwise(&[arg(0)?], |e| Some(Dim::known(i64::from(e[0].as_ref()?.value()? != 0))))
+            }
+            // Sizes keep their values through a Cast to a type of 32 bits
+            // or more; a narrower one may wrap or round them.
+            "Cast" if node.attr_int("to").and_then(|t| i32::try_from(t).ok()).is_some_and(crate::onnx::holds_sizes) => {
+                arg(0)
+            }
             "Gather" if node.attr_int("axis").unwrap_or(0) == 0 => {
                 let data = arg(0)?;
                 let indices = g.constant(&node.input[1])?.ints()?;
@@ -1007,8 +976,9 @@ impl<'g, 'a> Shapes<'g, 'a> {
             }
             "Add" | "Sub" | "Mul" | "Div" | "Equal" => {
                 let op = node.op_type();
+                let integer = g.elem_type(value).is_some_and(crate::onnx::is_integer);
                 elementwise(&[arg(0)?, arg(1)?], |e| match e {
-                    [Some(a), Some(b)] => arithmetic(op, a, b),
+                    [Some(a), Some(b)] => arithmetic(op, a, b, integer),
                     _ => None,
                 })
             }
@@ -1031,8 +1001,7 @@ impl<'g, 'a> Shapes<'g, 'a> {
                 _ => None,
             }),
             "Neg" => elementwise(&[arg(0)?], |e| {
-                let d = e[0].as_ref()?;
-                Some(Dim { coef: d.coef.checked_neg()?, atoms: d.atoms.clone() })
+                e[0].as_ref()?.neg()
             }),
             "Where" => elementwise(&[arg(0)?, arg(1)?, arg(2)?], |e| match e {
                 [Some(c), x, y] => match c.value()? {
@@ -1086,8 +1055,8 @@ impl Shapes<'_, '_> {
         (0..rank)
             .map(|i| {
                 let dims = aligned(shapes, rank, i);
-                let beside_its_e = |d: &Dim| match d.atoms.as_slice() {
-                    [atom] if d.coef == 1 => mins.get(atom).is_some_and(|(e, _)| dims.contains(&e)),
+                let beside_its_e = |d: &Dim| match d.single_atom() {
+                    Some((atom, 1)) => mins.get(atom).is_some_and(|(e, _)| dims.contains(&e)),
                     _ => false,
                 };
                 let not_one: Vec<&Dim> =
@@ -1104,6 +1073,11 @@ impl Shapes<'_, '_> {
             })
             .collect()
     }
+}
+
+/// The name of the atom for `min(e, n)`.
+fn min_name(e: &Dim, n: i64) -> String {
+    format!("min({}, {n})", e.key())
 }
 
 /// Axis `i` of a broadcast to `rank` axes: each operand's dimension there
@@ -1137,26 +1111,21 @@ fn elementwise(args: &[Vec<Option<Dim>>], f: impl Fn(&[Option<Dim>]) -> Option<D
     )
 }
 
-/// One element of `a op b` where it can be told: numbers are computed
-/// (integer division truncates, as ONNX Runtime's does), a monomial times
-/// or exactly divided by another is one, `x - x` is 0, `x ± 0` is x; for
-/// `Equal`, 1 or 0 where equal monomials, or two different numbers, or a
+/// One element of `a op b` where it can be told: sums, differences and
+/// products of polynomials, a quotient where it is exact (or, of numbers
+/// in an integer type, truncated, as ONNX Runtime's division is); for
+/// `Equal`, 1 or 0 where equal polynomials, or two different numbers, or a
 /// dimension (never negative) and a negative number decide it.
-fn arithmetic(op: &str, a: &Dim, b: &Dim) -> Option<Dim> {
+fn arithmetic(op: &str, a: &Dim, b: &Dim, integer: bool) -> Option<Dim> {
     let (x, y) = (a.value(), b.value());
     match op {
         "Mul" => a.mul(b),
         "Div" => match (x, y) {
-            (Some(x), Some(y)) => x.checked_div(y).map(Dim::known),
+            (Some(x), Some(y)) if integer || x.checked_rem(y)? == 0 => x.checked_div(y).map(Dim::known),
             _ => a.div(b),
         },
-        "Add" | "Sub" => match (x, y) {
-            (Some(x), Some(y)) => if op == "Add" { x.checked_add(y) } else { x.checked_sub(y) }.map(Dim::known),
-            (_, Some(0)) => Some(a.clone()),
-            (Some(0), _) if op == "Add" => Some(b.clone()),
-            _ if op == "Sub" && a == b => Some(Dim::known(0)),
-            _ => None,
-        },
+        "Add" => a.add(b),
+        "Sub" => a.sub(b),
         "Equal" => {
             let unequal = matches!((x, y), (Some(x), Some(y)) if x != y)
                 || (a.is_dimension() && y.is_some_and(|y| y < 0))

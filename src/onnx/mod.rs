@@ -149,6 +149,19 @@ pub const DOUBLE: i32 = DataType::Double as i32;
 pub const INT64: i32 = DataType::Int64 as i32;
 pub const BOOL: i32 = DataType::Bool as i32;
 
+/// Whether tensors of this element type hold the sizes of a shape
+/// exactly (up to 2^24 for float), where exports cast them to compute.
+pub fn holds_sizes(elem_type: i32) -> bool {
+    use DataType::*;
+    [Int32, Int64, Uint32, Uint64, Float, Double].iter().any(|&t| t as i32 == elem_type)
+}
+
+/// Whether tensors of this element type hold integers (division truncates).
+pub fn is_integer(elem_type: i32) -> bool {
+    use DataType::*;
+    [Int8, Int16, Int32, Int64, Uint8, Uint16, Uint32, Uint64].iter().any(|&t| t as i32 == elem_type)
+}
+
 impl TensorProto {
     /// Number of elements the dims describe (1 for a scalar).
     pub fn numel(&self) -> Option<u64> {

@@ -1551,6 +1551,37 @@ pub fn gelu(rng: &mut Rng) -> Case {
 /// skip-norm: `norm(a + b [+ bias])`, the norm as exporters write it from
 /// opset 17 (`LayerNormalization`) or as ONNX Runtime registers it
 /// (`SimplifiedLayerNormalization`), shapes as the kernel takes them or not.
+/// `a`'s rows as a decoder's new rows in its cache: `Concat(past, a)` cut
+/// from past's length to the cache's, `keys[:, past : past + seq]` (a
+/// skip-norm input of seq rows only where sums of dimensions are proved),
+/// or a mutant that keeps other rows.
+fn cache_rows(rng: &mut Rng, c: &mut Ctx, b: &mut Builder, a: &str, elem: i32) -> String {
+    let past = b.input("past", elem, Some(&[sym("b"), sym("t"), D::N(HIDDEN)]));
+    let keys = b.node("Concat", &[&past, a], vec![attr_int("axis", 1)]);
+    let rows = |b: &mut Builder, v: &str| b.node("Shape", &[v], vec![attr_int("start", 1), attr_int("end", 2)]);
+    let (start, end) = match rng.below(4) {
+        0 => {
+            c.note("a cache's new rows, keys[:, past : past + seq]");
+            (rows(b, &past), rows(b, &keys))
+        }
+        1 => {
+            c.note("a cache's new rows, to an end past the cache's");
+            let (total, one) = (rows(b, &keys), b.init("cache_one", tensor(INT64, &[1], &[1.0])));
+            (rows(b, &past), b.node("Add", &[&total, &one], vec![]))
+        }
+        2 => {
+            c.breaks("a cache's rows from seq on (past of them)");
+            (rows(b, a), rows(b, &keys))
+        }
+        _ => {
+            c.breaks("a cache's rows from past to seq");
+            (rows(b, &past), rows(b, a))
+        }
+    };
+    let axes = b.init("cache_axes", tensor(INT64, &[1], &[1.0]));
+    b.node("Slice", &[&keys, &start, &end, &axes], vec![])
+}
+
 pub fn skip_norm(rng: &mut Rng) -> Case {
     let mut c = Ctx::new();
     let mut b = Builder::default();
@@ -1591,6 +1622,11 @@ pub fn skip_norm(rng: &mut Rng) -> Case {
     };
     let a = b.input("a", elem, a_dims.as_deref());
     let skip = b.input("skip", elem, b_dims.as_deref());
+    let a = if a_dims.as_ref().is_some_and(|d| d.len() == 3) && a_dims == b_dims && rng.chance(0.2) {
+        cache_rows(rng, &mut c, &mut b, &a, elem)
+    } else {
+        a
+    };
     let before = b.graph.node.len();
     let left = if rng.chance(0.3) {
         let (shape, note) = match rng.below(4) {
