@@ -76,18 +76,29 @@ pub fn scalar(g: &Graph, value: &str, other: &str, what: &str) -> Check<f64> {
     Ok(v)
 }
 
-/// `Cast(c → float type)` of a one-value constant c of a float type, or of
-/// an integer type with a value every float type holds exactly: the value
-/// cast (rounded as the target type rounds), and the rank.
+/// A constant, or a `Cast` of one that `scalar` reads.
+pub fn constant_or_cast(g: &Graph, value: &str) -> bool {
+    g.constant(value).is_some() || cast_scalar(g, value).is_some()
+}
+
+/// `Cast(c → float type)` (or `CastLike(c, like)` of a float type) of a
+/// one-value constant c of a float type, or of an integer type with a
+/// value every float type holds exactly: the value cast (rounded as the
+/// target type rounds), and the rank.
 fn cast_scalar(g: &Graph, value: &str) -> Option<(f64, usize)> {
-    let cast = g.node(g.produced_by(value, "Cast").ok()?);
+    let cast = g.node(g.producer(value)?);
+    let to = match cast.op_type() {
+        "Cast" => cast_to(cast),
+        "CastLike" if cast.is("CastLike") && cast.input.len() == 2 => g.elem_type(&cast.input[1]),
+        _ => None,
+    }?;
     let t = g.constant(&cast.input[0]).filter(|t| t.numel() == Some(1))?;
     let v = t.scalar()?;
     let from_float = matches!(t.data_type(), FLOAT | FLOAT16 | BFLOAT16 | DOUBLE);
     if !from_float && !(v.fract() == 0.0 && v.abs() <= 2048.0) {
         return None;
     }
-    let cast_value = match cast_to(cast)? {
+    let cast_value = match to {
         FLOAT => f64::from(v as f32),
         DOUBLE => v,
         FLOAT16 => half::f16::from_f64(v).to_f64(),

@@ -132,6 +132,40 @@ fn the_exponent_may_be_a_cast_of_a_constant() {
     assert!(why.iter().any(|r| r.contains("the exponent is 3, not 2")), "{why:?}");
 }
 
+/// `norm` with its eps written `CastLike(eps, like)` (onnxscript's torchlib
+/// writes every literal so: like is the mean), eps of the given type.
+fn norm_with_cast_like_eps(elem: i32, like_int: bool) -> ModelProto {
+    let mut model = norm(&dims(X), tensor(FLOAT, &[4], &ramp(4)), None, false);
+    model.opset_import[0].version = Some(15);
+    let g = model.graph.as_mut().unwrap();
+    g.initializer.retain(|t| t.name() != "eps");
+    let add = g.node.iter().position(|n| n.op_type() == "Add").unwrap();
+    let mean = g.node[add].input[0].clone();
+    let mut b = Builder::default();
+    b.init("eps_literal", tensor(elem, &[], &[1e-5]));
+    b.init("an_int", tensor(INT64, &[], &[1.0]));
+    let like = if like_int { "an_int" } else { mean.as_str() };
+    b.node_to("CastLike", &["eps_literal", like], &["eps"], vec![]);
+    g.node.insert(add, NodeProto { name: Some("eps_cast_like".into()), ..b.graph.node.remove(0) });
+    g.initializer.extend(b.graph.initializer);
+    model
+}
+
+#[test]
+fn an_eps_cast_like_the_mean_is_a_constant() {
+    // Of the mean's own type, the literal itself; of another, its value
+    // rounded to the mean's type.
+    for elem in [FLOAT, DOUBLE] {
+        let fused = fused_one(&norm_with_cast_like_eps(elem, false), "SimplifiedLayerNormalization");
+        let node = &fused.graph.as_ref().unwrap().node[0];
+        assert!(fused_list(node).contains(&"CastLike eps_cast_like"), "{:?}", fused_list(node));
+        assert_eq!(node.attr_float("epsilon"), Some(1e-5));
+    }
+    // Cast like an integer, eps is 0 (and not of x's type).
+    let why = declined(&norm_with_cast_like_eps(FLOAT, true));
+    assert!(why.iter().any(|r| r.contains("is a constant eps")), "{why:?}");
+}
+
 /// `norm` without its `Add(eps)`: the root of the mean itself.
 fn norm_without_eps(centered: bool) -> ModelProto {
     let mut model = norm(&dims(X), tensor(FLOAT, &[4], &ramp(4)), None, centered);

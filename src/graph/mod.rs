@@ -299,7 +299,29 @@ impl<'a> Graph<'a> {
                 .any(|o| g.outputs.contains(o.as_str()) || g.consumers(o).iter().any(|&c| g.live[c]));
         }
         g.infer_types();
+        g.fold_cast_likes();
         g
+    }
+
+    /// `CastLike(c, like)` of a constant c to c's own type is c (onnxscript's
+    /// torchlib writes every literal so: an eps `CastLike(1e-5, mean)`).
+    /// Known only once the types are.
+    fn fold_cast_likes(&mut self) {
+        let proto = self.proto;
+        for &i in &self.order {
+            let node = &proto.node[i];
+            let (Some(out), [c, like]) = (node.output.first(), node.input.as_slice()) else { continue };
+            if !node.is("CastLike") || self.malformed.contains_key(&i) || self.ambiguous.contains(out.as_str()) {
+                continue;
+            }
+            let own = self.consts.get(c.as_str()).filter(|_| !self.ambiguous.contains(c.as_str())).cloned();
+            let outer = || (!self.defined.contains(c.as_str())).then(|| self.outer.constants.get(c)).flatten();
+            let Some(t) = own.or_else(|| outer().map(Cow::Borrowed)) else { continue };
+            if self.elem_type(like) == Some(t.data_type()) {
+                self.types.insert(out, t.data_type());
+                self.consts.insert(out, t);
+            }
+        }
     }
 
     /// Spec, ground rules 4 and 8: a body (at any depth) that defines again

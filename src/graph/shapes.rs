@@ -3,13 +3,13 @@
 //! (`Shape → Gather → Mul → Unsqueeze → Concat → Reshape`), and to know a
 //! value's rank.
 //!
-//! A dimension is a monomial: an integer times a product of atoms. An atom
-//! is a dimension nothing more is known of: a declared symbol (`batch`), or
-//! axis i of a graph value (`x#1`). Rules below derive shapes through the
-//! ops exports use around attention; where a rule cannot tell a dimension,
-//! it becomes an atom of the value itself, which is always true and never
-//! equal to anything else. Equal monomials are equal numbers at run time,
-//! so equality of two derived shapes is a proof.
+//! A dimension is a polynomial in atoms (`dim.rs`). An atom is a size
+//! nothing more is known of: a declared symbol (`batch`), or axis i of a
+//! graph value (`x#1`). Rules below derive shapes through the ops exports
+//! use around attention; where a rule cannot tell a dimension, it becomes
+//! an atom of the value itself, which is always true and never equal to
+//! anything else. Equal polynomials are equal numbers at run time, so
+//! equality of two derived shapes is a proof.
 
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
@@ -190,7 +190,7 @@ impl<'g, 'a> Shapes<'g, 'a> {
     /// Records `a = b` where one side is `c · atom` and the other a
     /// multiple of c without that atom: the atom then stands for the
     /// quotient. A declared symbol yields to a derived atom's value only
-    /// where that is a number or another symbol's monomial; two numbers, or
+    /// where that is a number or a polynomial of other atoms; two numbers, or
     /// forms no atom can be solved from, teach nothing. True where new.
     fn unify(&self, a: Dim, b: Dim) -> bool {
         let (a, b) = (self.resolve(a), self.resolve(b));
@@ -898,7 +898,7 @@ impl<'g, 'a> Shapes<'g, 'a> {
         }
     }
 
-    /// The value of an integer scalar (or one-element tensor) as a monomial.
+    /// The value of an integer scalar (or one-element tensor) as a dimension.
     fn scalar(&self, value: &str) -> Option<Dim> {
         if let Some(v) = self.g.scalar(value) {
             return (v.fract() == 0.0 && v.abs() < 2f64.powi(53)).then(|| Dim::known(v as i64));
