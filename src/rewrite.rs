@@ -664,6 +664,7 @@ fn found_within(found: &[Rewrite], claimed: &HashSet<usize>, rewrite: &Rewrite) 
 fn settle(g: &Graph, mut rewrite: Rewrite, functions: &[&FunctionProto]) -> Check<Rewrite> {
     let fallback = rewrite.fallback.take();
     let checked = (|| {
+        read_constants_at_their_source(g, &mut rewrite);
         let (walked, nodes) = matched_nodes(g, &rewrite);
         rewrite.nodes = nodes;
         absorb_constants(g, &mut rewrite);
@@ -700,6 +701,22 @@ fn name_constants(g: &Graph, rewrite: &mut Rewrite, taken: &mut HashSet<String>)
         }
         taken.insert(name.clone());
         t.name = Some(name);
+    }
+}
+
+/// A constant the replacement would read as `CastLike(c, like)` of a value
+/// computed at run time (a weight cast like the normalized value, which the
+/// match computes) is read as c itself: the CastLike then feeds only the
+/// match and goes with it (`absorb_constants`).
+fn read_constants_at_their_source(g: &Graph, rewrite: &mut Rewrite) {
+    for input in rewrite.replacement.input.iter_mut() {
+        let Some(node) = g.producer(input).map(|p| g.node(p)) else { continue };
+        let like_computed = node.input.get(1).is_some_and(|like| g.constant(like).is_none());
+        if node.is("CastLike") && like_computed {
+            if let Some(source) = g.same_constant_as(input) {
+                *input = source.to_string();
+            }
+        }
     }
 }
 

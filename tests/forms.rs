@@ -166,6 +166,32 @@ fn an_eps_cast_like_the_mean_is_a_constant() {
     assert!(why.iter().any(|r| r.contains("is a constant eps")), "{why:?}");
 }
 
+/// `norm` with its weight written `CastLike(weight, normalized)` (torchlib:
+/// `weight * hidden.to(dtype)`), the weight of the given type.
+fn norm_with_cast_like_weight(elem: i32) -> ModelProto {
+    let mut model = norm(&dims(X), tensor(elem, &[4], &ramp(4)), None, false);
+    model.opset_import[0].version = Some(15);
+    let g = model.graph.as_mut().unwrap();
+    let mul = g.node.iter().position(|n| n.output[0] == "y").unwrap();
+    let normalized = g.node[mul].input[0].clone();
+    let mut b = Builder::default();
+    b.node_to("CastLike", &["weight", &normalized], &["weight_cast"], vec![]);
+    g.node.insert(mul, NodeProto { name: Some("weight_cast_like".into()), ..b.graph.node.remove(0) });
+    g.node[mul + 1].input[1] = "weight_cast".into();
+    model
+}
+
+#[test]
+fn a_weight_cast_like_the_normalized_value_is_read_as_the_weight() {
+    let fused = fused_one(&norm_with_cast_like_weight(FLOAT), "SimplifiedLayerNormalization");
+    let node = &fused.graph.as_ref().unwrap().node[0];
+    assert_eq!(node.input[1], "weight");
+    assert!(fused_list(node).contains(&"CastLike weight_cast_like"), "{:?}", fused_list(node));
+    // Cast like an f32 value, an f64 weight is another tensor: not read.
+    let why = declined(&norm_with_cast_like_weight(DOUBLE));
+    assert!(!why.is_empty());
+}
+
 /// `norm` without its `Add(eps)`: the root of the mean itself.
 fn norm_without_eps(centered: bool) -> ModelProto {
     let mut model = norm(&dims(X), tensor(FLOAT, &[4], &ramp(4)), None, centered);

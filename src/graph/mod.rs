@@ -357,6 +357,22 @@ impl<'a> Graph<'a> {
         self.live[index]
     }
 
+    /// The value a constant was folded from where it is the same tensor
+    /// under another name: the input of an `Identity`, or of a `Cast` or
+    /// `CastLike` to its own type.
+    pub fn same_constant_as(&self, value: &str) -> Option<&'a str> {
+        let node = self.node(self.producer(value)?);
+        let source = node.input.first()?;
+        let t = self.constant(source)?;
+        let same = match node.op_type() {
+            "Identity" => true,
+            "Cast" => node.attr_int("to") == Some(i64::from(t.data_type())),
+            "CastLike" => self.elem_type(node.input.get(1)?) == Some(t.data_type()),
+            _ => false,
+        };
+        (same && crate::onnx::is_default_domain(node.domain()) && self.constant(value).is_some()).then_some(source)
+    }
+
     /// The value of `Identity` (or a `Cast` to its own type) of a constant,
     /// or of `Reshape`, `Squeeze`, `Unsqueeze` or `Expand` to ones of a
     /// small one (the same values under new dims), when every argument is a
