@@ -37,6 +37,8 @@ const FORMS: &[(&str, &str)] = &[
     ("gemma2_ts_op18.onnx", "mul.softcap.add.softmax.cast.cast"),
     // torch.einsum: a relative position term added, the mask subtracted.
     ("xlnet_ts_op14.onnx", "einsum.add.mul.sub.softmax.einsum_v"),
+    // Views of the scores whose shapes are computed from the scores'.
+    ("deberta_ts_op14.onnx", "add.reshape_computed.masked_fill.softmax.reshape_computed"),
 ];
 
 #[test]
@@ -129,6 +131,32 @@ fn trocr_reshape_pair_is_proved_with_symbolic_shapes() {
     let core = cores(&fused)[0];
     assert_eq!(function(&fused, core.overload()).input, ["q", "k", "v", "scores_shape", "mask", "scores_shape_2"]);
     assert_equivalent(&original, &fused, "trocr_decoder_ts_op14.onnx");
+}
+
+/// DeBERTa views its 3-D scores as `[-1, heads, Shape(s)[-2], Shape(s)[-1]]`
+/// for the mask and the probabilities back as `[-1, Shape(p)[-2],
+/// Shape(p)[-1]]`: shapes computed from the core's own values, which the
+/// body computes too (from its own values), nodes copied. Where a node of
+/// that computation is read elsewhere, it cannot go with the core.
+#[test]
+fn reshape_shapes_computed_from_the_cores_values_are_computed_in_the_body() {
+    let (original, fused, _) = fuse("deberta_ts_op14.onnx");
+    let core = cores(&fused)[0];
+    let f = function(&fused, core.overload());
+    assert_eq!(f.input, ["q", "k", "v", "mask", "hide"], "the position bias and the mask: no shape input");
+    let reads = |op: &str| f.node.iter().filter(|n| n.op_type() == op).count();
+    assert_eq!((reads("Shape"), reads("Reshape")), (4, 2));
+    assert_equivalent(&original, &fused, "deberta_ts_op14.onnx");
+
+    let mut shared = original.clone();
+    let g = shared.graph.as_mut().unwrap();
+    let concat = g.node.iter().find(|n| n.name() == "/model/encoder/layer.0/attention/self/Concat_12").unwrap();
+    let out = onnx_fuse::onnx::ValueInfoProto { name: Some(concat.output[0].clone()), ..Default::default() };
+    g.output.push(out);
+    let (fused, outcome) = fuse_model(&shared, &["attention"]);
+    assert_eq!(cores(&fused).len(), 1, "the other layer's core");
+    let said: Vec<&str> = outcome.declined.iter().map(|d| d.reason.as_str()).collect();
+    assert!(said.iter().any(|r| r.contains("Concat_12_output_0 is also a graph output")), "{said:?}");
 }
 
 /// (near-miss, cores that still fuse (other layers), the anchor that must survive, the reason --explain gives)

@@ -77,8 +77,9 @@ pub const EXPORTS: &[(&str, &[(&str, usize)], f32)] = &[
     // MatMul stays for that reader.
     ("distilbert_ts_op14.onnx", &[("layer-norm", 5), ("attention", 2)], 1e-12),
     // A relative position bias gathered through an If only shapes decide:
-    // every residual norm is proved (skip-norm, tests/skip_norm.rs).
-    ("deberta_ts_op14.onnx", &[("layer-norm", 5)], 1e-7),
+    // every residual norm is proved (skip-norm, tests/skip_norm.rs); the
+    // scores' views are shaped from the scores' own shapes.
+    ("deberta_ts_op14.onnx", &[("layer-norm", 5), ("attention", 2)], 1e-7),
     // Attention written with Einsums, its mask subtracted.
     ("xlnet_ts_op14.onnx", &[("layer-norm", 4), ("attention", 2)], 1e-12),
     // LayerNorms over a feature map's (H, W) and over (C, H, W), without weights.

@@ -115,6 +115,71 @@ impl Step {
 enum Side {
     Constant(TensorProto),
     Input(String),
+    /// Computed from the shapes of the core's own values (DeBERTa views its
+    /// scores as `[-1, heads, Shape(s)[-2], Shape(s)[-1]]`): the nodes,
+    /// copied into the body.
+    Computed(Vec<ShapeNode>),
+}
+
+/// A node of a shape computation copied into the body: the model's node,
+/// its inputs read as `Feed`s.
+#[derive(Debug, Clone)]
+struct ShapeNode {
+    node: NodeProto,
+    inputs: Vec<Feed>,
+}
+
+#[derive(Debug, Clone)]
+enum Feed {
+    Constant(TensorProto),
+    /// The output of an earlier node of the computation.
+    Node(usize),
+    /// The scores after step i of the core (0: the scores themselves), read
+    /// by a `Shape`.
+    Step(usize),
+}
+
+/// The ops a shape computation copied into the body may use: `Shape` of a
+/// value of the core, ops that select and regroup its elements, and
+/// arithmetic on them (each copy computes what the model's node did).
+const SHAPE_OPS: &[&str] =
+    &["Shape", "Gather", "Slice", "Squeeze", "Unsqueeze", "Concat", "Cast", "Add", "Sub", "Mul", "Div"];
+
+/// `value` as computed from constants and `Shape`s of the core's values
+/// (`steps`: the scores and each step's output, in order), nodes in
+/// dependency order; none where anything else feeds it, or where no
+/// `Shape` of the core's values does (then it is an input of the core).
+fn shape_computation(g: &Graph, value: &str, steps: &[&str]) -> Option<Vec<ShapeNode>> {
+    fn visit(g: &Graph, value: &str, steps: &[&str], nodes: &mut Vec<(usize, ShapeNode)>) -> Option<Feed> {
+        if let Some(t) = g.constant(value) {
+            return Some(Feed::Constant(attribute_tensor(t)));
+        }
+        let p = g.producer(value)?;
+        if let Some(i) = nodes.iter().position(|(n, _)| *n == p) {
+            return Some(Feed::Node(i));
+        }
+        let node = g.node(p);
+        let ok = SHAPE_OPS.iter().any(|op| node.is(op)) && node.output.len() == 1 && g.malformed(p).is_none();
+        if !ok || nodes.len() >= 32 {
+            return None;
+        }
+        let inputs = if node.is("Shape") {
+            // Through what computes nothing (an inference Dropout).
+            let mut x = node.input.first()?.as_str();
+            while !steps.contains(&x) {
+                x = g.identity_input(g.producer(x)?)?;
+            }
+            vec![Feed::Step(steps.iter().position(|s| *s == x)?)]
+        } else {
+            node.input.iter().map(|v| visit(g, v, steps, nodes)).collect::<Option<_>>()?
+        };
+        nodes.push((p, ShapeNode { node: node.clone(), inputs }));
+        Some(Feed::Node(nodes.len() - 1))
+    }
+    let mut nodes = vec![];
+    visit(g, value, steps, &mut nodes)?;
+    let reads_steps = nodes.iter().any(|(_, n)| n.inputs.iter().any(|f| matches!(f, Feed::Step(_))));
+    reads_steps.then(|| nodes.into_iter().map(|(_, n)| n).collect())
 }
 
 /// How the scores are computed from q and k.
@@ -161,7 +226,7 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     after.reverse();
     softmax_over_last_axis(g, &shapes, softmax)?;
 
-    let (scores, before) = scores_chain(g, &g.node(softmax).input[0], 0)?;
+    let (scores, mut before) = scores_chain(g, &g.node(softmax).input[0], 0)?;
     let scores_node = g.node(scores);
     let form = match scores_node.op_type() {
         "FusedMatMul" => Scores::Fused(scores_node),
@@ -211,6 +276,26 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     require!(count(&after, |s| matches!(s, Step::Cast(_))) <= 2, "more than two Casts after the Softmax");
     require!(count(&after, |s| matches!(s, Step::NanGuard(_))) <= 1, "more than one NaN guard");
     reshapes_give_back_shapes(g, &shapes, &before, &after, v)?;
+    // A Reshape's shape computed from the shapes of the core's own values
+    // is computed in the body too (it would otherwise be computed from
+    // nodes the core replaces).
+    let values: Vec<&str> = std::iter::once(scores)
+        .chain(before.iter().map(|(n, _)| *n))
+        .chain([softmax])
+        .chain(after.iter().map(|(n, _)| *n))
+        .map(|n| g.node(n).output[0].as_str())
+        .collect();
+    for (_, step) in before.iter_mut().chain(after.iter_mut()) {
+        if let Step::Reshape { shape, .. } = step {
+            let computed = match shape {
+                Side::Input(value) => shape_computation(g, value, &values),
+                _ => None,
+            };
+            if let Some(nodes) = computed {
+                *shape = Side::Computed(nodes);
+            }
+        }
+    }
 
     // What the core reads besides q and k (v, a mask) is not computed from
     // the steps it replaces: it would compute them twice. (Nor from scores
@@ -830,6 +915,8 @@ fn build(
     };
     let mut after_softmax = false;
     let side = |after: bool| if after { "probs" } else { "scores" };
+    // The scores after each step, as the body names them.
+    let mut values = vec![s.clone()];
     for step in steps {
         s = match step {
             Step::Scale(op, c) => {
@@ -893,6 +980,7 @@ fn build(
                 let (token, shape) = match shape {
                     Side::Constant(t) => ("reshape", b.constant(&name, t)),
                     Side::Input(value) => ("reshape_input", b.input(&name, value)),
+                    Side::Computed(nodes) => ("reshape_computed", b.shape_computation(&name, nodes, &values)),
                 };
                 // allowzero changes what a 0 in the shape means: another body.
                 form.push(if *allowzero { format!("{token}_allowzero") } else { token.into() });
@@ -911,6 +999,7 @@ fn build(
                 b.op("Where", &[&nan, &zero, &s], vec![])
             }
         };
+        values.push(s.clone());
     }
     if out.is("Einsum") {
         form.push("einsum_v".into());
@@ -968,6 +1057,29 @@ impl Body {
     fn fresh(&self, base: &str) -> String {
         let taken = |n: &str| self.inputs.iter().any(|(i, _)| i == n) || self.attributes.iter().any(|a| a.name() == n);
         unused_name(base, 2, taken)
+    }
+
+    /// The nodes of a shape computation, each input a constant (a tensor
+    /// attribute), an earlier one's output or the scores after a step
+    /// (`values`); the last one's output.
+    fn shape_computation(&mut self, base: &str, nodes: &[ShapeNode], values: &[String]) -> String {
+        let mut outputs: Vec<String> = Vec::with_capacity(nodes.len());
+        for (i, n) in nodes.iter().enumerate() {
+            let inputs: Vec<String> = n
+                .inputs
+                .iter()
+                .enumerate()
+                .map(|(j, feed)| match feed {
+                    Feed::Constant(t) => self.constant(&format!("{base}_{i}_{j}"), t),
+                    Feed::Node(k) => outputs[*k].clone(),
+                    Feed::Step(k) => values[*k].clone(),
+                })
+                .collect();
+            let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
+            let out = self.op(n.node.op_type(), &inputs, n.node.attribute.clone());
+            outputs.push(out);
+        }
+        outputs.pop().expect("a computation of at least one node")
     }
 
     fn input(&mut self, base: &str, value: &str) -> String {

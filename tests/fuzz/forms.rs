@@ -990,6 +990,27 @@ pub fn attention(rng: &mut Rng) -> Case {
         }
         _ => {}
     }
+    if declare && !out_einsum && rng.chance(0.1) {
+        // DeBERTa: a view of the probabilities and back, the shapes
+        // computed from theirs (copied into the core's body).
+        c.ort_only("the probabilities viewed as [-1, last axis] and back, shapes from Shape(p)");
+        let shape = b.node("Shape", &[&p], vec![]);
+        let (rows, start, end) = (
+            b.init("view_rows", tensor(INT64, &[1], &[-1.0])),
+            b.init("view_start", tensor(INT64, &[1], &[-1.0])),
+            b.init("view_end", tensor(INT64, &[1], &[i64::MAX as f64])),
+        );
+        let last = b.node("Slice", &[&shape, &start, &end], vec![]);
+        let view = b.node("Concat", &[&rows, &last], vec![attr_int("axis", 0)]);
+        let viewed = b.node("Reshape", &[&p, &view], vec![]);
+        let back = if rng.chance(0.15) {
+            c.breaks("the view reshaped to [last axis, -1], not back");
+            b.node("Concat", &[&last, &rows], vec![attr_int("axis", 0)])
+        } else {
+            b.node("Shape", &[&p], vec![])
+        };
+        p = b.node("Reshape", &[&viewed, &back], vec![]);
+    }
     let inner = computed_since(&b, before);
     let out = if rng.chance(0.05) {
         c.breaks("MatMul(p, p)");
