@@ -164,6 +164,49 @@ fn a_bias_of_two_axes_stays_an_add() {
     assert_equivalent(&model, &fused, "gelu");
 }
 
+/// The erf form with its 0.5 of rank 3 (which only a proved rank of x
+/// admits) in an If's then branch, x = x0 + bias with bias [4] outside and
+/// the branch defining its own bias of `own` dims again (true shadowing).
+/// Which bias a runtime takes is not proved, so the bias Add stays; x's
+/// shape is proved only where both definitions have one shape.
+fn gelu_in_branch_shadowing_bias(own: &[i64]) -> ModelProto {
+    let flat = gelu(false, Grouping::HalfFirst, &EXACT, FLOAT, Some(&[4]), 17);
+    let mut body = flat.graph.clone().unwrap();
+    let mut b = Builder::default();
+    b.input("x0", FLOAT, Some(&dims(X)));
+    b.input("c", onnx_fuse::onnx::BOOL, Some(&[]));
+    b.graph.initializer = std::mem::take(&mut body.initializer);
+    for t in b.graph.initializer.iter_mut().filter(|t| t.name() == "half") {
+        t.dims = vec![1, 1, 1];
+    }
+    body.input.clear();
+    let n: i64 = own.iter().product();
+    body.initializer.push(tensor(FLOAT, own, &vec![0.5; n as usize]));
+    body.initializer.last_mut().unwrap().name = Some("bias".into());
+    let mut other = Builder::default();
+    let passed = other.node("Identity", &["x0"], vec![]);
+    other.output(&passed, FLOAT, None);
+    body.name = Some("then".into());
+    other.graph.name = Some("else".into());
+    b.node_to("If", &["c"], &["y"], vec![attr_graph("then_branch", body), attr_graph("else_branch", other.graph)]);
+    b.output("y", FLOAT, None);
+    b.model(17)
+}
+
+#[test]
+fn a_branch_bias_shadowing_one_of_the_same_shape_leaves_the_shapes_proved() {
+    let same = gelu_in_branch_shadowing_bias(&[4]);
+    let (fused, outcome) = fuse_for(&same, Target::Ort);
+    assert_eq!(outcome.fused.len(), 1, "{:?}", outcome.declined);
+    let branch = fused.graph.as_ref().unwrap().node[0].attribute.iter().find(|a| a.name() == "then_branch");
+    let ops: Vec<&str> = branch.unwrap().g.as_ref().unwrap().node.iter().map(|n| n.op_type()).collect();
+    assert_eq!(ops, ["Add", "Gelu"], "the bias, either definition, stays an Add");
+    assert_equivalent(&same, &fused, "gelu");
+    let other = gelu_in_branch_shadowing_bias(&[1, 1, 4]);
+    let why = declined(&other);
+    assert!(why.iter().any(|r| r.contains("would raise the rank")), "{why:?}");
+}
+
 #[test]
 fn constants_far_from_their_exact_values_do_not_fuse() {
     let cases = [

@@ -610,6 +610,27 @@ impl<'a> Graph<'a> {
         self.ambiguous.contains(value)
     }
 
+    /// An ambiguous name this graph defines once, as an initializer (a body
+    /// defines it again, or it shadows an outer value), with the outer
+    /// value's shape and element type where one is visible: whichever
+    /// definition a runtime takes, the tensor read has this initializer's
+    /// shape and type where the two agree (`shadowed_agrees`).
+    fn shadowed_initializer(&self, value: &str) -> Option<&'a TensorProto> {
+        let mut own = self.proto.initializer.iter().filter(|t| t.name() == value);
+        let (t, None) = (own.next()?, own.next()) else { return None };
+        let input = self.proto.input.iter().any(|i| i.name() == value);
+        (!input && self.producer(value).is_none()).then_some(t)
+    }
+
+    /// The shape of an ambiguous initializer that every definition a
+    /// runtime may take shares.
+    pub fn shadowed_shape(&self, value: &str) -> Option<Vec<shapes::Dim>> {
+        let t = self.shadowed_initializer(value)?;
+        let dims: Vec<shapes::Dim> = t.dims.iter().map(|&d| shapes::Dim::known(d)).collect();
+        let agrees = !self.outer.is_visible(value) || self.outer.shapes.get(value) == Some(&dims);
+        agrees.then_some(dims)
+    }
+
     /// Declines a candidate whose op the target has only from opset
     /// `version` on (read back by `needs_opset`). A rule checks this last,
     /// so that the opset is all the candidate lacks.
@@ -725,7 +746,9 @@ impl<'a> Graph<'a> {
 
     pub fn elem_type(&self, value: &str) -> Option<i32> {
         if self.ambiguous.contains(value) {
-            return None;
+            let t = self.shadowed_initializer(value)?.data_type();
+            let agrees = !self.outer.is_visible(value) || self.outer.types.get(value) == Some(&t);
+            return agrees.then_some(t);
         }
         let own = self.types.get(value).copied().or_else(|| self.constant(value).map(|t| t.data_type()));
         own.or_else(|| (!self.defined.contains(value)).then(|| self.outer.types.get(value).copied()).flatten())

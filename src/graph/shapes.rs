@@ -388,9 +388,9 @@ impl<'g, 'a> Shapes<'g, 'a> {
     /// The symbolic shape of `value`, when its rank can be told.
     pub fn shape(&self, value: &str) -> Option<Vec<Dim>> {
         // Defined twice (`Graph::is_ambiguous`): which definition counts is
-        // not proved.
+        // not proved, but an initializer's shape may be the same in both.
         if self.g.is_ambiguous(value) {
-            return None;
+            return self.g.shadowed_shape(value);
         }
         if let Some(known) = self.memo.shapes.borrow().get(value) {
             return known.clone();
