@@ -677,6 +677,23 @@ fn a_last_axis_is_known_where_the_rank_is_not() {
         assert_eq!(shapes.last_axis(v).and_then(|d| d.value()), Some(32), "{v}");
     }
     assert_eq!(shapes.last_axis(&unknown), None);
+
+    // LongT5's global tokens: Einsum("...nd,...ng->...gd", hidden, one_hot)
+    // ends with d, hidden's last axis, whatever the ellipsis covers; a Mod
+    // broadcasts. Where d's sizes differ (and neither is 1), none is told.
+    let mut b = Builder::default();
+    let hidden = b.input("hidden", FLOAT, Some(&[sym("b"), sym("n"), D::N(32)]));
+    let one_hot = b.input("one_hot", FLOAT, None);
+    let global = b.node("Einsum", &[&hidden, &one_hot], vec![attr_string("equation", "...nd,...ng->...gd")]);
+    let wide = b.input("wide", FLOAT, Some(&[sym("b"), sym("n"), D::N(16)]));
+    let clash = b.node("Einsum", &[&hidden, &wide], vec![attr_string("equation", "...nd,...nd->...d")]);
+    let m = b.node("Mod", &[&hidden, &one_hot], vec![]);
+    let model = b.model(14);
+    let g = Graph::new(model.graph.as_ref().unwrap(), 14, &scope);
+    let shapes = g.shapes();
+    assert_eq!(shapes.last_axis(&global).and_then(|d| d.value()), Some(32));
+    assert_eq!(shapes.last_axis(&clash), None);
+    assert_eq!(shapes.last_axis(&m).and_then(|d| d.value()), Some(32));
 }
 
 #[test]

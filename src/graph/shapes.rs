@@ -376,6 +376,20 @@ impl<'g, 'a> Shapes<'g, 'a> {
                 (0..node.input.len()).filter_map(last).find(|d| d.value().is_some_and(|n| n != 1))
             }
             "MatMul" => self.rank(&node.input[1]).filter(|&r| r >= 2).and_then(|_| last(1)),
+            // The output's last letter is the last axis of each operand whose
+            // term ends with it (an ellipsis covers leading axes only); a
+            // letter's sizes broadcast, 1 against n.
+            "Einsum" => {
+                let (terms, output) = node.einsum_terms()?;
+                let letter = output.chars().last().filter(char::is_ascii_alphabetic)?;
+                let ending = terms.iter().enumerate().filter(|(_, t)| t.ends_with(letter));
+                let sizes: Vec<Dim> = ending.map(|(i, _)| last(i)).collect::<Option<_>>()?;
+                match sizes.iter().find(|d| d.value() != Some(1)) {
+                    Some(d) if sizes.iter().all(|e| e == d || e.value() == Some(1)) => Some(d.clone()),
+                    Some(_) => None,
+                    None => sizes.first().cloned(),
+                }
+            }
             "Gather" => {
                 let data = self.shape(&node.input[0])?;
                 let axis = normalize(node.attr_int("axis").unwrap_or(0), data.len())?;

@@ -186,6 +186,9 @@ pub const SAME_SHAPE_AS_FIRST_INPUT: &[&str] = &[
     "Not", "Identity", "Dropout", "LayerNormalization", "SimplifiedLayerNormalization", "CastLike", "Cos", "Sin",
     "Abs", "Log", "Floor", "Ceil", "Round", "Sign", "Gelu", "Softplus", "HardSigmoid", "LeakyRelu", "Elu", "Selu",
     "Mish", "HardSwish", "Clip", "IsInf", "CumSum", "Trilu", "ScatterND", "ScatterElements", "BitwiseNot", "EyeLike",
+    "Tan", "Atan", "Acos", "Asin", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Softsign", "ThresholdedRelu", "Shrink",
+    "Celu", "Hardmax", "LpNormalization", "MeanVarianceNormalization", "InstanceNormalization", "GroupNormalization",
+    "RMSNormalization", "BatchNormalization", "PRelu",
 ];
 
 /// True when output `index` of a `com.microsoft` op onnx-fuse writes has
@@ -202,7 +205,7 @@ pub fn ms_output_like_first_input(node: &NodeProto, index: usize) -> bool {
 #[rustfmt::skip]
 pub const BROADCASTING: &[&str] = &[
     "Add", "Sub", "Mul", "Div", "Pow", "Where", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And",
-    "Or", "Xor", "Max", "Min",
+    "Or", "Xor", "Max", "Min", "Mod", "Sum", "Mean", "BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor",
 ];
 
 #[cfg(test)]
