@@ -591,6 +591,37 @@ fn conv_flatten_tile_and_einsum_shapes() {
     assert_eq!(shape(&b, 17, &scores).unwrap(), ["b", "2", "s", "t"]);
 }
 
+#[test]
+fn convolved_and_pooled_lengths_of_a_symbolic_length_are_one_dimension() {
+    // SEW: a sequence of len frames, convolved (kernel 16, pads 8, stride
+    // 2: floor(len / 2) + 1) and cut by one (`[..., :-1]`), and pooled
+    // (kernel 2, stride 2: floor((len - 2) / 2) + 1): both floor(len / 2).
+    let mut b = Builder::default();
+    let x = b.input("x", FLOAT, Some(&[sym("b"), D::N(4), sym("len")]));
+    let w = b.init("w", tensor(FLOAT, &[4, 1, 16], &vec![0.0; 64]));
+    let conv = b.node("Conv", &[&x, &w], vec![attr_ints("pads", &[8, 8]), attr_ints("strides", &[2]), attr_int("group", 4)]);
+    assert_eq!(shape(&b, 17, &conv).unwrap(), ["b", "4", "floor((1·$len)/2) + 1"]);
+    let (zero, minus_one, axis) = (b.init("zero", ints(&[0])), b.init("minus_one", ints(&[-1])), b.init("axis", ints(&[2])));
+    let cut = b.node("Slice", &[&conv, &zero, &minus_one, &axis], vec![]);
+    let pooled = b.node("AveragePool", &[&x], vec![attr_ints("kernel_shape", &[2]), attr_ints("strides", &[2])]);
+    assert_eq!(shape(&b, 17, &cut).unwrap(), shape(&b, 17, &pooled).unwrap());
+    let sum = b.node("Add", &[&cut, &pooled], vec![]);
+    assert_eq!(shape(&b, 17, &sum).unwrap(), ["b", "4", "floor((1·$len)/2)"]);
+    // floor((2·len + 1) / 2) is len; a cut past what the axis may hold is unknown.
+    let w2 = b.init("w2", tensor(FLOAT, &[4, 4, 1], &vec![0.0; 16]));
+    let doubled = b.node("Concat", &[&x, &x], vec![attr_int("axis", 2)]);
+    let halved = b.node("Conv", &[&doubled, &w2], vec![attr_ints("strides", &[2])]);
+    assert_eq!(shape(&b, 17, &halved).unwrap(), ["b", "4", "len"]);
+    let minus_two = b.init("minus_two", ints(&[-2]));
+    let short = b.node("Slice", &[&x, &zero, &minus_two, &axis], vec![]);
+    assert_eq!(shape(&b, 17, &short).unwrap(), ["b".to_string(), "4".to_string(), format!("{short}#2")]);
+    // A Conv's input has its weight's rank: the output's rank is known where
+    // the input's shape is not.
+    let unknown = b.input("unknown", FLOAT, None);
+    let conv = b.node("Conv", &[&unknown, &w], vec![]);
+    assert_eq!(shape(&b, 17, &conv).map(|s| s.len()), Some(3));
+}
+
 /// An If branch computing its one output from the outer `x` with `build`.
 fn branch(name: &str, build: impl Fn(&mut Builder) -> String) -> GraphProto {
     let mut body = Builder::default();

@@ -133,6 +133,25 @@ impl Dim {
             .find(|q| other.mul(q).as_ref() == Some(self))
     }
 
+    /// `(q, r)` with self = s·q + r: q the terms whose coefficients s
+    /// divides (over s), r the rest (its constant whole).
+    pub(super) fn split_divisible(&self, s: i64) -> Option<(Dim, Dim)> {
+        let (mut whole, mut rest) = (vec![], vec![]);
+        for t in &self.terms {
+            if !t.atoms.is_empty() && t.coef.checked_rem(s)? == 0 {
+                whole.push(Term { coef: t.coef / s, atoms: t.atoms.clone() });
+            } else {
+                rest.push(t.clone());
+            }
+        }
+        Some((Dim::sum(whole)?, Dim::sum(rest)?))
+    }
+
+    /// The constant term (0 where there is none).
+    pub(super) fn value_of_constant(&self) -> i64 {
+        self.terms.iter().find(|t| t.atoms.is_empty()).map_or(0, |t| t.coef)
+    }
+
     /// Every atom `value` gives a value replaced by it; a term whose value
     /// overflows stays as it is.
     pub(super) fn substitute(&self, value: impl Fn(&str) -> Option<Dim>) -> Dim {

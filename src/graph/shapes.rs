@@ -598,15 +598,33 @@ impl<'g, 'a> Shapes<'g, 'a> {
                 // Batch, the weight's output channels, then each spatial
                 // axis from its size, kernel, pads, stride and dilation
                 // where those are numbers.
-                let (x, w) = (input(0)?, input(1)?);
+                // X has W's rank (or the Conv fails): unknown axes of its own
+                // where X's shape is not derived.
+                let w = input(1)?;
+                let x = input(0).unwrap_or_else(|| (0..w.len()).map(|i| Dim::atom(format!("{value}#x{i}"))).collect());
                 if x.len() != w.len() || x.len() < 3 {
                     return None;
                 }
                 let spatial = (2..x.len()).map(|i| {
-                    conv_length(node, i - 2, x.len() - 2, &x[i], &w[i])
+                    w[i].value()
+                        .and_then(|k| conv_length(node, i - 2, x.len() - 2, &x[i], k))
                         .unwrap_or_else(|| Dim::atom(format!("{value}#{i}")))
                 });
                 [x[0].clone(), w[0].clone()].into_iter().chain(spatial).collect()
+            }
+            // Batch and channels kept, each spatial axis as a Conv's of the
+            // kernel_shape (ceil_mode 0).
+            "AveragePool" | "MaxPool" | "LpPool" => {
+                let x = input(0)?;
+                let kernel = node.attr_ints("kernel_shape")?;
+                if x.len() < 3 || kernel.len() != x.len() - 2 || node.attr_int("ceil_mode").unwrap_or(0) != 0 {
+                    return None;
+                }
+                let spatial = (2..x.len()).map(|i| {
+                    conv_length(node, i - 2, x.len() - 2, &x[i], kernel[i - 2])
+                        .unwrap_or_else(|| Dim::atom(format!("{value}#{i}")))
+                });
+                [x[0].clone(), x[1].clone()].into_iter().chain(spatial).collect()
             }
             "Flatten" => {
                 let x = input(0)?;
@@ -1177,14 +1195,16 @@ pub fn slice_indices(start: i64, end: i64, step: i64, len: i64) -> Vec<i64> {
     out
 }
 
-/// A Conv output's spatial axis `i` (of `n`) from the input's length and
-/// the kernel's, where all are numbers: `auto_pad` SAME_* gives
-/// ceil(len / stride); otherwise floor((len + pads - dilation·(k-1) - 1) / stride) + 1.
-fn conv_length(node: &crate::onnx::NodeProto, i: usize, n: usize, len: &Dim, kernel: &Dim) -> Option<Dim> {
-    let (len, kernel) = (len.value()?, kernel.value()?);
+/// A Conv's or pool's output spatial axis `i` (of `n`) from the input's
+/// length and the kernel's (a number): `auto_pad` SAME_* gives
+/// ceil(len / stride); otherwise floor((len + pads - dilation·(k-1) - 1) /
+/// stride) + 1 (pools with `ceil_mode` aside). A length that is no number
+/// gives a polynomial (stride 1) or `floor_of` one; a run where it is not
+/// at least 1 fails.
+fn conv_length(node: &crate::onnx::NodeProto, i: usize, n: usize, len: &Dim, kernel: i64) -> Option<Dim> {
     let at = |name: &str, default: i64| node.attr_ints(name).map_or(Some(default), |v| v.get(i).copied());
     let (stride, dilation) = (at("strides", 1)?, at("dilations", 1)?);
-    if stride <= 0 || dilation <= 0 || len <= 0 || kernel <= 0 {
+    if stride <= 0 || dilation <= 0 || kernel <= 0 || len.value().is_some_and(|l| l <= 0) {
         return None;
     }
     if let Some(k) = node.attr_ints("kernel_shape") {
@@ -1193,8 +1213,9 @@ fn conv_length(node: &crate::onnx::NodeProto, i: usize, n: usize, len: &Dim, ker
         }
     }
     let auto_pad = node.attr("auto_pad").and_then(|a| a.s.as_deref()).unwrap_or(b"NOTSET");
-    let out = match auto_pad {
-        b"SAME_UPPER" | b"SAME_LOWER" => len.checked_add(stride - 1)? / stride,
+    // floor((len + c) / stride) + plus
+    let (c, plus) = match auto_pad {
+        b"SAME_UPPER" | b"SAME_LOWER" => (stride - 1, 0),
         b"NOTSET" | b"VALID" => {
             let pads = match (auto_pad, node.attr_ints("pads")) {
                 (b"VALID", _) | (_, None) => 0,
@@ -1202,11 +1223,32 @@ fn conv_length(node: &crate::onnx::NodeProto, i: usize, n: usize, len: &Dim, ker
                 _ => return None,
             };
             let reach = dilation.checked_mul(kernel - 1)?.checked_add(1)?;
-            len.checked_add(pads)?.checked_sub(reach)?.div_euclid(stride).checked_add(1)?
+            (pads.checked_sub(reach)?, 1)
         }
         _ => return None,
     };
-    (out > 0).then(|| Dim::known(out))
+    let out = floor_of(&len.add(&Dim::known(c))?, stride)?.add(&Dim::known(plus))?;
+    (out.value().is_none_or(|o| o > 0)).then_some(out)
+}
+
+/// `floor(p / s)` for s ≥ 1: computed for a number; for a polynomial, its
+/// terms divisible by s divided, and the rest an atom `floor((rest)/s)`
+/// with a constant in [0, s) (its multiples of s taken out), so that one
+/// length written two ways (SEW's pooled and convolved sequences) is one
+/// dimension.
+fn floor_of(p: &Dim, s: i64) -> Option<Dim> {
+    if s == 1 {
+        return Some(p.clone());
+    }
+    if let Some(v) = p.value() {
+        return Some(Dim::known(v.div_euclid(s)));
+    }
+    let (whole, rest) = p.split_divisible(s)?;
+    let constant = rest.value_of_constant();
+    let (q, r) = (constant.div_euclid(s), constant.rem_euclid(s));
+    let atoms = rest.sub(&Dim::known(constant))?.add(&Dim::known(r))?;
+    let floor = if atoms.value().is_some() { Dim::known(0) } else { Dim::atom(format!("floor(({})/{s})", atoms.key())) };
+    whole.add(&floor)?.add(&Dim::known(q))
 }
 
 /// How many indices `slice_indices` selects, without listing them.
@@ -1226,14 +1268,22 @@ fn slice_count(start: i64, end: i64, step: i64, len: i64) -> i64 {
 }
 
 /// The length `Slice(start, end, step)` leaves of an axis of length `len`:
-/// computed where `len` is a number; the whole axis for `0..` (an end at or
-/// past i64::MAX / 2, as exporters write "to the end") with step 1.
+/// computed where `len` is a number; for a dimension, by 1 from a start of
+/// at least 0 to the end (an end at or past i64::MAX / 2, as exporters
+/// write "to the end") or to an end counted from it.
 fn slice_length(len: &Dim, start: i64, end: i64, step: i64) -> Option<Dim> {
-    match len.value() {
-        Some(n) => Some(Dim::known(slice_count(start, end, step, n))),
-        None if start == 0 && end >= i64::MAX / 2 && step == 1 => Some(len.clone()),
-        None => None,
+    if let Some(n) = len.value() {
+        return Some(Dim::known(slice_count(start, end, step, n)));
     }
+    // By 1 from s ≥ 0 to the end, or to e < 0 from it (`[..., :-1]`):
+    // len - s or len + e - s, where that cannot be negative.
+    let end = match end {
+        _ if step != 1 || start < 0 => return None,
+        e if e >= i64::MAX / 2 => len.clone(),
+        e if e < 0 && e > i64::MIN / 2 => len.add(&Dim::known(e))?,
+        _ => return None,
+    };
+    end.sub(&Dim::known(start)).filter(Dim::is_size)
 }
 
 fn normalize(axis: i64, rank: usize) -> Option<usize> {
