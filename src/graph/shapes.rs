@@ -1247,7 +1247,12 @@ fn floor_of(p: &Dim, s: i64) -> Option<Dim> {
     let constant = rest.value_of_constant();
     let (q, r) = (constant.div_euclid(s), constant.rem_euclid(s));
     let atoms = rest.sub(&Dim::known(constant))?.add(&Dim::known(r))?;
-    let floor = if atoms.value().is_some() { Dim::known(0) } else { Dim::atom(format!("floor(({})/{s})", atoms.key())) };
+    // An atom is a size: the floor of what cannot be negative.
+    let floor = match atoms.value() {
+        Some(_) => Dim::known(0),
+        None if atoms.is_dimension() => Dim::atom(format!("floor(({})/{s})", atoms.key())),
+        None => return None,
+    };
     whole.add(&floor)?.add(&Dim::known(q))
 }
 
