@@ -86,6 +86,16 @@ def configs():
         # Attention written with Einsums (torch.einsum), a relative position
         # term added and the mask subtracted (`score - 1e30 * mask`).
         "xlnet": t.XLNetConfig(vocab_size=64, d_model=32, n_layer=2, n_head=4, d_inner=64, pad_token_id=0),
+        # Speech: a convolved and pooled sequence of symbolic length
+        # (floor(len / 2) written two ways) before every residual norm.
+        "sew": t.SEWConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                           conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+                           num_conv_pos_embedding_groups=4, squeeze_factor=2),
+        # Transient-global attention: the global tokens' RMSNorm reads an
+        # Einsum with an ellipsis (`...nd,...ng->...gd`).
+        "longt5": t.LongT5Config(vocab_size=64, d_model=32, d_ff=64, num_layers=2, num_heads=4, d_kv=8,
+                                 encoder_attention_type="transient-global", global_block_size=4, local_radius=2,
+                                 decoder_start_token_id=0),
         # Soft-capped attention scores (and logits), sliding-window layers.
         "gemma2": t.Gemma2Config(**SMALL, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6,
                                  attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
@@ -117,6 +127,10 @@ def build(kind, attn="eager"):
         model = t.TrOCRForCausalLM(cfg)
     elif kind == "whisper":
         model = t.WhisperModel(cfg).get_encoder()
+    elif kind == "sew":
+        model = t.SEWModel(cfg)
+    elif kind == "longt5":
+        model = t.LongT5EncoderModel(cfg)
     elif kind == "bert":
         model = t.BertModel(cfg)
     elif kind in ENCODERS:
@@ -140,12 +154,15 @@ class Wrap(torch.nn.Module):
     def forward(self, x, mask=None):
         if self.kind == "whisper":
             return self.model(input_features=x).last_hidden_state
+        if self.kind == "sew":
+            return self.model(input_values=x).last_hidden_state
         if self.kind == "vit":
             return self.model(pixel_values=x).last_hidden_state
         if self.kind == "trocr":
             return self.model(input_ids=x, attention_mask=mask, use_cache=False).logits
         out = self.model(input_ids=x, attention_mask=mask, use_cache=False) \
-            if self.kind not in ("t5", "bert", "roberta") + ENCODERS else self.model(input_ids=x, attention_mask=mask)
+            if self.kind not in ("t5", "longt5", "bert", "roberta") + ENCODERS \
+            else self.model(input_ids=x, attention_mask=mask)
         return out.logits if hasattr(out, "logits") else out.last_hidden_state
 
 
@@ -154,6 +171,8 @@ def sample_inputs(kind):
         return (torch.randn(1, 16, 32),), ["input_features"], {"input_features": {0: "batch"}}
     if kind == "vit":
         return (torch.randn(1, 3, 16, 16),), ["pixel_values"], {"pixel_values": {0: "batch"}}
+    if kind == "sew":
+        return (torch.randn(1, 400),), ["input_values"], {"input_values": {0: "batch", 1: "len"}}
     ids = torch.randint(0, 64, (1, 7))
     mask = torch.ones(1, 7, dtype=torch.int64)
     axes = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}}
@@ -903,6 +922,8 @@ def main():
         ("deberta_ts_op14.onnx", lambda n: export_torch(n, "deberta", opset=14)),
         ("ln_axes_ts_op14.onnx", lambda n: export_feature_map_norms(n, opset=14)),
         ("xlnet_ts_op14.onnx", lambda n: export_torch(n, "xlnet", opset=14)),
+        ("sew_ts_op17.onnx", lambda n: export_torch(n, "sew", opset=17)),
+        ("longt5_ts_op17.onnx", lambda n: export_torch(n, "longt5", opset=17)),
         # 3-D scores viewed as 4-D once, against a 4-D v.
         ("bloom_dynamo_op18.onnx", lambda n: export_torch(n, "bloom", opset=18, dynamo=True)),
         ("opt_optimum.onnx", lambda n: export_optimum(n, "opt", "text-generation", opset=14)),

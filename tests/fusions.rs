@@ -82,6 +82,12 @@ pub const EXPORTS: &[(&str, &[(&str, usize)], f32)] = &[
     ("deberta_ts_op14.onnx", &[("layer-norm", 5), ("attention", 2)], 1e-7),
     // Attention written with Einsums, its mask subtracted.
     ("xlnet_ts_op14.onnx", &[("layer-norm", 4), ("attention", 2)], 1e-12),
+    // Speech: the sequence convolved and pooled (floor(len / 2) written two
+    // ways); the exporter writes LayerNormalization.
+    ("sew_ts_op17.onnx", &[("attention", 2)], 1e-5),
+    // Transient-global attention (Einsums with an ellipsis, not a core):
+    // the global tokens' RMSNorms read an Einsum's output.
+    ("longt5_ts_op17.onnx", &[("rms-norm", 7)], 1e-6),
     // LayerNorms over a feature map's (H, W) and over (C, H, W), without weights.
     ("ln_axes_ts_op14.onnx", &[("layer-norm", 2)], 1e-5),
     // Optimum's merged decoder: both branches read the If's output names.

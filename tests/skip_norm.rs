@@ -250,6 +250,12 @@ fn exports_fuse_their_residual_norms() {
         ("deberta_ts_op14.onnx", "SkipLayerNormalization", 5),
         // The attention output of Einsums.
         ("xlnet_ts_op14.onnx", "SkipLayerNormalization", 4),
+        // A cache's lengths: past + seq, its new rows' positions
+        // Range(past, past + seq).
+        ("gpt2_optimum_past.onnx", "SkipLayerNormalization", 5),
+        ("t5_optimum_decoder_past.onnx", "SkipSimplifiedLayerNormalization", 6),
+        // A convolved and a pooled sequence of one length, floor(len / 2).
+        ("sew_ts_op17.onnx", "SkipLayerNormalization", 4),
     ] {
         let (original, fused, outcome) = fuse(name);
         let skips = skip_nodes(&fused);

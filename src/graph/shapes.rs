@@ -583,6 +583,14 @@ impl<'g, 'a> Shapes<'g, 'a> {
                 let axis = normalize(node.attr_int("axis").unwrap_or(0), data.len())?;
                 [&data[..axis], &indices[..], &data[axis + 1..]].concat()
             }
+            // The indices' shape with the depth inserted at `axis`.
+            "OneHot" => {
+                let mut out = input(0)?;
+                let axis = normalize(node.attr_int("axis").unwrap_or(-1), out.len() + 1)?;
+                let depth = node.input.get(1).and_then(|d| self.scalar(d)).filter(Dim::is_size);
+                out.insert(axis, depth.unwrap_or_else(|| Dim::atom(format!("{value}#{axis}"))));
+                out
+            }
             // The output has the indices' shape (of the data's rank).
             "GatherElements" => {
                 let (data, indices) = (input(0)?, input(1)?);
@@ -663,7 +671,7 @@ impl<'g, 'a> Shapes<'g, 'a> {
             "Size" => vec![],
             "Range" => vec![self.range_length(node).unwrap_or_else(|| Dim::atom(format!("{value}#0")))],
             "NonZero" => opaque(2),
-            "Einsum" => self.einsum(node)?,
+            "Einsum" => self.einsum(node, value)?,
             "Tile" => {
                 let x = input(0)?;
                 let repeats = self.shape_tensor(&node.input[1])?;
@@ -875,30 +883,69 @@ impl<'g, 'a> Shapes<'g, 'a> {
     }
 
     /// An Einsum's output axes, from the letters of an explicit equation
-    /// (`bhqd,bhkd->bhqk`); an equation with `...` or without `->` is not read.
-    fn einsum(&self, node: &crate::onnx::NodeProto) -> Option<Vec<Dim>> {
+    /// (`bhqd,bhkd->bhqk`), an ellipsis standing for the axes its operand
+    /// has beyond its letters, which broadcast across the operands as
+    /// numpy's do (`...nd,...ng->...gd`); an equation without `->` is not
+    /// read. A letter's sizes broadcast too (1 against n).
+    fn einsum(&self, node: &crate::onnx::NodeProto, value: &str) -> Option<Vec<Dim>> {
         let (terms, output) = node.einsum_terms()?;
-        if terms.iter().chain([&output]).any(|t| t.contains('.')) {
-            return None;
-        }
-        let mut letters: HashMap<char, Dim> = HashMap::new();
         if terms.len() != node.input.len() {
             return None;
         }
-        for (term, input) in terms.iter().zip(&node.input) {
-            let shape = self.shape(input)?;
-            if shape.len() != term.chars().count() {
-                return None;
-            }
-            for (letter, d) in term.chars().zip(shape) {
-                // A letter's axes broadcast (1 against n); a number wins.
-                let entry = letters.entry(letter).or_insert_with(|| d.clone());
-                if entry.value() == Some(1) || (entry.value().is_none() && d.value().is_some_and(|n| n != 1)) {
-                    *entry = d;
-                }
+        /// The letters before and after an ellipsis (all before where none).
+        fn parts(term: &str) -> Option<(Vec<char>, Option<Vec<char>>)> {
+            let letters = |t: &str| t.chars().all(|c| c.is_ascii_alphabetic()).then(|| t.chars().collect());
+            match term.split_once("...") {
+                Some((pre, post)) => Some((letters(pre)?, Some(letters(post)?))),
+                None => Some((letters(term)?, None)),
             }
         }
-        output.chars().map(|l| letters.get(&l).cloned()).collect()
+        let mut letters: HashMap<char, Vec<Dim>> = HashMap::new();
+        let mut ellipses: Vec<Vec<Dim>> = vec![];
+        for (term, input) in terms.iter().zip(&node.input) {
+            let shape = self.shape(input)?;
+            let (pre, post) = parts(term)?;
+            let post = post.map(|post| {
+                let spanned = shape.len().checked_sub(pre.len() + post.len());
+                (post, spanned)
+            });
+            let (post, spanned) = match post {
+                Some((post, Some(n))) => (post, n),
+                Some((_, None)) => return None,
+                None if shape.len() == pre.len() => (vec![], 0),
+                None => return None,
+            };
+            if term.contains("...") {
+                ellipses.push(shape[pre.len()..pre.len() + spanned].to_vec());
+            }
+            let lettered = pre.iter().zip(&shape).chain(post.iter().zip(&shape[pre.len() + spanned..]));
+            for (&letter, d) in lettered {
+                letters.entry(letter).or_default().push(d.clone());
+            }
+        }
+        let (pre, post) = parts(&output)?;
+        let size = |l: &char, i: usize| -> Option<Dim> {
+            let sizes = letters.get(l)?;
+            // As a broadcast: the sizes other than 1 agree, so one number
+            // among them is the size.
+            let not_one: Vec<&Dim> = sizes.iter().filter(|d| d.value() != Some(1)).collect();
+            let mut numbers: Vec<i64> = not_one.iter().filter_map(|d| d.value()).collect();
+            numbers.sort_unstable();
+            numbers.dedup();
+            Some(match (not_one.split_first(), numbers.as_slice()) {
+                (None, _) => Dim::known(1),
+                (Some((first, rest)), _) if rest.iter().all(|d| d == first) => (*first).clone(),
+                (_, [n]) => Dim::known(*n),
+                _ => Dim::atom(format!("{value}#{i}")),
+            })
+        };
+        let mut out: Vec<Dim> = pre.iter().enumerate().map(|(i, l)| size(l, i)).collect::<Option<_>>()?;
+        if let Some(post) = post {
+            out.extend(self.broadcast(&format!("{value}#ellipsis"), &ellipses));
+            let at = out.len();
+            out.extend(post.iter().enumerate().map(|(i, l)| size(l, at + i)).collect::<Option<Vec<_>>>()?);
+        }
+        Some(out)
     }
 
     /// The shape of one output of a Split: sizes given (attribute before
