@@ -5,6 +5,9 @@
 //! polynomials are equal numbers at run time, whatever the atoms are: a
 //! cache's `past + seq` written two ways is one dimension.
 
+/// The most terms a product may have (real exports' have a few).
+const MAX_TERMS: usize = 64;
+
 /// `coef × atoms[0] × atoms[1] × …` (atoms sorted).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Term {
@@ -105,9 +108,12 @@ impl Dim {
         self.add(&other.neg()?)
     }
 
-    /// The product; none where a coefficient overflows (unknown).
+    /// The product; none where a coefficient overflows, or where it would
+    /// have more than `MAX_TERMS` terms (a hostile model's product of many
+    /// sums), which are unknown.
     pub(super) fn mul(&self, other: &Dim) -> Option<Dim> {
-        let mut terms = Vec::with_capacity(self.terms.len() * other.terms.len());
+        let n = self.terms.len().checked_mul(other.terms.len()).filter(|&n| n <= MAX_TERMS)?;
+        let mut terms = Vec::with_capacity(n);
         for a in &self.terms {
             for b in &other.terms {
                 terms.push(Term { coef: a.coef.checked_mul(b.coef)?, atoms: [a.atoms.clone(), b.atoms.clone()].concat() });

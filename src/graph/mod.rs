@@ -611,10 +611,10 @@ impl<'a> Graph<'a> {
     }
 
     /// An ambiguous name this graph defines once, as an initializer (a body
-    /// defines it again, or it shadows an outer value), with the outer
-    /// value's shape and element type where one is visible: whichever
-    /// definition a runtime takes, the tensor read has this initializer's
-    /// shape and type where the two agree (`shadowed_agrees`).
+    /// defines it again, or it shadows an outer value): whichever definition
+    /// a runtime takes, the tensor read has this initializer's shape and
+    /// type where the outer value, if one is visible, has them too
+    /// (`shadowed_shape`, `elem_type`).
     fn shadowed_initializer(&self, value: &str) -> Option<&'a TensorProto> {
         let mut own = self.proto.initializer.iter().filter(|t| t.name() == value);
         let (t, None) = (own.next()?, own.next()) else { return None };

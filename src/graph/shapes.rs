@@ -26,6 +26,9 @@ use crate::ops;
 /// one node's inputs.
 const MAX_DEPTH: usize = 64;
 
+/// The longest expression an atom's name may hold (`floor_of`).
+const MAX_NAME: usize = 512;
+
 /// How many times the shapes are derived again with the equalities the
 /// last derivation found (each round can only find more).
 const MAX_ROUNDS: usize = 4;
@@ -1294,10 +1297,15 @@ fn floor_of(p: &Dim, s: i64) -> Option<Dim> {
     let constant = rest.value_of_constant();
     let (q, r) = (constant.div_euclid(s), constant.rem_euclid(s));
     let atoms = rest.sub(&Dim::known(constant))?.add(&Dim::known(r))?;
-    // An atom is a size: the floor of what cannot be negative.
+    // An atom is a size: the floor of what cannot be negative. Its name
+    // holds what it is the floor of, so a hostile chain of strided Convs
+    // would grow names without bound: past a length, it is unknown.
     let floor = match atoms.value() {
         Some(_) => Dim::known(0),
-        None if atoms.is_dimension() => Dim::atom(format!("floor(({})/{s})", atoms.key())),
+        None if atoms.is_dimension() => {
+            let inner = atoms.key();
+            (inner.len() <= MAX_NAME).then(|| Dim::atom(format!("floor(({inner})/{s})")))?
+        }
         None => return None,
     };
     whole.add(&floor)?.add(&Dim::known(q))
