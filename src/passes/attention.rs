@@ -285,10 +285,14 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
         .chain(after.iter().map(|(n, _)| *n))
         .map(|n| g.node(n).output[0].as_str())
         .collect();
-    for (_, step) in before.iter_mut().chain(after.iter_mut()) {
+    // Step i reads the scores after i steps (the Softmax is one): its
+    // shape is computed from those values only, or the graph has a cycle.
+    let softmax_at = before.len();
+    let positions = (0..softmax_at).chain(softmax_at + 1..);
+    for (at, (_, step)) in positions.zip(before.iter_mut().chain(after.iter_mut())) {
         if let Step::Reshape { shape, .. } = step {
             let computed = match shape {
-                Side::Input(value) => shape_computation(g, value, &values),
+                Side::Input(value) => shape_computation(g, value, &values[..=at]),
                 _ => None,
             };
             if let Some(nodes) = computed {
