@@ -927,20 +927,10 @@ impl<'g, 'a> Shapes<'g, 'a> {
             }
         }
         let (pre, post) = parts(&output)?;
+        // A letter's sizes meet as in a broadcast.
         let size = |l: &char, i: usize| -> Option<Dim> {
-            let sizes = letters.get(l)?;
-            // As a broadcast: the sizes other than 1 agree, so one number
-            // among them is the size.
-            let not_one: Vec<&Dim> = sizes.iter().filter(|d| d.value() != Some(1)).collect();
-            let mut numbers: Vec<i64> = not_one.iter().filter_map(|d| d.value()).collect();
-            numbers.sort_unstable();
-            numbers.dedup();
-            Some(match (not_one.split_first(), numbers.as_slice()) {
-                (None, _) => Dim::known(1),
-                (Some((first, rest)), _) if rest.iter().all(|d| d == first) => (*first).clone(),
-                (_, [n]) => Dim::known(*n),
-                _ => Dim::atom(format!("{value}#{i}")),
-            })
+            let sizes: Vec<&Dim> = letters.get(l)?.iter().collect();
+            Some(self.broadcast_axis(&sizes, &format!("{value}#{i}")))
         };
         let mut out: Vec<Dim> = pre.iter().enumerate().map(|(i, l)| size(l, i)).collect::<Option<_>>()?;
         if let Some(post) = post {
@@ -1132,28 +1122,28 @@ impl Shapes<'_, '_> {
     /// e is e (it is e, or n < e, and then n must be 1); a dimension that
     /// cannot be told becomes an atom of the result.
     fn broadcast(&self, value: &str, shapes: &[Vec<Dim>]) -> Vec<Dim> {
-        let mins = self.memo.mins.borrow();
         let rank = shapes.iter().map(Vec::len).max().unwrap_or(0);
-        (0..rank)
-            .map(|i| {
-                let dims = aligned(shapes, rank, i);
-                let beside_its_e = |d: &Dim| match d.single_atom() {
-                    Some((atom, 1)) => mins.get(atom).is_some_and(|(e, _)| dims.contains(&e)),
-                    _ => false,
-                };
-                let not_one: Vec<&Dim> =
-                    dims.iter().copied().filter(|d| d.value() != Some(1) && !beside_its_e(d)).collect();
-                let mut known: Vec<i64> = not_one.iter().filter_map(|d| d.value()).collect();
-                known.sort_unstable();
-                known.dedup();
-                match (not_one.split_first(), known.as_slice()) {
-                    (None, _) => Dim::known(1),
-                    (Some((first, rest)), _) if rest.iter().all(|d| d == first) => (*first).clone(),
-                    (_, [n]) => Dim::known(*n),
-                    _ => Dim::atom(format!("{value}#{i}")),
-                }
-            })
-            .collect()
+        (0..rank).map(|i| self.broadcast_axis(&aligned(shapes, rank, i), &format!("{value}#{i}"))).collect()
+    }
+
+    /// One axis of a broadcast (`broadcast`): the dimensions that meet
+    /// there give it, or it is the atom `unknown`.
+    fn broadcast_axis(&self, dims: &[&Dim], unknown: &str) -> Dim {
+        let mins = self.memo.mins.borrow();
+        let beside_its_e = |d: &Dim| match d.single_atom() {
+            Some((atom, 1)) => mins.get(atom).is_some_and(|(e, _)| dims.contains(&e)),
+            _ => false,
+        };
+        let not_one: Vec<&Dim> = dims.iter().copied().filter(|d| d.value() != Some(1) && !beside_its_e(d)).collect();
+        let mut known: Vec<i64> = not_one.iter().filter_map(|d| d.value()).collect();
+        known.sort_unstable();
+        known.dedup();
+        match (not_one.split_first(), known.as_slice()) {
+            (None, _) => Dim::known(1),
+            (Some((first, rest)), _) if rest.iter().all(|d| d == first) => (*first).clone(),
+            (_, [n]) => Dim::known(*n),
+            _ => Dim::atom(unknown.to_string()),
+        }
     }
 }
 
