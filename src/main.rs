@@ -171,6 +171,11 @@ struct FuseArgs {
     /// 26, the newest the pinned ONNX Runtime runs). See docs/targets.md.
     #[arg(long, value_name = "N", value_parser = parse_opset)]
     opset: Option<i64>,
+    /// Never upgrade the model's opset. By default a model below opset 23 is upgraded exactly to it
+    /// where the attention pass then writes ONNX Attention, which ONNX Runtime 1.23 and newer run as
+    /// one kernel; with this flag its cores stay transmuter.AttentionCore (docs/targets.md).
+    #[arg(long, conflicts_with = "opset")]
+    keep_opset: bool,
     /// List the passes with a one-line description, and exit.
     #[arg(long)]
     list_passes: bool,
@@ -369,6 +374,7 @@ fn fuse(args: FuseArgs) -> Result<Done> {
             TargetArg::Portable => onnx_fuse::graph::Target::Portable,
         },
         opset: args.opset,
+        keep_opset: args.keep_opset,
         explain: args.explain,
         load: LoadOptions { allow_unknown_fields: args.allow_unknown_fields },
         external: if args.link_external_data { ExternalData::HardLink } else { ExternalData::Copy },

@@ -72,6 +72,12 @@ pub struct OpCount {
 pub fn op_counts(model: &ModelProto) -> std::collections::BTreeMap<String, usize> {
     fn walk(g: &GraphProto, counts: &mut std::collections::BTreeMap<String, usize>) {
         for n in &g.node {
+            // A guard counts as the kernel it runs; the original ops it
+            // keeps for the other inputs are not counted again.
+            if let Some(runs) = n.metadata(crate::onnx::RUNS_KEY) {
+                *counts.entry(runs.to_string()).or_default() += 1;
+                continue;
+            }
             let name = if crate::onnx::is_default_domain(n.domain()) {
                 n.op_type().to_string()
             } else {
@@ -331,7 +337,14 @@ impl Report {
         }
         for f in &self.fused {
             let place = if f.graph == "main" { String::new() } else { format!(" (in {})", f.graph) };
-            let _ = writeln!(s, "\n{} {}{place}  [{}]", f.op_type, f.name, f.pass);
+            let guard = f
+                .guard
+                .as_ref()
+                .map_or(String::new(), |g| format!(" (guarded by {g}: the original ops run where it fails)"));
+            let _ = writeln!(s, "\n{} {}{place}  [{}]{guard}", f.op_type, f.name, f.pass);
+            if let Some(note) = &f.note {
+                let _ = writeln!(s, "  ({note})");
+            }
             for r in &f.replaced {
                 let _ = writeln!(s, "    {r}");
             }
@@ -403,6 +416,9 @@ pub fn ops_table(ops: &[OpCount]) -> String {
 #[derive(Debug, Serialize)]
 pub struct Found {
     pub op_type: String,
+    /// `If` where the node is a guard running `op_type` (see `Fused`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub guard: Option<String>,
     pub name: String,
     /// `main`, or `main/<node>.<attribute>` for a subgraph body.
     pub graph: String,
@@ -415,8 +431,10 @@ pub fn fused_in(model: &ModelProto) -> Vec<Found> {
     fn walk(g: &GraphProto, path: &str, found: &mut Vec<Found>) {
         for node in &g.node {
             if let Some(list) = node.metadata(FUSED_KEY) {
+                let runs = node.metadata(crate::onnx::RUNS_KEY);
                 found.push(Found {
-                    op_type: node.op_type().to_string(),
+                    op_type: runs.unwrap_or(node.op_type()).to_string(),
+                    guard: runs.map(|_| node.op_type().to_string()),
                     name: node.name().to_string(),
                     graph: path.to_string(),
                     replaced: list.split(", ").map(str::to_string).collect(),

@@ -13,7 +13,7 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
-use crate::graph::{free_values, values_read_by, Check, Graph, Miss, Scope, Target};
+use crate::graph::{free_values, values_read_by, Check, Graph, Miss, Scope, Stop, Target};
 use crate::onnx::{
     AttributeProto, FunctionProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, StringStringEntryProto,
     TensorProto, FUSED_KEY, MICROSOFT,
@@ -37,6 +37,10 @@ pub struct Pass {
     /// that defines it (`Graph::require_portable`); None where the pass
     /// writes ONNX Runtime's ops only.
     pub portable: Option<Portable>,
+    /// For the `ort` target: the opset of a kernel the pass writes where
+    /// the model has it (ONNX `Attention`: 23), which a run upgrades to
+    /// (`run::kernel_upgrade`).
+    pub kernel_opset: Option<i64>,
     pub rule: fn(&Graph, usize) -> Check<Rewrite>,
 }
 
@@ -91,6 +95,34 @@ pub struct Rewrite {
     /// without a scale before a Mul whose scale the pass did not prove):
     /// where one does, the rewrite is declined rather than taken in part.
     pub yields_to: &'static [&'static str],
+    /// Nodes the replacement needs computed before it (a guard's
+    /// condition), in order. The driver names them, gives their outputs
+    /// names no value has, and places them before the replacement; it adds
+    /// those that compute, from values that survive, the shape a `Shape`
+    /// outside the match read of a value the match removes.
+    pub prelude: Vec<NodeProto>,
+    /// Each prelude node's place in the node list (set by the driver).
+    pub prelude_at: Vec<usize>,
+    /// For a replacement that is a guard (`If`): the op it runs where the
+    /// guard holds, as reports name the node.
+    pub runs: Option<&'static str>,
+    /// The opset the replacement's op needs (ONNX `Attention`: 23).
+    pub opset: Option<i64>,
+    /// What a report says of the replacement besides (why a core is not
+    /// the kernel the runtime runs).
+    pub note: Option<String>,
+}
+
+/// The name of a body a rule leaves for the driver to fill with the
+/// matched nodes (`original_ops`).
+const ORIGINAL: &str = "transmuter.original";
+
+/// A body the driver fills with exactly the nodes the rewrite replaces,
+/// in their order, computing the replacement's outputs: the original ops,
+/// equal by construction to what was matched (an `If`'s branch for the
+/// inputs a kernel computes otherwise).
+pub fn original_ops() -> GraphProto {
+    GraphProto { name: Some(ORIGINAL.into()), ..Default::default() }
 }
 
 /// A value a match reads from a node it leaves in place.
@@ -136,6 +168,46 @@ impl Rewrite {
     /// `yields_to`).
     pub fn yielding_to(self, ops: &'static [&'static str]) -> Self {
         Rewrite { yields_to: ops, ..self }
+    }
+
+    /// The replacement's op needs opset `version`.
+    pub fn needing_opset(self, version: i64) -> Self {
+        Rewrite { opset: Some(version), ..self }
+    }
+
+    /// A report says `note` of the replacement.
+    pub fn noting(self, note: String) -> Self {
+        Rewrite { note: Some(note), ..self }
+    }
+
+    /// The replacement is a guard that runs `op` where it holds.
+    pub fn running(self, op: &'static str) -> Self {
+        Rewrite { runs: Some(op), ..self }
+    }
+
+    /// `nodes` are computed before the replacement (see `prelude`).
+    pub fn after(mut self, nodes: Vec<NodeProto>) -> Self {
+        self.prelude.extend(nodes);
+        self
+    }
+
+    /// Every value the rewrite reads from the graph: the replacement's and
+    /// the prelude's inputs and what their bodies capture, less what the
+    /// prelude and the new constants define. A body of original ops reads
+    /// what the matched nodes read, which survives by construction.
+    pub fn reads(&self) -> Vec<String> {
+        let mut defined: HashSet<&str> = self.constants.iter().map(|t| t.name()).collect();
+        defined.extend(self.prelude.iter().flat_map(|n| n.output.iter().map(String::as_str)));
+        let mut reads: Vec<String> = Vec::new();
+        for node in self.prelude.iter().chain([&self.replacement]) {
+            let captured = node.subgraphs().filter(|b| b.name() != ORIGINAL).flat_map(free_values);
+            for v in node.input.iter().cloned().chain(captured) {
+                if !v.is_empty() && !defined.contains(v.as_str()) && !reads.contains(&v) {
+                    reads.push(v);
+                }
+            }
+        }
+        reads
     }
 
     /// `fallback` is tried where this rewrite fails the driver's checks.
@@ -194,6 +266,11 @@ impl Match {
             import: None,
             constants: self.constants,
             yields_to: &[],
+            prelude: vec![],
+            prelude_at: vec![],
+            runs: None,
+            opset: None,
+            note: None,
         }
     }
 
@@ -218,7 +295,8 @@ impl Match {
 fn matched_nodes(g: &Graph, rewrite: &Rewrite) -> (BTreeSet<usize>, BTreeSet<usize>) {
     let outputs = rewrite.takes_over.iter().chain(&rewrite.offers).map(|(_, v)| v.as_str());
     let roots = std::iter::once(rewrite.anchor).chain(outputs.filter_map(|v| g.producer(v))).collect();
-    let inputs: Vec<&str> = rewrite.replacement.input.iter().map(String::as_str).collect();
+    let reads = rewrite.reads();
+    let inputs: Vec<&str> = reads.iter().map(String::as_str).collect();
     matched(g, roots, &inputs, &rewrite.kept)
 }
 
@@ -255,7 +333,11 @@ fn matched(g: &Graph, roots: Vec<usize>, inputs: &[&str], kept: &[Kept]) -> (BTr
             continue;
         }
         nodes.remove(&n);
-        todo.extend(values_read_by(g.node(n)).iter().filter_map(|v| g.producer(v)));
+        // A `Shape` reads no value: what it reads of a matched node may be
+        // computed from values that survive (`shapes_read_outside`).
+        if !reads_only_shape(g, n) {
+            todo.extend(values_read_by(g.node(n)).iter().filter_map(|v| g.producer(v)));
+        }
     }
     (walked, nodes)
 }
@@ -319,6 +401,18 @@ pub struct Fused {
     pub graph: String,
     /// The original nodes it stands for, as in its `transmuter.fused` value.
     pub replaced: Vec<String>,
+    /// `If` where the node is a guard: `op_type` (ONNX `Attention`) runs
+    /// where the guard holds, the original ops elsewhere.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub guard: Option<String>,
+    /// The opset its op needs (23 for ONNX `Attention`), where that is newer
+    /// than the passes otherwise need.
+    #[serde(skip)]
+    pub opset: Option<i64>,
+    /// What the report says of it besides (why an attention core is not
+    /// ONNX `Attention`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// A replacement a later pass took into its own node (skip-norm's residual
@@ -499,7 +593,10 @@ fn run_bodies(
     path: &str,
     outcome: &mut Outcome,
 ) {
-    let bodies = Bodies::of(&context.view(graph, outer));
+    let mut bodies = Bodies::of(&context.view(graph, outer));
+    // The bodies of a fused node are its own (the original ops a guard
+    // runs): no pass rewrites them, so a second run changes nothing.
+    bodies.hidden.retain(|(holder, _)| graph.node[*holder].metadata(FUSED_KEY).is_none());
     bodies.walk(graph, path, |body, scope, body_path| run_graph(body, context, scope, passes, body_path, outcome));
 }
 
@@ -631,6 +728,7 @@ fn find(g: &Graph, pass: &Pass, path: &str, functions: &[FunctionProto], decline
                 found.retain(|earlier| earlier.nodes.is_disjoint(&rewrite.nodes));
                 claimed.extend(rewrite.nodes.iter().copied());
                 rewrite.place = placement(g, &rewrite);
+                rewrite.prelude_at = prelude_placement(g, &rewrite);
                 found.push(rewrite);
             }
             Ok(_) => {}
@@ -644,7 +742,7 @@ fn find(g: &Graph, pass: &Pass, path: &str, functions: &[FunctionProto], decline
         }
     }
     for rewrite in &mut found {
-        name_constants(g, rewrite, &mut new_names);
+        name_new_values(g, rewrite, &mut new_names);
     }
     found
 }
@@ -676,11 +774,13 @@ fn settle(g: &Graph, mut rewrite: Rewrite, functions: &[&FunctionProto]) -> Chec
                 rewrite.takes_over.push((slot, value));
             }
         }
+        shapes_read_outside(g, &mut rewrite);
         check_nothing_escapes(g, &rewrite)?;
         check_yields(g, &rewrite)?;
         check_computed_once(g, &rewrite, &walked)?;
         check_unambiguous(g, &rewrite, &walked.union(&rewrite.nodes).copied().collect())?;
         check_function_identity(functions.iter().copied(), &rewrite)?;
+        fill_original_ops(g, &mut rewrite)?;
         Ok(rewrite)
     })();
     match (checked, fallback) {
@@ -689,18 +789,236 @@ fn settle(g: &Graph, mut rewrite: Rewrite, functions: &[&FunctionProto]) -> Chec
     }
 }
 
-/// Gives the constants a rewrite adds names no value of the graph, of an
+/// Gives the values a rewrite adds (its constants, what its prelude and
+/// the bodies it wrote compute) names no value of the graph, of an
 /// enclosing graph or of another rewrite has (`base`, `base_1`, …), and
-/// has the replacement read them by those names.
-fn name_constants(g: &Graph, rewrite: &mut Rewrite, taken: &mut HashSet<String>) {
-    for t in &mut rewrite.constants {
-        let base = t.name().to_string();
+/// has its nodes read them by those names. Values the prelude computes in
+/// place of a `Shape` of the graph keep their names.
+fn name_new_values(g: &Graph, rewrite: &mut Rewrite, taken: &mut HashSet<String>) {
+    let keep: HashSet<String> = rewrite.nodes.iter().flat_map(|&n| g.node(n).output.iter().cloned()).collect();
+    let mut new: Vec<String> = rewrite.constants.iter().map(|t| t.name().to_string()).collect();
+    new.extend(rewrite.prelude.iter().flat_map(|n| n.output.iter().cloned()).filter(|o| !keep.contains(o)));
+    for body in rewrite.replacement.subgraphs().filter(|b| b.name() != ORIGINAL) {
+        defined_by_nodes(body, &mut new);
+    }
+    let mut renamed: HashMap<String, String> = HashMap::new();
+    for base in
+        new.into_iter().filter(|v| !v.is_empty() && !keep.contains(v) && !rewrite.replacement.output.contains(v))
+    {
         let name = unused_name(&base, 1, |n| g.is_name_taken(n) || taken.contains(n));
-        for input in rewrite.replacement.input.iter_mut().filter(|i| **i == base) {
-            *input = name.clone();
-        }
         taken.insert(name.clone());
+        renamed.insert(base, name);
+    }
+    if renamed.is_empty() {
+        return;
+    }
+    let rename = |v: &mut String| {
+        if let Some(to) = renamed.get(v.as_str()) {
+            *v = to.clone();
+        }
+    };
+    for t in &mut rewrite.constants {
+        let mut name = t.name().to_string();
+        rename(&mut name);
         t.name = Some(name);
+    }
+    for node in rewrite.prelude.iter_mut().chain([&mut rewrite.replacement]) {
+        rename_in_node(node, &rename);
+    }
+}
+
+/// Every value the nodes of `body` compute, at any depth, but in bodies of
+/// original ops.
+fn defined_by_nodes(body: &GraphProto, into: &mut Vec<String>) {
+    for node in &body.node {
+        into.extend(node.output.iter().filter(|o| !o.is_empty()).cloned());
+        for sub in node.subgraphs().filter(|b| b.name() != ORIGINAL) {
+            defined_by_nodes(sub, into);
+        }
+    }
+}
+
+/// Renames the values a node reads and writes, and those of the bodies
+/// written with it (bodies of original ops keep the graph's names).
+fn rename_in_node(node: &mut NodeProto, rename: &impl Fn(&mut String)) {
+    node.input.iter_mut().chain(node.output.iter_mut()).for_each(rename);
+    for body in node.subgraphs_mut().filter(|b| b.name() != ORIGINAL) {
+        body.node.iter_mut().for_each(|n| rename_in_node(n, rename));
+        for out in &mut body.output {
+            let mut name = out.name().to_string();
+            rename(&mut name);
+            out.name = Some(name);
+        }
+    }
+}
+
+/// Whether node `n` reads only the shape of its input (`Shape`, `Size`).
+fn reads_only_shape(g: &Graph, n: usize) -> bool {
+    let node = g.node(n);
+    (node.is("Shape") || node.is("Size")) && crate::onnx::is_default_domain(node.domain()) && node.input.len() == 1
+}
+
+/// A value the match removes that nodes outside it read only through
+/// `Shape` (a mask cut to `Shape(key)[2]`, where the key is a value the
+/// match repeats): where each axis read is a number or proved equal to an
+/// axis of a value that survives (one the rewrite reads, or a graph input)
+/// and is computed before that `Shape`, the `Shape` joins the match and the
+/// prelude computes what it read from those values. Otherwise nothing
+/// changes, and the escape is declined.
+fn shapes_read_outside(g: &Graph, rewrite: &mut Rewrite) {
+    let reads = rewrite.reads();
+    let mut sources: Vec<&str> = reads.iter().map(String::as_str).collect();
+    sources.extend(g.proto.input.iter().map(|i| i.name()));
+    let shapes = g.shapes();
+    let matched: Vec<usize> = rewrite.nodes.iter().copied().collect();
+    for n in matched {
+        for value in g.node(n).output.iter().filter(|o| !o.is_empty()) {
+            let outside: Vec<usize> =
+                g.consumers(value).iter().copied().filter(|c| !rewrite.nodes.contains(c)).collect();
+            let all_shapes = outside.iter().all(|&c| reads_only_shape(g, c) && g.node(c).is("Shape"));
+            if outside.is_empty()
+                || !all_shapes
+                || g.is_graph_output(value)
+                || value == &g.node(rewrite.anchor).output[0]
+            {
+                continue;
+            }
+            let Some(dims) = shapes.shape(value) else { continue };
+            let computed: Option<Vec<Vec<NodeProto>>> =
+                outside.iter().map(|&s| shape_from_survivors(g, &shapes, &sources, &dims, s)).collect();
+            if let Some(computed) = computed {
+                rewrite.nodes.extend(outside);
+                rewrite.prelude.extend(computed.into_iter().flatten());
+            }
+        }
+    }
+}
+
+/// The nodes computing what `Shape` node `s` reads of a value of shape
+/// `dims`, each axis a number or an axis of one of `sources` computed
+/// before `s`; the last one writes `s`'s output.
+fn shape_from_survivors(
+    g: &Graph,
+    shapes: &crate::shapes::Shapes,
+    sources: &[&str],
+    dims: &[crate::shapes::Dim],
+    s: usize,
+) -> Option<Vec<NodeProto>> {
+    let shape = g.node(s);
+    let rank = dims.len() as i64;
+    let clamp = |i: i64| (if i < 0 { i + rank } else { i }).clamp(0, rank) as usize;
+    let start = clamp(shape.attr_int("start").unwrap_or(0));
+    let end = clamp(shape.attr_int("end").unwrap_or(rank));
+    let out = &shape.output[0];
+    let before = |v: &str| g.producer(v).is_none_or(|p| p < s) && !g.is_ambiguous(v);
+    let int64s = |name: &str, values: Vec<i64>| {
+        let t = TensorProto {
+            data_type: Some(crate::onnx::INT64),
+            dims: vec![values.len() as i64],
+            int64_data: values,
+            ..Default::default()
+        };
+        NodeProto {
+            output: vec![name.to_string()],
+            ..node_in("", "Constant", &[], vec![AttributeProto::tensor("value", t)])
+        }
+    };
+    let mut nodes = Vec::new();
+    let mut parts = Vec::new();
+    for (i, dim) in dims.iter().enumerate().take(end).skip(start) {
+        let part = format!("{out}_axis{i}");
+        match dim.value() {
+            Some(n) => nodes.push(int64s(&part, vec![n])),
+            None => {
+                let (x, j) = sources.iter().filter(|x| before(x)).find_map(|x| {
+                    let j = shapes.shape(x)?.iter().position(|d| d == dim)?;
+                    Some((*x, j as i64))
+                })?;
+                if g.opset >= 15 {
+                    let slice = vec![AttributeProto::int("start", j), AttributeProto::int("end", j + 1)];
+                    nodes.push(NodeProto { output: vec![part.clone()], ..node("Shape", &[x], slice) });
+                } else {
+                    let (whole, at) = (format!("{part}_of"), format!("{part}_at"));
+                    nodes.push(NodeProto { output: vec![whole.clone()], ..node("Shape", &[x], vec![]) });
+                    nodes.push(int64s(&at, vec![j]));
+                    let gather = node("Gather", &[&whole, &at], vec![AttributeProto::int("axis", 0)]);
+                    nodes.push(NodeProto { output: vec![part.clone()], ..gather });
+                }
+            }
+        }
+        parts.push(part);
+    }
+    match parts.len() {
+        0 => nodes.push(int64s(out, vec![])),
+        1 => nodes.last_mut()?.output = vec![out.clone()],
+        _ => {
+            let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
+            let concat = node("Concat", &parts, vec![AttributeProto::int("axis", 0)]);
+            nodes.push(NodeProto { output: vec![out.clone()], ..concat });
+        }
+    }
+    Some(nodes)
+}
+
+/// Fills each body of original ops in the replacement (at any depth) with
+/// the matched nodes, in their order, computing the replacement's outputs
+/// under their names (the outputs of the node that holds a body are not
+/// visible inside it, so the names are free there). A `Shape` the prelude
+/// now computes stays out. The outputs' element types must be known.
+fn fill_original_ops(g: &Graph, rewrite: &mut Rewrite) -> Check<()> {
+    fn has_original(node: &NodeProto) -> bool {
+        node.subgraphs().any(|b| b.name() == ORIGINAL || b.node.iter().any(has_original))
+    }
+    if !has_original(&rewrite.replacement) {
+        return Ok(());
+    }
+    let by_prelude: HashSet<&str> = rewrite.prelude.iter().flat_map(|n| n.output.iter().map(String::as_str)).collect();
+    let mut order: Vec<usize> = rewrite.nodes.iter().copied().collect();
+    order.sort_by_key(|&n| g.position(n));
+    let nodes: Vec<NodeProto> = order
+        .into_iter()
+        .map(|n| g.node(n))
+        .filter(|n| !n.output.iter().any(|o| by_prelude.contains(o.as_str())))
+        .cloned()
+        .collect();
+    let anchor = &g.node(rewrite.anchor).output[0];
+    let mut slots: Vec<(usize, &String)> = rewrite.takes_over.iter().map(|(slot, v)| (*slot, v)).collect();
+    slots.push((0, anchor));
+    slots.sort();
+    let mut outputs = Vec::new();
+    for (_, value) in slots {
+        let elem = g.elem_type(value).or_decline(|| format!("the type of {value} is not known"))?;
+        outputs.push(value_info(value, elem));
+    }
+    let body = GraphProto {
+        name: Some(format!("the original ops of {}", display_name(g.node(rewrite.anchor)))),
+        node: nodes,
+        output: outputs,
+        ..Default::default()
+    };
+    fn fill(node: &mut NodeProto, body: &GraphProto) {
+        for sub in node.subgraphs_mut() {
+            if sub.name() == ORIGINAL {
+                *sub = body.clone();
+            } else {
+                sub.node.iter_mut().for_each(|n| fill(n, body));
+            }
+        }
+    }
+    fill(&mut rewrite.replacement, &body);
+    Ok(())
+}
+
+/// A tensor value of element type `elem` and no declared shape.
+pub fn value_info(name: &str, elem: i32) -> crate::onnx::ValueInfoProto {
+    use crate::onnx::proto::type_proto::{Tensor, Value};
+    crate::onnx::ValueInfoProto {
+        name: Some(name.into()),
+        r#type: Some(crate::onnx::TypeProto {
+            value: Some(Value::TensorType(Tensor { elem_type: Some(elem), shape: None })),
+            ..Default::default()
+        }),
+        ..Default::default()
     }
 }
 
@@ -726,6 +1044,7 @@ fn read_constants_at_their_source(g: &Graph, rewrite: &mut Rewrite) {
 /// replaced nothing would read them (unless the replacement itself does,
 /// e.g. a constant mask of an attention core).
 fn absorb_constants(g: &Graph, rewrite: &mut Rewrite) {
+    let reads = rewrite.reads();
     let mut todo: Vec<usize> = rewrite.nodes.iter().copied().collect();
     while let Some(n) = todo.pop() {
         for value in &g.node(n).input {
@@ -734,7 +1053,7 @@ fn absorb_constants(g: &Graph, rewrite: &mut Rewrite) {
                 && g.constant(value).is_some()
                 && g.node(p).subgraphs().next().is_none()
                 && !g.is_graph_output(value)
-                && !rewrite.replacement.input.iter().any(|i| i == value)
+                && !reads.iter().any(|i| i == value)
                 && g.consumers(value).iter().all(|c| rewrite.nodes.contains(c))
                 && g.node(p).output.iter().all(|o| o == value || o.is_empty())
             {
@@ -755,7 +1074,8 @@ fn check_nothing_escapes(g: &Graph, rewrite: &Rewrite) -> Check<()> {
         "the replacement reads a value computed from the anchor {}",
         display_name(anchor)
     );
-    let taken_over = |v: &str| v == anchor.output[0] || rewrite.takes_over.iter().any(|(_, t)| t == v);
+    let by_prelude = |v: &str| rewrite.prelude.iter().any(|n| n.output.iter().any(|o| o == v));
+    let taken_over = |v: &str| v == anchor.output[0] || rewrite.takes_over.iter().any(|(_, t)| t == v) || by_prelude(v);
     for (_, value) in &rewrite.takes_over {
         let made_inside = g.producer(value).is_some_and(|p| rewrite.nodes.contains(&p));
         require!(made_inside, "the replacement would take over {value}, which the rewrite does not remove");
@@ -795,7 +1115,8 @@ fn check_yields(g: &Graph, rewrite: &Rewrite) -> Check<()> {
 /// again what it replaces.
 fn check_computed_once(g: &Graph, rewrite: &Rewrite, walked: &BTreeSet<usize>) -> Check<()> {
     let Some(&n) = walked.iter().find(|n| !rewrite.nodes.contains(n)) else { return Ok(()) };
-    let read = rewrite.replacement.input.iter().find(|v| !v.is_empty() && g.computed_from(v, n));
+    let reads = rewrite.reads();
+    let read = reads.iter().find(|v| !v.is_empty() && g.computed_from(v, n));
     Err(Miss::Declined(format!(
         "{} is computed from {}, a node of the match the replacement would compute again",
         read.map_or("what the replacement reads", String::as_str),
@@ -807,7 +1128,8 @@ fn check_computed_once(g: &Graph, rewrite: &Rewrite, walked: &BTreeSet<usize>) -
 /// match unprovable, since runtimes disagree on which value it names.
 fn check_unambiguous(g: &Graph, rewrite: &Rewrite, walked: &BTreeSet<usize>) -> Check<()> {
     let nodes = walked.iter().map(|&n| g.node(n));
-    let names = nodes.flat_map(|n| n.input.iter().chain(&n.output)).chain(&rewrite.replacement.input);
+    let reads = rewrite.reads();
+    let names = nodes.flat_map(|n| n.input.iter().chain(&n.output)).chain(&reads);
     let added = |v: &str| rewrite.constants.iter().any(|t| t.name() == v);
     for name in names.filter(|v| !v.is_empty() && !added(v)) {
         require!(!g.is_ambiguous(name), "{name} is defined in two scopes or twice (invalid ONNX; runtimes disagree)");
@@ -876,7 +1198,9 @@ fn apply(graph: &mut GraphProto, rewrites: Vec<Rewrite>, pass: &'static str, pat
     let mut names: HashSet<String> = graph.node.iter().map(|n| n.name().to_string()).collect();
     let mut removed_values = HashSet::new();
     let mut read_by_removed = HashSet::new();
-    let mut replacement_at: HashMap<usize, Vec<(bool, NodeProto)>> = HashMap::new();
+    // At each place: prelude nodes, then a replacement placed before a
+    // reader, then one anchored there.
+    let mut replacement_at: HashMap<usize, Vec<(u8, NodeProto)>> = HashMap::new();
     let mut removed = HashSet::new();
     for rewrite in rewrites {
         let anchor = &graph.node[rewrite.anchor];
@@ -892,12 +1216,18 @@ fn apply(graph: &mut GraphProto, rewrites: Vec<Rewrite>, pass: &'static str, pat
         }
         node.metadata_props = anchor.metadata_props.iter().filter(|p| p.key() != FUSED_KEY).cloned().collect();
         node.metadata_props.push(StringStringEntryProto::new(FUSED_KEY, replaced.join(", ")));
+        if let Some(op) = rewrite.runs {
+            node.metadata_props.push(StringStringEntryProto::new(crate::onnx::RUNS_KEY, op.to_string()));
+        }
         outcome.fused.push(Fused {
             pass,
-            op_type: node.op_type().to_string(),
+            op_type: rewrite.runs.unwrap_or(node.op_type()).to_string(),
             name: node.name().to_string(),
             graph: path.to_string(),
             replaced,
+            guard: rewrite.runs.map(|_| node.op_type().to_string()),
+            opset: rewrite.opset,
+            note: rewrite.note.clone(),
         });
         for &n in &rewrite.nodes {
             let old = &graph.node[n];
@@ -909,15 +1239,19 @@ fn apply(graph: &mut GraphProto, rewrites: Vec<Rewrite>, pass: &'static str, pat
                     outcome.absorbed.push(Absorbed { fused, into: node.name().to_string(), by: pass });
                 }
             }
-            removed_values.extend(old.output.iter().filter(|o| !node.output.contains(o)).cloned());
+            let by_prelude = |o: &String| rewrite.prelude.iter().any(|p| p.output.contains(o));
+            removed_values.extend(old.output.iter().filter(|o| !node.output.contains(o) && !by_prelude(o)).cloned());
             read_by_removed.extend(old.input.iter().cloned());
         }
         graph.initializer.extend(rewrite.constants);
         removed.extend(rewrite.nodes);
-        // One placed before a reader goes before one anchored there.
+        for (mut before, at) in rewrite.prelude.into_iter().zip(rewrite.prelude_at) {
+            before.name = Some(unique_name(&mut names, anchor.name(), before.op_type()));
+            replacement_at.entry(at).or_default().push((0, before));
+        }
         let slot = replacement_at.entry(rewrite.place).or_default();
-        slot.push((rewrite.place == rewrite.anchor, node));
-        slot.sort_by_key(|(at_anchor, _)| *at_anchor);
+        slot.push((if rewrite.place == rewrite.anchor { 2 } else { 1 }, node));
+        slot.sort_by_key(|(rank, _)| *rank);
     }
     let old = std::mem::take(&mut graph.node);
     let mut kept = Vec::with_capacity(old.len());
@@ -944,11 +1278,27 @@ fn apply(graph: &mut GraphProto, rewrites: Vec<Rewrite>, pass: &'static str, pat
 fn placement(g: &Graph, rewrite: &Rewrite) -> usize {
     let outside = |v: &String| g.consumers(v).iter().copied().filter(|c| !rewrite.nodes.contains(c));
     let first_reader = rewrite.takes_over.iter().flat_map(|(_, v)| outside(v)).min();
-    let last_input = rewrite.replacement.input.iter().filter_map(|v| g.producer(v)).max();
+    let last_input = rewrite.reads().iter().filter_map(|v| g.producer(v)).max();
     match first_reader {
         Some(r) if r < rewrite.anchor && last_input.is_none_or(|p| p < r) => r,
         _ => rewrite.anchor,
     }
+}
+
+/// Where each prelude node goes: before the replacement, or before the
+/// first node outside the match (or later prelude node) reading what it
+/// computes, whichever comes first.
+fn prelude_placement(g: &Graph, rewrite: &Rewrite) -> Vec<usize> {
+    let mut at = vec![rewrite.place; rewrite.prelude.len()];
+    for i in (0..rewrite.prelude.len()).rev() {
+        for out in &rewrite.prelude[i].output {
+            let outside = g.consumers(out).iter().copied().filter(|c| !rewrite.nodes.contains(c));
+            let later =
+                (i + 1..rewrite.prelude.len()).filter(|&j| rewrite.prelude[j].input.contains(out)).map(|j| at[j]);
+            at[i] = outside.chain(later).fold(at[i], usize::min);
+        }
+    }
+    at
 }
 
 /// Every value something in the graph reads: node inputs, subgraph bodies'

@@ -50,6 +50,9 @@ pub struct Settings {
     pub target: crate::graph::Target,
     /// `--opset N`: upgrade the default domain before the passes run.
     pub opset: Option<i64>,
+    /// `--keep-opset`: never upgrade the model's opset, not even where the
+    /// `ort` target's kernels need it (`KERNEL_OPSET`).
+    pub keep_opset: bool,
     pub explain: bool,
     pub load: LoadOptions,
     pub external: ExternalData,
@@ -135,8 +138,16 @@ fn fuse_loaded(
     progress(format!("fusing {}", input.display()));
     // For portable, what an upgrade would add is counted on this model.
     let unfused = (settings.target == crate::graph::Target::Portable).then(|| loaded.model.clone());
-    let added = upgrade.as_ref().map(|u| u.added.clone()).unwrap_or_default();
-    let outcome = rewrite::run_upgraded(&mut loaded.model, &settings.pipeline, settings.target, added);
+    let (outcome, upgrade) = match kernel_upgrade(&loaded.model, settings, upgrade.is_some()) {
+        Some((model, kernel_upgrade, outcome)) => {
+            loaded.model = model;
+            (outcome, Some(kernel_upgrade))
+        }
+        None => {
+            let added = upgrade.as_ref().map(|u| u.added.clone()).unwrap_or_default();
+            (rewrite::run_upgraded(&mut loaded.model, &settings.pipeline, settings.target, added), upgrade)
+        }
+    };
     let needed = outcome.needed_opset();
     let unchanged = outcome.fused.is_empty() && upgrade.as_ref().is_none_or(|u| u.from == u.to);
     let mut report = Report::new(
@@ -166,6 +177,36 @@ fn fuse_loaded(
         report.written = true;
     }
     Ok(report)
+}
+
+/// The opset of the kernels the `ort` target writes where a model has it:
+/// ONNX `Attention` (ONNX Runtime 1.23 and newer run it as one kernel).
+pub const KERNEL_OPSET: i64 = 23;
+
+/// The everyday command gets the kernels (docs/targets.md): for the `ort`
+/// target, a model below `KERNEL_OPSET` that no `--opset` or `--keep-opset`
+/// governs is upgraded exactly to it where the passes then write a kernel
+/// that needs it; the upgraded model, the upgrade and what the passes did.
+/// None where no pass would, or the model has no exact upgrade (the cores
+/// then stay `AttentionCore`, as at its own opset).
+fn kernel_upgrade(
+    model: &crate::onnx::ModelProto,
+    settings: &Settings,
+    upgraded: bool,
+) -> Option<(crate::onnx::ModelProto, crate::upgrade::Upgrade, rewrite::Outcome)> {
+    let from = model.default_opset();
+    let wanted = settings.target == crate::graph::Target::Ort
+        && !upgraded
+        && !settings.keep_opset
+        && from < KERNEL_OPSET
+        && settings.pipeline.iter().any(|p| p.kernel_opset.is_some());
+    if !wanted {
+        return None;
+    }
+    let (mut model, upgrade) = crate::upgrade::upgrade(model, KERNEL_OPSET).ok()?;
+    let outcome = rewrite::run_upgraded(&mut model, &settings.pipeline, settings.target, upgrade.added.clone());
+    let needs = outcome.fused.iter().any(|f| f.opset.is_some_and(|o| o > from));
+    needs.then_some((model, upgrade, outcome))
 }
 
 /// What `--opset opset` would add to a run that fused `fused` nodes of

@@ -111,12 +111,15 @@ impl Dim {
     /// The product; none where a coefficient overflows, or where it would
     /// have more than `MAX_TERMS` terms (a hostile model's product of many
     /// sums), which are unknown.
-    pub(super) fn mul(&self, other: &Dim) -> Option<Dim> {
+    pub fn mul(&self, other: &Dim) -> Option<Dim> {
         let n = self.terms.len().checked_mul(other.terms.len()).filter(|&n| n <= MAX_TERMS)?;
         let mut terms = Vec::with_capacity(n);
         for a in &self.terms {
             for b in &other.terms {
-                terms.push(Term { coef: a.coef.checked_mul(b.coef)?, atoms: [a.atoms.clone(), b.atoms.clone()].concat() });
+                terms.push(Term {
+                    coef: a.coef.checked_mul(b.coef)?,
+                    atoms: [a.atoms.clone(), b.atoms.clone()].concat(),
+                });
             }
         }
         Dim::sum(terms)
@@ -162,9 +165,10 @@ impl Dim {
     /// overflows stays as it is.
     pub(super) fn substitute(&self, value: impl Fn(&str) -> Option<Dim>) -> Dim {
         let terms = self.terms.iter().flat_map(|t| {
-            let replaced = t.atoms.iter().try_fold(Dim::known(t.coef), |p, a| {
-                p.mul(&value(a).unwrap_or_else(|| Dim::atom(a.clone())))
-            });
+            let replaced = t
+                .atoms
+                .iter()
+                .try_fold(Dim::known(t.coef), |p, a| p.mul(&value(a).unwrap_or_else(|| Dim::atom(a.clone()))));
             replaced.map_or_else(|| vec![t.clone()], |d| d.terms)
         });
         Dim::sum(terms.collect()).unwrap_or_else(|| self.clone())

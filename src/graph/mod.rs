@@ -8,6 +8,7 @@
 //! graph; `rewrite.rs` does that.
 
 mod dim;
+pub mod fold;
 pub mod shapes;
 
 use std::borrow::Cow;
@@ -860,6 +861,15 @@ impl<'a> Graph<'a> {
             } else {
                 match node.op_type() {
                     "Cast" => node.attr_int("to").map(|t| t as i32),
+                    // Y has the scale's type (V), which may differ from X's.
+                    "SimplifiedLayerNormalization" | "RMSNormalization" => from_input(1),
+                    // What both branches declare (the branches onnx-fuse writes declare their outputs).
+                    "If" => node
+                        .subgraphs()
+                        .map(|b| b.output.first().and_then(tensor_type).map(|(t, _)| t))
+                        .reduce(|a, b| if a == b { a } else { None })
+                        .flatten()
+                        .filter(|&t| t != 0),
                     "Constant" => self.consts.get(out.as_str()).map(|t| t.data_type()),
                     "CastLike" => from_input(1),
                     "Where" => from_input(1).or_else(|| from_input(2)),

@@ -289,7 +289,8 @@ impl<'g, 'a> Shapes<'g, 'a> {
         let Some(body) = node.attribute.iter().find(|a| a.name() == branch).and_then(|a| a.g.as_ref()) else {
             return vec![];
         };
-        let outside: HashSet<&str> = scope.shapes.values().flatten().flat_map(|d| d.atoms().map(String::as_str)).collect();
+        let outside: HashSet<&str> =
+            scope.shapes.values().flatten().flat_map(|d| d.atoms().map(String::as_str)).collect();
         let view = Graph::new(body, self.g.opset, scope);
         let shapes = view.shapes();
         let known_outside = |d: Dim| {
@@ -454,6 +455,29 @@ impl<'g, 'a> Shapes<'g, 'a> {
         self.derive_from_ops(value)
     }
 
+    /// ONNX `Attention` (opset 23) with 4-D q, k, v: `[b, h, s, dv]`, and
+    /// the present key and value, the past and the new rows concatenated.
+    fn attention_output(&self, node: &NodeProto, value: &str) -> Option<Vec<Dim>> {
+        let input = |i: usize| node.input.get(i).filter(|s| !s.is_empty()).and_then(|v| self.shape(v));
+        let (q, k, v) = (input(0)?, input(1)?, input(2)?);
+        if q.len() != 4 || k.len() != 4 || v.len() != 4 {
+            return None;
+        }
+        match node.output.iter().position(|o| o == value)? {
+            0 => Some(vec![q[0].clone(), q[1].clone(), q[2].clone(), v[3].clone()]),
+            slot @ (1 | 2) => {
+                let new = if slot == 1 { k } else { v };
+                let rows = match input(slot + 3) {
+                    Some(past) if past.len() == 4 => past[2].add(&new[2])?,
+                    Some(_) => return None,
+                    None => new[2].clone(),
+                };
+                Some(vec![new[0].clone(), new[1].clone(), rows, new[3].clone()])
+            }
+            _ => None,
+        }
+    }
+
     /// The shape of `value` from constants and the ops that compute it.
     fn derive_from_ops(&self, value: &str) -> Option<Vec<Dim>> {
         let g = self.g;
@@ -493,6 +517,9 @@ impl<'g, 'a> Shapes<'g, 'a> {
         }
         if node.is("If") {
             return self.if_output(node, value);
+        }
+        if node.is("Attention") {
+            return self.attention_output(node, value);
         }
         if node.output.first().map(String::as_str) != Some(value) {
             return None;
@@ -966,7 +993,12 @@ impl<'g, 'a> Shapes<'g, 'a> {
     pub fn shape_tensor(&self, value: &str) -> Option<Vec<Option<Dim>>> {
         match self.shape(value) {
             Some(shape) if shape.len() != 1 => None,
-            _ => Some(self.elements(value, 0)?.into_iter().map(|d| d.filter(|d| d.value().is_some() || d.is_size())).collect()),
+            _ => Some(
+                self.elements(value, 0)?
+                    .into_iter()
+                    .map(|d| d.filter(|d| d.value().is_some() || d.is_size()))
+                    .collect(),
+            ),
         }
     }
 
@@ -1072,9 +1104,7 @@ impl<'g, 'a> Shapes<'g, 'a> {
                 1 => Some(Dim::known(0)),
                 _ => None,
             }),
-            "Neg" => elementwise(&[arg(0)?], |e| {
-                e[0].as_ref()?.neg()
-            }),
+            "Neg" => elementwise(&[arg(0)?], |e| e[0].as_ref()?.neg()),
             "Where" => elementwise(&[arg(0)?, arg(1)?, arg(2)?], |e| match e {
                 [Some(c), x, y] => match c.value()? {
                     0 => y.clone(),

@@ -15,6 +15,10 @@ pub use proto::{
 /// The metadata key every replacement node carries (spec, ground rule 6).
 pub const FUSED_KEY: &str = "transmuter.fused";
 
+/// The metadata key of a fused guard (`If`): the op it runs where the guard
+/// holds (`Attention`), the original ops elsewhere.
+pub const RUNS_KEY: &str = "transmuter.runs";
+
 /// The domain of onnx-fuse's own ops (`AttentionCore`), each with a
 /// model-local function so every runtime can run it.
 pub const TRANSMUTER_DOMAIN: &str = "transmuter";
@@ -118,6 +122,24 @@ impl AttributeProto {
             ..Default::default()
         }
     }
+
+    pub fn ints(name: &str, values: &[i64]) -> Self {
+        AttributeProto {
+            name: Some(name.into()),
+            r#type: Some(AttributeType::Ints as i32),
+            ints: values.to_vec(),
+            ..Default::default()
+        }
+    }
+
+    pub fn graph(name: &str, body: GraphProto) -> Self {
+        AttributeProto {
+            name: Some(name.into()),
+            r#type: Some(AttributeType::Graph as i32),
+            g: Some(body),
+            ..Default::default()
+        }
+    }
 }
 
 impl StringStringEntryProto {
@@ -147,6 +169,7 @@ pub const FLOAT16: i32 = DataType::Float16 as i32;
 pub const BFLOAT16: i32 = DataType::Bfloat16 as i32;
 pub const DOUBLE: i32 = DataType::Double as i32;
 pub const INT64: i32 = DataType::Int64 as i32;
+pub const INT32: i32 = DataType::Int32 as i32;
 pub const BOOL: i32 = DataType::Bool as i32;
 
 /// Whether tensors of this element type hold the sizes of a shape

@@ -101,6 +101,7 @@ pub const DETERMINISTIC: &[&str] = &[
 pub const SAME_TYPE_AS_FIRST_INPUT: &[&str] = &[
     "Abs",
     "Add",
+    "Attention",
     "AveragePool",
     "BatchNormalization",
     "Ceil",
@@ -157,6 +158,7 @@ pub const SAME_TYPE_AS_FIRST_INPUT: &[&str] = &[
     "Relu",
     "Reshape",
     "Resize",
+    "RotaryEmbedding",
     "Round",
     "ScatterElements",
     "ScatterND",

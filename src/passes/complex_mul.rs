@@ -31,6 +31,7 @@ pub const PASS: Pass = Pass {
     ),
     absorbs: None,
     portable: None,
+    kernel_opset: None,
     rule,
 };
 

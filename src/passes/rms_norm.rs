@@ -29,6 +29,7 @@ pub const PASS: Pass = Pass {
     caution: None,
     absorbs: None,
     portable: Some(PORTABLE),
+    kernel_opset: None,
     rule,
 };
 

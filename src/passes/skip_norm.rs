@@ -41,6 +41,7 @@ pub const PASS: Pass = Pass {
     caution: None,
     absorbs: Some("with their residual Add"),
     portable: None,
+    kernel_opset: None,
     rule,
 };
 

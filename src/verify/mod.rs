@@ -157,7 +157,8 @@ pub fn verify(
         // What the replaced nodes read too: a failed node is run again as
         // those nodes in f64 (`exact`).
         let replaced = exact::reads(&exact::replaced(original.0, node));
-        for v in node.input.iter().chain(node.output.iter().filter(|o| !o.is_empty())).chain(&replaced) {
+        let (_, reads) = with_prelude(rewritten.0, node, &computed);
+        for v in reads.iter().chain(node.output.iter().filter(|o| !o.is_empty())).chain(&replaced) {
             let wanted = computed.contains(v.as_str()) && !constants.contains_key(v.as_str());
             if wanted && !model_inputs.contains(v.as_str()) && !probe.contains(v) {
                 probe.push(v.clone());
@@ -192,9 +193,10 @@ pub fn verify(
     let mut nodes = Vec::new();
     for node in &fused {
         let label = crate::rewrite::provenance_entry(node);
-        let alone = isolate(rewritten.0, node, &a, &constants)?;
+        let (isolated, reads) = with_prelude(rewritten.0, node, &computed);
+        let alone = isolate(rewritten.0, isolated, &reads, &a, &constants)?;
         let mut fed = Vec::new();
-        for v in node.input.iter().filter(|v| !v.is_empty() && !constants.contains_key(v.as_str())) {
+        for v in reads.iter().filter(|v| !constants.contains_key(v.as_str())) {
             let value = a.get(v).ok_or_else(|| anyhow!("the original does not compute {v}, which {label} reads"))?;
             fed.push(Input::from_values(v, value)?);
         }
@@ -382,7 +384,13 @@ fn same_outside_fused(original: &ModelProto, rewritten: &ModelProto) -> bool {
     }
     let nodes: std::collections::HashSet<Vec<u8>> = a.node.iter().map(|n| n.encode_to_vec()).collect();
     let initializers: HashMap<&str, &crate::onnx::TensorProto> = a.initializer.iter().map(|t| (t.name(), t)).collect();
-    b.node.iter().filter(|n| n.metadata(FUSED_KEY).is_none()).all(|n| nodes.contains(&n.encode_to_vec()))
+    // A node computing only values the original does not have (a guard's
+    // condition) changes nothing the original computes: a node reading it
+    // is a fused node or stands in the original with other inputs.
+    let computed: std::collections::HashSet<&str> =
+        a.node.iter().flat_map(|n| n.output.iter().map(String::as_str)).collect();
+    let new = |n: &NodeProto| n.output.iter().all(|o| !computed.contains(o.as_str()));
+    b.node.iter().filter(|n| n.metadata(FUSED_KEY).is_none() && !new(n)).all(|n| nodes.contains(&n.encode_to_vec()))
         && b.initializer.iter().all(|t| initializers.get(t.name()).is_some_and(|o| *o == t))
 }
 
@@ -423,19 +431,55 @@ fn main_constants(model: &ModelProto) -> HashMap<&str, crate::onnx::TensorProto>
     found
 }
 
-/// A model of `node` alone: its computed inputs become graph inputs (typed
-/// as the original's values), its constant inputs initializers, with the
-/// rewritten model's opsets and functions.
-fn isolate(
+/// A fused node with the nodes of the rewritten graph that compute what it
+/// reads and the original does not (the condition of a guard), in order,
+/// and the values they read from the original (inputs, and what bodies
+/// capture).
+fn with_prelude(
     model: &ModelProto,
     node: &NodeProto,
+    computed: &std::collections::HashSet<&str>,
+) -> (Vec<NodeProto>, Vec<String>) {
+    let producers: HashMap<&str, &NodeProto> = model
+        .graph
+        .iter()
+        .flat_map(|g| g.node.iter().flat_map(|n| n.output.iter().map(move |o| (o.as_str(), n))))
+        .collect();
+    let mut nodes = vec![node.clone()];
+    let mut reads: Vec<String> = Vec::new();
+    let mut at = 0;
+    while at < nodes.len() {
+        for v in crate::graph::values_read_by(&nodes[at]) {
+            let made_here = nodes.iter().any(|n| n.output.contains(&v));
+            if made_here || reads.contains(&v) {
+                continue;
+            }
+            match producers.get(v.as_str()).filter(|_| !computed.contains(v.as_str())) {
+                Some(p) => nodes.push((*p).clone()),
+                None => reads.push(v),
+            }
+        }
+        at += 1;
+    }
+    nodes.reverse();
+    (nodes, reads)
+}
+
+/// A model of `nodes` alone (a fused node and what computes its guard):
+/// the values they read become graph inputs (typed as the original's
+/// values), or initializers where constant, with the rewritten model's
+/// opsets and functions.
+fn isolate(
+    model: &ModelProto,
+    nodes: Vec<NodeProto>,
+    reads: &[String],
     values: &HashMap<String, Values>,
     constants: &HashMap<&str, crate::onnx::TensorProto>,
 ) -> Result<ModelProto> {
     use crate::onnx::{GraphProto, TensorProto};
-    let mut graph =
-        GraphProto { name: Some("fused node alone".into()), node: vec![node.clone()], ..Default::default() };
-    for v in node.input.iter().filter(|v| !v.is_empty()) {
+    let node = nodes.last().cloned().expect("the fused node");
+    let mut graph = GraphProto { name: Some("fused node alone".into()), node: nodes, ..Default::default() };
+    for v in reads.iter().filter(|v| !v.is_empty()) {
         if graph.input.iter().any(|i| i.name() == v) || graph.initializer.iter().any(|t| t.name() == v) {
             continue;
         }

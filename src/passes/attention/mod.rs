@@ -36,7 +36,7 @@
 //! side values computed at run time become inputs after q, k, v in step
 //! order. docs/attention-core.md is the interface for kernel writers.
 
-use crate::graph::{known, Check, Graph, Relabel, Stop, Target};
+use crate::graph::{known, Check, Graph, Miss, Relabel, Stop, Target};
 use crate::onnx::{
     type_text, AttributeProto, AttributeType, FunctionProto, NodeProto, TensorProto, BFLOAT16, DOUBLE, FLOAT, FLOAT16,
     TRANSMUTER_DOMAIN,
@@ -46,6 +46,8 @@ use crate::rewrite::{node, node_in, unused_name, Kept, Match, Pass, Portable, Re
 use crate::shapes::{product, Shapes};
 use crate::{candidate, decline, no_candidate, require};
 
+mod kernel;
+
 pub const PASS: Pass = Pass {
     name: "attention",
     summary: "softmax(q·k * scale + mask) · v  ->  transmuter.AttentionCore (with a local function)",
@@ -53,6 +55,7 @@ pub const PASS: Pass = Pass {
     caution: None,
     absorbs: None,
     portable: Some(PORTABLE),
+    kernel_opset: Some(23),
     rule,
 };
 
@@ -189,7 +192,10 @@ enum Scores<'a> {
     Fused(&'a NodeProto),
     /// An Einsum over one head axis; `key_first` where its first operand
     /// is the key (Keras computes `einsum(key, query)`).
-    Einsum { node: &'a NodeProto, key_first: bool },
+    Einsum {
+        node: &'a NodeProto,
+        key_first: bool,
+    },
 }
 
 fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
@@ -266,10 +272,9 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     // Soft-capping bounds the scores before the mask hides keys; after
     // it, hidden keys keep the weight of -cap.
     if let Some(cap) = before.iter().position(|(_, s)| matches!(s, Step::Softcap(..))) {
-        let masked =
-            before[..cap].iter().any(|(_, s)| {
-                matches!(s, Step::Where { .. } | Step::Mask(_) | Step::Subtract(_) | Step::Megatron { .. })
-            });
+        let masked = before[..cap]
+            .iter()
+            .any(|(_, s)| matches!(s, Step::Where { .. } | Step::Mask(_) | Step::Subtract(_) | Step::Megatron { .. }));
         require!(!masked, "the soft-cap is applied after the mask");
     }
     require!(count(&before, |s| matches!(s, Step::Cast(_))) <= 2, "more than two Casts before the Softmax");
@@ -320,7 +325,17 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
             // The function calls com.microsoft's FusedMatMul: a function
             // resolves only the domains the model imports (ONNX Runtime
             // resolves an unimported one for nodes of the graph alone).
-            Ok(if matches!(form, Scores::Fused(_)) { rewrite.importing(crate::onnx::MICROSOFT, 1) } else { rewrite })
+            let core =
+                if matches!(form, Scores::Fused(_)) { rewrite.importing(crate::onnx::MICROSOFT, 1) } else { rewrite };
+            // Where the model's opset has ONNX's Attention, the kernel the
+            // runtime runs; the core where that is declined.
+            Ok(match kernel::attention(g, &shapes, index, [q, k, v], &form, &steps) {
+                Ok(kernel) => kernel.or(core),
+                // Where the opset has the kernel, a report says why this
+                // core is not it.
+                Err(Miss::Declined(why)) if g.opset >= 23 => core.noting(format!("not ONNX Attention: {why}")),
+                Err(_) => core,
+            })
         }
         Target::Portable => {
             let what = match form {
@@ -372,7 +387,9 @@ fn einsum_scores(shapes: &Shapes, node: &NodeProto) -> Check<bool> {
     } else if only(&x, key, query) && only(&y, query, key) {
         Ok(true)
     } else {
-        decline!("the Einsum of the scores does not end with the query axis of one operand and the key axis of the other")
+        decline!(
+            "the Einsum of the scores does not end with the query axis of one operand and the key axis of the other"
+        )
     }
 }
 
@@ -408,10 +425,7 @@ fn einsum_with_v(shapes: &Shapes, node: &NodeProto) -> Check<()> {
     let dropped: Vec<char> = p.iter().chain(&v).copied().filter(|c| !out.contains(c)).collect();
     let contracts_key = key.is_some_and(|k| v.contains(&k) && dropped.iter().all(|&c| c == k));
     let query_kept = p.len() >= 2 && !v.contains(&p[p.len() - 2]);
-    require!(
-        contracts_key && query_kept,
-        "the Einsum with v does not contract the probabilities' last axis alone"
-    );
+    require!(contracts_key && query_kept, "the Einsum with v does not contract the probabilities' last axis alone");
     einsum_axes_agree(shapes, node, &p, &v)
 }
 
@@ -888,14 +902,7 @@ fn attribute_tensor(t: &TensorProto) -> TensorProto {
 }
 
 /// The AttentionCore node and the function computing its form.
-fn build(
-    q: &str,
-    k: &str,
-    v: &str,
-    scores: &Scores,
-    out: &NodeProto,
-    steps: &[Step],
-) -> (NodeProto, FunctionProto) {
+fn build(q: &str, k: &str, v: &str, scores: &Scores, out: &NodeProto, steps: &[Step]) -> (NodeProto, FunctionProto) {
     let mut b = Body::default();
     let mut form = Vec::new();
     let mut s = match scores {

@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""What users gain where they run the model: ONNX Runtime (CPU, 2 threads,
+ORT_ENABLE_ALL) on the export, onnx-fuse's output and the onnxruntime-genai
+model builder's output of the same random weights (scripts/bench_decode.sh
+makes them). Decode is one token after a past of P; prefill is S tokens
+after no past. Models are measured in alternation, round by round, and
+each ratio is the median of the ratios of the same rounds. Peak memory is
+each model's own process's peak RSS (ru_maxrss) over a load and a prefill.
+
+Usage: bench_decode.py DIR MODEL_KIND [--rounds N] [--past P,P] [--prefill S,S]
+  DIR/KIND/{export,fused,builder}/model.onnx"""
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+import onnxruntime as ort
+
+THREADS = 2
+HEAD_SIZE = 64  # of every model scripts/bench_decode_models.py makes
+
+
+def session(path):
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = THREADS
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+
+
+def feeds(sess, past, seq, rng):
+    """Inputs for one call: `seq` new tokens after a past of `past`, batch 1."""
+    out = {}
+    for i in sess.get_inputs():
+        name = i.name
+        if name == "input_ids":
+            out[name] = rng.integers(3, 1000, (1, seq), dtype=np.int64)
+        elif name == "attention_mask":
+            out[name] = np.ones((1, past + seq), dtype=np.int64)
+        elif name == "position_ids":
+            out[name] = np.arange(past, past + seq, dtype=np.int64)[None, :]
+        elif name == "token_type_ids":
+            out[name] = np.zeros((1, seq), dtype=np.int64)
+        elif name.startswith("past_key_values"):
+            # [batch, kv heads, past, head size]; the builder leaves the head size symbolic.
+            dims = [1, i.shape[1], past, i.shape[3] if isinstance(i.shape[3], int) else HEAD_SIZE]
+            out[name] = rng.standard_normal(dims).astype(np.float32) * 0.5
+        else:
+            raise SystemExit(f"{name}: an input this benchmark does not know")
+    return out
+
+
+def timed(sess, feed):
+    start = time.perf_counter()
+    sess.run(None, feed)
+    return time.perf_counter() - start
+
+
+def memory(path, past, seq):
+    """Peak RSS (MiB) of a process that loads `path` and runs one call."""
+    code = (
+        "import sys, resource, numpy as np; sys.path.insert(0, sys.argv[1]); import bench_decode as b; "
+        "s = b.session(sys.argv[2]); s.run(None, b.feeds(s, int(sys.argv[3]), int(sys.argv[4]), "
+        "np.random.default_rng(0))); print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+    )
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = subprocess.run([sys.executable, "-c", code, here, path, str(past), str(seq)], check=True,
+                         capture_output=True, text=True).stdout
+    return int(out.split()[-1]) / 1024
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("dir")
+    p.add_argument("kind")
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--past", default="128,1024,2048,4096")
+    p.add_argument("--prefill", default="128,2048")
+    p.add_argument("--memory", action="store_true", help="also peak RSS of prefill, each model in its own process")
+    p.add_argument("--models", default="export,fused,builder")
+    a = p.parse_args()
+    paths = {m: os.path.join(a.dir, a.kind, m, "model.onnx") for m in a.models.split(",")}
+    paths = {m: path for m, path in paths.items() if os.path.exists(path)}
+    sessions = {m: session(path) for m, path in paths.items()}
+    points = [("decode", int(x), 1) for x in a.past.split(",") if x] + \
+             [("prefill", 0, int(x)) for x in a.prefill.split(",") if x]
+    rows = []
+    for what, past, seq in points:
+        rng = np.random.default_rng(0)
+        fed = {m: feeds(s, past, seq, rng) for m, s in sessions.items()}
+        for m, s in sessions.items():  # warm-up
+            s.run(None, fed[m])
+        times = {m: [] for m in sessions}
+        for _ in range(a.rounds):
+            for m, s in sessions.items():
+                times[m].append(timed(s, fed[m]))
+        row = {"what": what, "past": past, "tokens": seq,
+               "ms": {m: 1000 * statistics.median(t) for m, t in times.items()}}
+        for x, y in [("fused", "export"), ("fused", "builder"), ("builder", "export")]:
+            if x in times and y in times:
+                row[f"{x}/{y}"] = statistics.median(u / v for u, v in zip(times[x], times[y]))
+        if a.memory and what == "prefill":
+            row["peak_mib"] = {m: memory(path, past, seq) for m, path in paths.items()}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()

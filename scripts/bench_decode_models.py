@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""The models scripts/bench_decode.sh measures, from random weights (no
+download): for each model, transformers' save_pretrained folder (`hf/`) and
+Optimum's export of it without merging (`export/`: decoder_model.onnx for
+prefill, decoder_with_past_model.onnx for decode steps, past and present
+separate). The onnxruntime-genai model builder builds its model from the
+same `hf/` folder (scripts/bench_decode.sh, in an environment of its own).
+
+Usage: bench_decode_models.py OUT_DIR [llama] [gpt2] [bert]   (default: all)
+  llama: Llama, hidden 1,024, 8 layers, 16 heads of 64, 4 KV heads (grouped)
+  gpt2:  GPT-2 (124M)
+  bert:  BERT-base encoder (feature extraction)"""
+
+import os
+import sys
+import warnings
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+warnings.filterwarnings("ignore")
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+
+def configs():
+    return {
+        "llama": (transformers.LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816,
+                                           num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=4,
+                                           max_position_embeddings=8192, rms_norm_eps=1e-5,
+                                           tie_word_embeddings=False),
+                  transformers.LlamaForCausalLM, "text-generation-with-past"),
+        "gpt2": (transformers.GPT2Config(n_positions=4096), transformers.GPT2LMHeadModel, "text-generation-with-past"),
+        "bert": (transformers.BertConfig(), transformers.BertModel, "feature-extraction"),
+    }
+
+
+def save_tokenizer(folder, vocab):
+    """A word-level tokenizer of the model's vocabulary, made here (the
+    builder copies a tokenizer into its output and refuses a folder
+    without one)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", bos_token="t1", eos_token="t2")
+    fast.save_pretrained(folder)
+
+
+def main():
+    from optimum.exporters.onnx import main_export
+    out = sys.argv[1]
+    wanted = sys.argv[2:] or list(configs())
+    for kind in wanted:
+        cfg, cls, task = configs()[kind]
+        root = os.path.join(out, kind)
+        hf, export = os.path.join(root, "hf"), os.path.join(root, "export")
+        if os.path.exists(os.path.join(export, "model.onnx")) or os.path.exists(
+                os.path.join(export, "decoder_with_past_model.onnx")):
+            continue
+        torch.manual_seed(0)
+        model = cls(cfg)
+        model.save_pretrained(hf)
+        save_tokenizer(hf, cfg.vocab_size)
+        main_export(hf, export, task=task, no_post_process=True, do_validation=False, dtype="fp32", device="cpu")
+        print(f"{kind}: {export}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,250 @@
+//! What a deterministic op of constants computes (spec, ground rule 4): a
+//! small tensor folded as ONNX Runtime computes it, each step rounded to
+//! its element type. SDPA exports compute the scale as
+//! `Sqrt(Cast(Div(1, Sqrt(Cast(Shape(q)[-1:])))))`: a constant, since the
+//! head size is. Only small tensors (shape vectors, scalars) are folded,
+//! and only through ops whose result in IEEE arithmetic is exact or
+//! correctly rounded (no Pow, Exp, Log: runtimes round those differently).
+
+use super::shapes::Shapes;
+use super::Graph;
+use crate::onnx::{TensorProto, BFLOAT16, DOUBLE, FLOAT, FLOAT16, INT32, INT64};
+
+/// The most elements a folded tensor may have.
+const SMALL: usize = 64;
+/// How many producers deep folding follows a value.
+const DEPTH: usize = 24;
+
+/// A folded tensor: its element type, dims, and values (integers exactly,
+/// floats as f64 holding the element type's value).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Folded {
+    pub elem: i32,
+    pub dims: Vec<i64>,
+    pub values: Vec<f64>,
+    /// False where a step is within a unit in the last place of what ONNX
+    /// Runtime computes rather than equal to it (`Pow(x, 0.5)`: ONNX
+    /// Runtime's power differs from a square root on 0.06% of f32 inputs,
+    /// measured): good for a kernel's scale, whose rounding is the
+    /// kernel's, not for a value a rule proves things of.
+    pub exact: bool,
+}
+
+impl Folded {
+    /// The one value of a one-element tensor.
+    pub fn scalar(&self) -> Option<f64> {
+        (self.values.len() == 1).then(|| self.values[0])
+    }
+}
+
+/// The value of `value`, where it is a constant or folds from constants.
+pub fn fold(g: &Graph, shapes: &Shapes, value: &str) -> Option<Folded> {
+    fold_at(g, shapes, value, DEPTH)
+}
+
+fn fold_at(g: &Graph, shapes: &Shapes, value: &str, depth: usize) -> Option<Folded> {
+    if let Some(t) = g.constant(value) {
+        return from_tensor(t);
+    }
+    // Integer shape arithmetic, followed element by element by the shapes.
+    if let Some(elements) = shapes.shape_tensor(value).filter(|_| g.elem_type(value).is_some_and(is_int)) {
+        let values = elements.iter().map(|d| Some(d.as_ref()?.value()? as f64)).collect::<Option<Vec<f64>>>();
+        let dims = shapes.shape(value)?.iter().map(|d| d.value()).collect::<Option<Vec<i64>>>();
+        if let (Some(values), Some(dims)) = (values, dims) {
+            if dims.len() <= 1 && values.len() <= SMALL {
+                return Some(Folded { elem: g.elem_type(value)?, dims, values, exact: true });
+            }
+        }
+    }
+    let node = g.node(g.producer(value)?);
+    if depth == 0 || !crate::onnx::is_default_domain(node.domain()) || node.output.first()? != value {
+        return None;
+    }
+    let input = |i: usize| fold_at(g, shapes, node.input.get(i).filter(|v| !v.is_empty())?, depth - 1);
+    let folded = match node.op_type() {
+        "Identity" => input(0)?,
+        "Dropout" => {
+            g.identity_input(g.producer(value)?)?;
+            input(0)?
+        }
+        "Shape" => {
+            // The axes read must be numbers; the others may be anything.
+            let dims = shapes.shape(node.input.first()?)?;
+            let rank = dims.len() as i64;
+            let clamp = |i: i64| (if i < 0 { i + rank } else { i }).clamp(0, rank) as usize;
+            let (start, end) =
+                (clamp(node.attr_int("start").unwrap_or(0)), clamp(node.attr_int("end").unwrap_or(rank)));
+            let read = dims.get(start..end.max(start))?;
+            let values = read.iter().map(|d| d.value().map(|v| v as f64)).collect::<Option<Vec<f64>>>()?;
+            Folded { elem: INT64, dims: vec![values.len() as i64], values, exact: true }
+        }
+        "Size" => {
+            let n = shapes.shape(node.input.first()?)?.iter().try_fold(1i64, |p, d| p.checked_mul(d.value()?))?;
+            Folded { elem: INT64, dims: vec![], values: vec![n as f64], exact: true }
+        }
+        "Cast" => cast(input(0)?, node.attr_int("to")? as i32)?,
+        "CastLike" => cast(input(0)?, g.elem_type(node.input.get(1)?)?)?,
+        "Neg" => unary(input(0)?, |x| -x)?,
+        "ConstantOfShape" => {
+            let dims = input(0)?.values.iter().map(|&d| d as i64).collect::<Vec<i64>>();
+            let fill = match node.attr("value").and_then(|a| a.t.as_ref()) {
+                Some(t) => from_tensor(t)?,
+                None => Folded { elem: FLOAT, dims: vec![1], values: vec![0.0], exact: true },
+            };
+            let n = dims.iter().try_fold(1usize, |p, &d| p.checked_mul(usize::try_from(d).ok()?))?;
+            if fill.values.len() != 1 || n > SMALL {
+                return None;
+            }
+            Folded { elem: fill.elem, dims, values: vec![fill.values[0]; n], exact: true }
+        }
+        // x^2 and x^1 exactly; x^0.5 within a unit in the last place.
+        "Pow" => {
+            let (x, e) = (input(0)?, input(1)?.scalar()?);
+            match e {
+                0.5 => Folded { exact: false, ..float_unary(x, f64::sqrt, f32::sqrt)? },
+                1.0 => x,
+                2.0 => binary(x.clone(), x, |a, b| a * b, |a, b| a * b)?,
+                _ => return None,
+            }
+        }
+        "Sqrt" => float_unary(input(0)?, f64::sqrt, f32::sqrt)?,
+        "Reciprocal" => float_unary(input(0)?, |x| 1.0 / x, |x| 1.0 / x)?,
+        "Add" => binary(input(0)?, input(1)?, |a, b| a + b, |a, b| a + b)?,
+        "Sub" => binary(input(0)?, input(1)?, |a, b| a - b, |a, b| a - b)?,
+        "Mul" => binary(input(0)?, input(1)?, |a, b| a * b, |a, b| a * b)?,
+        "Div" => {
+            let (a, b) = (input(0)?, input(1)?);
+            // Integer division truncates in ONNX Runtime; by zero it is undefined.
+            if is_int(a.elem) && b.values.iter().any(|&x| x == 0.0) {
+                return None;
+            }
+            binary(a, b, |a, b| if b == 0.0 { f64::NAN } else { (a / b).trunc() }, |a, b| a / b)?
+        }
+        "Unsqueeze" | "Squeeze" | "Reshape" | "Flatten" => {
+            let x = input(0)?;
+            let dims = shapes.shape(value)?.iter().map(|d| d.value()).collect::<Option<Vec<i64>>>()?;
+            (dims.iter().product::<i64>() == x.values.len() as i64).then_some(Folded { dims, ..x })?
+        }
+        "Gather" => {
+            let (data, indices) = (input(0)?, input(1)?);
+            if data.dims.len() != 1 || node.attr_int("axis").unwrap_or(0) != 0 || indices.dims.len() > 1 {
+                return None;
+            }
+            let n = data.values.len() as i64;
+            let values = indices
+                .values
+                .iter()
+                .map(|&i| {
+                    let i = i as i64;
+                    let i = if i < 0 { i + n } else { i };
+                    (0..n).contains(&i).then(|| data.values[i as usize])
+                })
+                .collect::<Option<Vec<f64>>>()?;
+            Folded { elem: data.elem, dims: indices.dims, values, exact: data.exact && indices.exact }
+        }
+        "Slice" => {
+            let data = input(0)?;
+            let (starts, ends, axes, steps) = g.slice_arguments(node)?;
+            if data.dims.len() != 1 || starts.len() != 1 || !matches!(axes[..], [0] | [-1]) || steps != [1] {
+                return None;
+            }
+            let n = data.values.len() as i64;
+            let clamp = |i: i64| (if i < 0 { i + n } else { i }).clamp(0, n) as usize;
+            let (start, end) = (clamp(starts[0]), clamp(ends[0]));
+            let values = data.values.get(start..end.max(start))?.to_vec();
+            Folded { elem: data.elem, dims: vec![values.len() as i64], values, exact: data.exact }
+        }
+        "Concat" => {
+            let parts = (0..node.input.len()).map(input).collect::<Option<Vec<Folded>>>()?;
+            let elem = parts.first()?.elem;
+            if parts.iter().any(|p| p.dims.len() != 1 || p.elem != elem) {
+                return None;
+            }
+            let exact = parts.iter().all(|p| p.exact);
+            let values: Vec<f64> = parts.into_iter().flat_map(|p| p.values).collect();
+            Folded { elem, dims: vec![values.len() as i64], values, exact }
+        }
+        _ => return None,
+    };
+    (folded.values.len() <= SMALL).then_some(folded)
+}
+
+fn from_tensor(t: &TensorProto) -> Option<Folded> {
+    if t.is_external() || t.numel()? as usize > SMALL {
+        return None;
+    }
+    let elem = t.data_type();
+    let values = if is_int(elem) { t.ints()?.into_iter().map(|i| i as f64).collect() } else { t.values()? };
+    matches!(elem, FLOAT | FLOAT16 | BFLOAT16 | DOUBLE | INT64 | INT32).then_some(Folded {
+        elem,
+        dims: t.dims.clone(),
+        values,
+        exact: true,
+    })
+}
+
+fn is_int(elem: i32) -> bool {
+    matches!(elem, INT64 | INT32)
+}
+
+/// `x` rounded to element type `elem` (integers only where exact).
+fn round(x: f64, elem: i32) -> Option<f64> {
+    Some(match elem {
+        FLOAT => f64::from(x as f32),
+        DOUBLE => x,
+        FLOAT16 => half::f16::from_f64(x).to_f64(),
+        BFLOAT16 => half::bf16::from_f64(x).to_f64(),
+        INT64 if x.fract() == 0.0 && x.abs() < 2f64.powi(53) => x,
+        INT32 if x.fract() == 0.0 && x.abs() <= f64::from(i32::MAX) => x,
+        _ => return None,
+    })
+}
+
+fn cast(x: Folded, to: i32) -> Option<Folded> {
+    let values = x.values.iter().map(|&v| round(v, to)).collect::<Option<Vec<f64>>>()?;
+    if is_int(to) && x.values.iter().any(|v| v.fract() != 0.0) {
+        return None;
+    }
+    Some(Folded { elem: to, values, ..x })
+}
+
+fn unary(x: Folded, f: impl Fn(f64) -> f64) -> Option<Folded> {
+    let values = x.values.iter().map(|&v| round(f(v), x.elem)).collect::<Option<Vec<f64>>>()?;
+    Some(Folded { values, ..x })
+}
+
+/// A float op computed in the element type's own arithmetic: f64 for
+/// doubles, f32 for f32 and narrower types (rounded once more to f16 or
+/// bf16, which is exact for these correctly rounded ops: 24 ≥ 2·11 + 2).
+fn float_unary(x: Folded, f64_op: impl Fn(f64) -> f64, f32_op: impl Fn(f32) -> f32) -> Option<Folded> {
+    if is_int(x.elem) {
+        return None;
+    }
+    let elem = x.elem;
+    unary(x, |v| if elem == DOUBLE { f64_op(v) } else { f64::from(f32_op(v as f32)) })
+}
+
+/// An elementwise op of two tensors of one type, where one has one element
+/// or both have the same dims.
+fn binary(a: Folded, b: Folded, f64_op: impl Fn(f64, f64) -> f64, f32_op: impl Fn(f32, f32) -> f32) -> Option<Folded> {
+    if a.elem != b.elem {
+        return None;
+    }
+    let elem = a.elem;
+    let op = |x: f64, y: f64| match elem {
+        DOUBLE => f64_op(x, y),
+        INT64 | INT32 => f64_op(x, y),
+        _ => f64::from(f32_op(x as f32, y as f32)),
+    };
+    let (dims, values): (Vec<i64>, Vec<f64>) = if a.values.len() == 1 && b.dims.len() >= a.dims.len() {
+        (b.dims.clone(), b.values.iter().map(|&y| op(a.values[0], y)).collect())
+    } else if b.values.len() == 1 && a.dims.len() >= b.dims.len() {
+        (a.dims.clone(), a.values.iter().map(|&x| op(x, b.values[0])).collect())
+    } else if a.dims == b.dims {
+        (a.dims.clone(), a.values.iter().zip(&b.values).map(|(&x, &y)| op(x, y)).collect())
+    } else {
+        return None;
+    };
+    let values = values.into_iter().map(|v| round(v, elem)).collect::<Option<Vec<f64>>>()?;
+    Some(Folded { elem, dims, values, exact: a.exact && b.exact })
+}

@@ -1,0 +1,374 @@
+//! The kernel runtimes run: ONNX `Attention` (opset 23), for the `ort`
+//! target.
+//!
+//! ```text
+//! out = softmax(scale · q·kᵀ + mask) · v          q [b, H, S, d]
+//!   q     = Mul(q0, c) | q0                       c a one-value constant: part of the scale
+//!   k     = Mul(Transpose(key), c) | Transpose(key)   swapping the last two axes
+//!   key   = repeat(k0, n) | k0                    each KV head n times in place (grouped heads)
+//!   v     = repeat(v0, n) | v0                    the same n
+//!   repeat(x, n) = Reshape(Expand(Unsqueeze(x, 2), [b, kv, n, t, d]), [b, kv·n, t, d])  (or Tile for Expand)
+//! → If(ok) { Attention(q0, k0, v0, mask) } else { the original ops }
+//! ```
+//!
+//! `k0` and `v0` are the model's own key and value: with a KV cache, the
+//! present values its `Concat`s compute, which stay as they are. ONNX's
+//! grouped heads read KV head `h / n` for query head `h`, which is what
+//! repeating each head in place computes (torch's `repeat_kv`).
+//!
+//! ONNX Runtime's kernel computes the core on every input but these
+//! (docs/attention-kernel.md, pinned by tests/kernel.rs): a query row whose
+//! every mask value is the type's lowest or -inf (zeros, where the core
+//! gives the mean of v or NaN), and an empty batch, query, key or head
+//! (an error, where the core gives an empty or zero result). The call with
+//! such an input runs the original ops instead (`If`), so the output is the
+//! original's on every input. A NaN guard after the softmax (SDPA exports:
+//! a row of NaN becomes zeros) is kept the same way: where the kernel's
+//! result holds a NaN, the original ops run.
+
+use super::{Scores, Step};
+use crate::graph::fold::fold;
+use crate::graph::{Check, Graph, Stop};
+use crate::onnx::{type_text, AttributeProto, GraphProto, NodeProto, TensorProto, FLOAT, INT64};
+use crate::rewrite::{node, original_ops, value_info, Match, Rewrite};
+use crate::shapes::{Dim, Shapes};
+use crate::{decline, require};
+
+/// The ONNX `Attention` for a matched core, guarded where the kernel's
+/// result could differ; `out` is the final MatMul, q, k, v its core's.
+pub(super) fn attention(
+    g: &Graph,
+    shapes: &Shapes,
+    anchor: usize,
+    [q, k, v]: [&str; 3],
+    form: &Scores,
+    steps: &[Step],
+) -> Check<Rewrite> {
+    g.require_opset(23, "Attention")?;
+    let out = g.node(anchor);
+    require!(matches!(form, Scores::MatMul) && out.is("MatMul"), "the core is not written with MatMul");
+    let elem = g.elem_type(q);
+    require!(elem == Some(FLOAT), "Attention is written for f32 cores (q is {})", type_text(elem));
+    let elem = FLOAT;
+
+    let mut scale = 1.0;
+    let mut mask: Option<&str> = None;
+    let mut nan_guard = false;
+    let mut softcap = None;
+    for step in steps {
+        match step {
+            Step::Softmax => {}
+            Step::Scale(op, c) => {
+                require!(mask.is_none(), "the scale is applied after the mask");
+                let c = c.scalar().unwrap_or(f64::NAN);
+                scale *= if *op == "Div" { 1.0 / c } else { c };
+            }
+            Step::Cast(to) => require!(*to == elem, "a Cast between the MatMuls changes the type"),
+            Step::Mask(value) if mask.is_none() => {
+                require!(g.elem_type(value) == Some(elem), "the mask {value} is not of q's type");
+                mask = Some(value);
+            }
+            Step::Mask(_) => decline!("more than one additive mask"),
+            Step::NanGuard(_) => nan_guard = true,
+            Step::Where { .. } | Step::Megatron { .. } => {
+                decline!("the mask replaces scores (Where): Attention adds its mask to them")
+            }
+            Step::Subtract(d) => decline!("a term subtracted ({d}): Attention only adds its mask"),
+            Step::Divisor(d) | Step::Multiplier(d) => {
+                // A divisor computed from the head size is a constant.
+                let c = fold(g, shapes, d).filter(|c| c.elem == elem && c.dims.len() <= 4).and_then(|c| c.scalar());
+                let c = c.or_decline(|| format!("the scale {d} is computed at run time"))?;
+                require!(mask.is_none(), "the scale is applied after the mask");
+                scale *= if matches!(step, Step::Divisor(_)) { 1.0 / c } else { c };
+            }
+            Step::Softcap(op, by, cap) => {
+                // tanh(s / cap) · cap, before any mask (proved when matched).
+                let (by, cap) = (by.scalar().unwrap_or(f64::NAN), cap.scalar().unwrap_or(f64::NAN));
+                require!(*op == "Div" && by == cap, "the soft-cap multiplies by 1/cap");
+                require!((cap as f32).is_normal() && cap > 0.0, "the soft-cap {cap} is no positive f32");
+                softcap = Some(cap);
+            }
+            Step::Reshape { .. } => decline!("a Reshape of the scores"),
+        }
+    }
+
+    // The scale on q and on the transposed key before the MatMul (SDPA
+    // exports scale each by √scale) is part of Attention's scale.
+    // (A scale computed from the head size, as SDPA exports write it, is
+    // a constant too.)
+    let mut scaled = |value: &'_ str| -> Check<String> {
+        let Ok(mul) = g.produced_by(value, "Mul") else { return Ok(value.to_string()) };
+        let node = g.node(mul);
+        let one_value = |i: usize| {
+            let c = fold(g, shapes, &node.input[i])?;
+            let rank = shapes.rank(&node.input[1 - i]).unwrap_or(0);
+            (c.elem == elem && c.dims.len() <= rank.max(1)).then(|| c.scalar()).flatten()
+        };
+        let Some((at, c)) = (0..2).find_map(|i| Some((i, one_value(i)?))) else { return Ok(value.to_string()) };
+        scale *= c;
+        Ok(node.input[1 - at].clone())
+    };
+    let q = scaled(q)?;
+    let k = scaled(k)?;
+    require!(scale.is_finite() && (scale as f32).is_normal() && scale > 0.0, "the scale {scale} is no positive f32");
+
+    // k = Transpose(x, perm), the key [b, h, d, t]: Attention reads
+    // [b, h, t, d], x itself where the perm only swaps the last two axes.
+    let transpose = g.produced_by(&k, "Transpose")?;
+    let perm = g.node(transpose).attr_ints("perm").unwrap_or_default();
+    require!(perm.len() == 4, "the key's Transpose has no perm of 4 axes");
+    let key_perm = [perm[0], perm[1], perm[3], perm[2]];
+    let x = g.node(transpose).input[0].as_str();
+    let (key, n) = if key_perm == [0, 1, 2, 3] { repeated(g, shapes, x) } else { (x, 1) };
+    let (value, n_v) = repeated(g, shapes, v);
+    require!(n == n_v, "the key's heads are repeated {n} times and the value's {n_v} times");
+
+    let (Some(sq), Some(sx), Some(sv)) = (shapes.shape(&q), shapes.shape(key), shapes.shape(value)) else {
+        decline!("the shapes of q, the key and the value are not proved");
+    };
+    require!(sq.len() == 4 && sx.len() == 4 && sv.len() == 4, "q, the key and the value are not all 4-D");
+    let sk: Vec<Dim> = key_perm.iter().map(|&p| sx.get(p as usize).cloned()).collect::<Option<_>>().unwrap_or_default();
+    require!(sk.len() == 4, "the key's Transpose has an axis out of range");
+    let heads = sk[1].mul(&Dim::known(n));
+    require!(
+        sq[0] == sk[0] && sk[0] == sv[0] && Some(&sq[1]) == heads.as_ref() && sk[1] == sv[1] && sk[2] == sv[2],
+        "q, the key and the value are not proved to be [b, h, s, d], [b, h/{n}, t, d], [b, h/{n}, t, dv] \
+         ({}, {}, {})",
+        dims(&sq),
+        dims(&sk),
+        dims(&sv)
+    );
+    require!(sq[3] == sk[3], "q's and the key's head sizes are not proved equal ({}, {})", sq[3], sk[3]);
+
+    let a = &g.node(anchor).output[0];
+    let name = |what: &str| format!("{a}/{what}");
+    let mut prelude: Vec<NodeProto> = Vec::new();
+    let mut then: Vec<NodeProto> = Vec::new();
+    let mut conditions: Vec<String> = Vec::new();
+
+    // The kernel refuses an empty batch, query, key or head.
+    let empty: Vec<&str> = [(q.as_str(), &sq), (key, &sx), (value, &sv)]
+        .into_iter()
+        .filter(|(_, dims)| !dims.iter().all(|d| d.value().is_some_and(|n| n > 0)))
+        .map(|(x, _)| x)
+        .collect();
+    if !empty.is_empty() {
+        let sizes: Vec<String> = empty.iter().map(|x| name(&format!("size_{}", short(x)))).collect();
+        for (x, size) in empty.iter().zip(&sizes) {
+            prelude.push(out_of(size, node("Size", &[x], vec![])));
+        }
+        let fewest = if sizes.len() == 1 {
+            sizes[0].clone()
+        } else {
+            let min = name("fewest");
+            prelude.push(out_of(&min, node("Min", &refs(&sizes), vec![])));
+            min
+        };
+        let zero = name("zero");
+        prelude.push(constant(&zero, scalar_tensor(INT64, 0.0)));
+        let ok = name("nonempty");
+        prelude.push(out_of(&ok, node("Greater", &[&fewest, &zero], vec![])));
+        conditions.push(ok);
+    }
+
+    let key = if key_perm == [0, 1, 2, 3] {
+        key.to_string()
+    } else {
+        let transposed = name("key");
+        then.push(out_of(&transposed, node("Transpose", &[key], vec![AttributeProto::ints("perm", &key_perm)])));
+        transposed
+    };
+    let mut inputs = vec![q.clone(), key, value.to_string()];
+    if let Some(mask) = mask {
+        let sm = shapes.shape(mask).or_decline(|| format!("the shape of the mask {mask} is not proved"))?;
+        let (r, (s, t)) = (sm.len(), (&sq[2], &sk[2]));
+        require!(
+            (2..=4).contains(&r) && &sm[r - 1] == t && (&sm[r - 2] == s || sm[r - 2].value() == Some(1)),
+            "the mask's shape ({}) does not end with the scores' ({s}, {t}) or (1, {t})",
+            dims(&sm)
+        );
+        let leading_fit = match r {
+            4 => fits(&sm[0], &sq[0]) && fits(&sm[1], &sq[1]),
+            3 => fits(&sm[0], &sq[1]),
+            _ => true,
+        };
+        require!(leading_fit, "the mask's leading axes ({}) are not 1, the batch or the heads", dims(&sm));
+        match g.constant(mask) {
+            Some(t) => require!(
+                every_row_visible(t),
+                "the constant mask hides every key of a row: ONNX Runtime's Attention gives zeros there"
+            ),
+            None => {
+                let (axes, rows, lowest, ok) = (name("last_axis"), name("row_max"), name("lowest"), name("visible"));
+                let fewest = name("least_row_max");
+                prelude.push(constant(&axes, TensorProto { dims: vec![1], ..ints_tensor(vec![-1]) }));
+                let keepdims = || vec![AttributeProto::int("keepdims", 0)];
+                prelude.push(out_of(&rows, node("ReduceMax", &[mask, &axes], keepdims())));
+                prelude.push(out_of(&fewest, node("ReduceMin", &[&rows], keepdims())));
+                prelude.push(constant(&lowest, scalar_tensor(elem, f64::from(f32::MIN))));
+                prelude.push(out_of(&ok, node("Greater", &[&fewest, &lowest], vec![])));
+                conditions.push(ok);
+            }
+        }
+        if &sm[r - 2] == s {
+            inputs.push(mask.to_string());
+        } else {
+            // Attention takes a mask of the scores' query axis: the one
+            // row broadcast over the queries.
+            let (rows, ones, shape, expanded) = (name("queries"), name("ones"), name("mask_shape"), name("mask"));
+            then.push(out_of(&rows, node("Shape", &[&q], vec![AttributeProto::int("start", 2), int("end", 3)])));
+            then.push(constant(&ones, ints_tensor(vec![1; r - 2])));
+            let one = name("one");
+            then.push(constant(&one, ints_tensor(vec![1])));
+            then.push(out_of(&shape, node("Concat", &[&ones, &rows, &one], vec![int("axis", 0)])));
+            then.push(out_of(&expanded, node("Expand", &[mask, &shape], vec![])));
+            inputs.push(expanded);
+        }
+    }
+    let mut attributes = vec![AttributeProto::float("scale", scale as f32)];
+    attributes.extend(softcap.map(|cap| AttributeProto::float("softcap", cap as f32)));
+    let attention = node("Attention", &refs(&inputs), attributes);
+    if nan_guard {
+        // Where the kernel's result holds a NaN, the original's NaN rows
+        // became zeros: the original ops run.
+        let (y, sum, bad) = (name("attention"), name("sum"), name("has_nan"));
+        then.push(out_of(&y, attention));
+        then.push(out_of(&sum, node("ReduceSum", &[&y], vec![int("keepdims", 0)])));
+        then.push(out_of(&bad, node("IsNaN", &[&sum], vec![])));
+        let kept = branch("the kernel's result", vec![out_of(a, node("Identity", &[&y], vec![]))], a, elem);
+        then.push(out_of(a, guard(&bad, original_ops(), kept)));
+    } else {
+        then.push(out_of(a, attention));
+    }
+    let kernel = branch("ONNX Attention", then, a, elem);
+    let replacement = match conditions.as_slice() {
+        [] if !nan_guard => {
+            let attention = kernel.node.into_iter().last().expect("the kernel");
+            return Ok(replace(anchor, attention).needing_opset(23));
+        }
+        [] => {
+            // Only the NaN guard: the kernel runs before it, unguarded.
+            let mut nodes = kernel.node;
+            let nan_guard = nodes.pop().expect("the NaN guard");
+            prelude.extend(nodes);
+            nan_guard
+        }
+        [ok] => guard(ok, kernel, original_ops()),
+        [a_ok, b_ok] => {
+            let ok = name("ok");
+            prelude.push(out_of(&ok, node("And", &[a_ok, b_ok], vec![])));
+            guard(&ok, kernel, original_ops())
+        }
+        _ => unreachable!("at most two conditions"),
+    };
+    Ok(replace(anchor, replacement).after(prelude).running("Attention").needing_opset(23))
+}
+
+fn replace(anchor: usize, replacement: NodeProto) -> Rewrite {
+    Match::new(anchor).replace_with(NodeProto { output: vec![], ..replacement })
+}
+
+/// `x` repeated `n` times per head in place, and n: a Reshape to
+/// `[b, kv·n, t, d]` of `x` `[b, kv, t, d]` unsqueezed at axis 2 and
+/// expanded (or tiled) to `[b, kv, n, t, d]`. Else `(value, 1)`.
+fn repeated<'a>(g: &Graph<'a>, shapes: &Shapes, value: &'a str) -> (&'a str, i64) {
+    let found = || -> Option<(&'a str, i64)> {
+        let reshape = g.node(g.produced_by(value, "Reshape").ok()?);
+        let spread = g.node(g.producer(unchanged(g, &reshape.input[0]))?);
+        require_some(spread.is("Expand") || spread.is("Tile"))?;
+        let unsqueeze = g.node(g.produced_by(unchanged(g, &spread.input[0]), "Unsqueeze").ok()?);
+        let x = unsqueeze.input.first()?.as_str();
+        let (sx, se, sr) = (shapes.shape(x)?, shapes.shape(&spread.output[0])?, shapes.shape(value)?);
+        let n = se.get(2)?.value()?;
+        let same = |a: &Dim, b: &Dim| a == b;
+        let proved = sx.len() == 4
+            && se.len() == 5
+            && sr.len() == 4
+            && n >= 1
+            && same(&se[0], &sx[0])
+            && same(&se[1], &sx[1])
+            && same(&se[3], &sx[2])
+            && same(&se[4], &sx[3])
+            && same(&sr[0], &sx[0])
+            && Some(&sr[1]) == sx[1].mul(&Dim::known(n)).as_ref()
+            && same(&sr[2], &sx[2])
+            && same(&sr[3], &sx[3])
+            && shapes.shape(&unsqueeze.output[0]).is_some_and(|u| u.len() == 5 && u[2].value() == Some(1));
+        proved.then_some((x, n))
+    };
+    found().unwrap_or((value, 1))
+}
+
+/// The value `value` is computed from unchanged (through Identity and
+/// inference Dropout, which compute nothing).
+fn unchanged<'a>(g: &Graph<'a>, mut value: &'a str) -> &'a str {
+    while let Some(input) = g.producer(value).and_then(|p| g.identity_input(p)) {
+        value = input;
+    }
+    value
+}
+
+fn require_some(cond: bool) -> Option<()> {
+    cond.then_some(())
+}
+
+/// A mask axis that broadcasts as ONNX Runtime's kernel reads it: 1, or
+/// the scores' own.
+fn fits(axis: &Dim, scores: &Dim) -> bool {
+    axis.value() == Some(1) || axis == scores
+}
+
+/// Whether every row (last axis) of a constant mask has a value above its
+/// type's lowest (and is no NaN-free row of lowest and -inf).
+fn every_row_visible(t: &TensorProto) -> bool {
+    let (Some(values), Some(&last)) = (t.values(), t.dims.last()) else { return false };
+    let lowest = f64::from(f32::MIN);
+    last > 0 && values.chunks(last as usize).all(|row| row.iter().any(|&x| x.is_nan() || x > lowest))
+}
+
+/// `If(cond) { then } else { otherwise }`.
+fn guard(cond: &str, then: GraphProto, otherwise: GraphProto) -> NodeProto {
+    let branches = vec![AttributeProto::graph("then_branch", then), AttributeProto::graph("else_branch", otherwise)];
+    node("If", &[cond], branches)
+}
+
+/// A branch of `nodes` whose result is `out`, of element type `elem`.
+fn branch(name: &str, nodes: Vec<NodeProto>, out: &str, elem: i32) -> GraphProto {
+    GraphProto { name: Some(name.into()), node: nodes, output: vec![value_info(out, elem)], ..Default::default() }
+}
+
+fn out_of(name: &str, n: NodeProto) -> NodeProto {
+    NodeProto { output: vec![name.to_string()], ..n }
+}
+
+fn constant(name: &str, t: TensorProto) -> NodeProto {
+    out_of(name, node("Constant", &[], vec![AttributeProto::tensor("value", t)]))
+}
+
+fn ints_tensor(values: Vec<i64>) -> TensorProto {
+    TensorProto { data_type: Some(INT64), dims: vec![values.len() as i64], int64_data: values, ..Default::default() }
+}
+
+fn scalar_tensor(elem: i32, value: f64) -> TensorProto {
+    match elem {
+        INT64 => TensorProto { data_type: Some(INT64), int64_data: vec![value as i64], ..Default::default() },
+        _ => TensorProto { data_type: Some(FLOAT), float_data: vec![value as f32], ..Default::default() },
+    }
+}
+
+fn int(name: &str, value: i64) -> AttributeProto {
+    AttributeProto::int(name, value)
+}
+
+fn refs(values: &[String]) -> Vec<&str> {
+    values.iter().map(String::as_str).collect()
+}
+
+/// A value's name, shortened to its last path segment for derived names.
+fn short(value: &str) -> &str {
+    value.rsplit('/').next().unwrap_or(value)
+}
+
+fn dims(shape: &[Dim]) -> String {
+    shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")
+}

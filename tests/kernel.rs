@@ -1,0 +1,243 @@
+//! ONNX `Attention`, the kernel the attention pass writes for ONNX Runtime
+//! from opset 23: the facts of ONNX Runtime's kernel the guard rests on,
+//! each pinned by running the kernel (docs/attention-kernel.md), and the
+//! guard that keeps the output exact where the kernel differs.
+
+mod common;
+
+use common::build::*;
+use common::*;
+use onnx_fuse::onnx::{ModelProto, NodeProto, FLOAT, INT64, RUNS_KEY};
+use onnx_fuse::{rewrite, upgrade, verify};
+
+const SCALE: f64 = 0.35;
+
+/// `softmax(q·kᵀ·scale + mask)·v` written out, as an export writes it,
+/// with q [b, 4, 3, 8], k and v [b, kv, 3, 8] (kv heads repeated in
+/// place when 2), mask [b, 1, 3, 3].
+fn core(kv: i64) -> ModelProto {
+    let mut b = Builder::default();
+    let shape = |h: i64| [sym("b"), D::N(h), D::N(3), D::N(8)];
+    let q = b.input("q", FLOAT, Some(&shape(4)));
+    let k = b.input("k", FLOAT, Some(&shape(kv)));
+    let v = b.input("v", FLOAT, Some(&shape(kv)));
+    let mask = b.input("mask", FLOAT, Some(&[sym("b"), D::N(1), D::N(3), D::N(3)]));
+    let (k, v) = if kv == 4 {
+        (k, v)
+    } else {
+        let repeat = |b: &mut Builder, x: &str| {
+            let axes = b.constant(tensor(INT64, &[1], &[2.0]));
+            let u = b.node("Unsqueeze", &[x, &axes], vec![]);
+            let shape = b.node("Shape", &[x], vec![]);
+            let (start, end) = (b_const(b, &[0]), b_const(b, &[1]));
+            let lead = b.node("Slice", &[&shape, &start, &end], vec![]);
+            let spread = b.constant(tensor(INT64, &[4], &[2.0, 2.0, 3.0, 8.0]));
+            let target = b.node("Concat", &[&lead, &spread], vec![attr_int("axis", 0)]);
+            let e = b.node("Expand", &[&u, &target], vec![]);
+            let heads = b.constant(tensor(INT64, &[3], &[4.0, 3.0, 8.0]));
+            let to = b.node("Concat", &[&lead, &heads], vec![attr_int("axis", 0)]);
+            b.node("Reshape", &[&e, &to], vec![])
+        };
+        (repeat(&mut b, &k), repeat(&mut b, &v))
+    };
+    let kt = b.node("Transpose", &[&k], vec![attr_ints("perm", &[0, 1, 3, 2])]);
+    let s = b.node("MatMul", &[&q, &kt], vec![]);
+    let c = b.constant(tensor(FLOAT, &[], &[SCALE]));
+    let s = b.node("Mul", &[&s, &c], vec![]);
+    let s = b.node("Add", &[&s, &mask], vec![]);
+    let p = b.node("Softmax", &[&s], vec![attr_int("axis", -1)]);
+    b.node_to("MatMul", &[&p, &v], &["out"], vec![]);
+    b.output("out", FLOAT, None);
+    b.model(23)
+}
+
+fn b_const(b: &mut Builder, values: &[i64]) -> String {
+    let values: Vec<f64> = values.iter().map(|&v| v as f64).collect();
+    b.constant(tensor(INT64, &[values.len() as i64], &values))
+}
+
+/// The kernel alone, computing what `core` writes out.
+fn kernel(kv: i64) -> ModelProto {
+    let mut m = core(kv);
+    let g = m.graph.as_mut().unwrap();
+    g.node = vec![NodeProto {
+        op_type: Some("Attention".into()),
+        input: ["q", "k", "v", "mask"].map(String::from).to_vec(),
+        output: vec!["out".into()],
+        attribute: vec![attr_float("scale", SCALE)],
+        ..Default::default()
+    }];
+    m
+}
+
+/// A deterministic stand-in for random values.
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut rng = verify::SplitMix(seed);
+    (0..n).map(|_| (rng.uniform() * 2.0 - 1.0) as f32).collect()
+}
+
+/// An `.npz` of f32 and i64 arrays, for `--inputs`.
+fn npz(path: &std::path::Path, f32s: &[(&str, Vec<u64>, Vec<f32>)], i64s: &[(&str, Vec<u64>, Vec<i64>)]) {
+    use npyz::WriterBuilder;
+    let mut w = npyz::npz::NpzWriter::create(path).unwrap();
+    for (name, shape, data) in f32s {
+        let mut a = w.array(name, Default::default()).unwrap().default_dtype().shape(shape).begin_nd().unwrap();
+        a.extend(data.iter().copied()).unwrap();
+        a.finish().unwrap();
+    }
+    for (name, shape, data) in i64s {
+        let mut a = w.array(name, Default::default()).unwrap().default_dtype().shape(shape).begin_nd().unwrap();
+        a.extend(data.iter().copied()).unwrap();
+        a.finish().unwrap();
+    }
+}
+
+/// Runs both models on the arrays of `inputs` and compares them.
+fn compare(
+    original: &ModelProto,
+    other: &ModelProto,
+    inputs: &std::path::Path,
+) -> anyhow::Result<verify::Verification> {
+    let options = verify::Options { inputs: Some(inputs.to_path_buf()), ..Default::default() };
+    let dir = std::path::Path::new(".");
+    verify::verify((original, dir), (other, dir), &options)
+}
+
+/// Feeds for `core(kv)` with batch `b` whose mask row 1 of batch 0 is all
+/// `fill` (the other rows 0).
+fn feeds(dir: &std::path::Path, b: u64, kv: u64, fill: f32) -> std::path::PathBuf {
+    let path = dir.join(format!("feeds_{b}_{kv}_{fill}.npz"));
+    let n = |h: u64| (b * h * 3 * 8) as usize;
+    let mut mask = vec![0f32; (b * 9) as usize];
+    if b > 0 {
+        mask[3..6].fill(fill);
+    }
+    npz(
+        &path,
+        &[
+            ("q", vec![b, 4, 3, 8], values(n(4), 1)),
+            ("k", vec![b, kv, 3, 8], values(n(kv), 2)),
+            ("v", vec![b, kv, 3, 8], values(n(kv), 3)),
+            ("mask", vec![b, 1, 3, 3], mask),
+        ],
+        &[],
+    );
+    path
+}
+
+fn fused(model: &ModelProto) -> ModelProto {
+    let mut fused = model.clone();
+    let outcome = rewrite::run(&mut fused, &[&onnx_fuse::passes::attention::PASS]);
+    assert_eq!(outcome.fused.len(), 1, "the core fuses");
+    fused
+}
+
+/// The guarded nodes of a model: an `If` that runs `Attention`.
+fn guards(model: &ModelProto) -> Vec<&NodeProto> {
+    model.graph.iter().flat_map(|g| &g.node).filter(|n| n.metadata(RUNS_KEY) == Some("Attention")).collect()
+}
+
+/// The model with each guard replaced by what it runs where it holds (the
+/// kernel, unguarded).
+fn unguarded(model: &ModelProto) -> ModelProto {
+    let mut m = model.clone();
+    let g = m.graph.as_mut().unwrap();
+    let mut nodes = Vec::new();
+    for n in std::mem::take(&mut g.node) {
+        match n.metadata(RUNS_KEY) {
+            Some(_) => {
+                let then = n.attribute.iter().find(|a| a.name() == "then_branch").unwrap().g.clone().unwrap();
+                nodes.extend(then.node);
+            }
+            None => nodes.push(n),
+        }
+    }
+    g.node = nodes;
+    m
+}
+
+#[test]
+fn onnx_runtimes_attention_zeroes_a_row_whose_mask_is_all_lowest_or_minus_infinity() {
+    let dir = tempdir();
+    for kv in [4, 2] {
+        let (core, kernel) = (core(kv), kernel(kv));
+        for fill in [f32::MIN, f32::NEG_INFINITY] {
+            let v = compare(&core, &kernel, &feeds(dir.path(), 2, kv as u64, fill)).unwrap();
+            assert!(!v.passed, "kv {kv}, fill {fill}: the kernel is expected to differ on a fully masked row");
+        }
+        // A row with a finite fill above the lowest, or one visible key, is
+        // the written-out core's.
+        for fill in [-1e9, -1e30, f32::MIN / 2.0] {
+            let v = compare(&core, &kernel, &feeds(dir.path(), 2, kv as u64, fill)).unwrap();
+            assert!(v.passed, "kv {kv}, fill {fill}:\n{}", v.text());
+        }
+    }
+}
+
+#[test]
+fn onnx_runtimes_attention_refuses_an_empty_batch_the_core_computes() {
+    let dir = tempdir();
+    let inputs = feeds(dir.path(), 0, 4, 0.0);
+    let refused = compare(&core(4), &kernel(4), &inputs);
+    assert!(refused.is_err(), "the kernel is expected to refuse a batch of 0");
+    let v = compare(&core(4), &fused(&core(4)), &inputs).unwrap();
+    assert!(v.passed, "{}", v.text());
+}
+
+#[test]
+fn the_guard_runs_the_original_ops_where_the_kernel_would_differ() {
+    let dir = tempdir();
+    for kv in [4, 2] {
+        let core = core(kv);
+        let fused = fused(&core);
+        let guard = guards(&fused);
+        assert_eq!(guard.len(), 1, "one guarded kernel");
+        assert_eq!(guard[0].op_type(), "If");
+        let then = guard[0].attribute.iter().find(|a| a.name() == "then_branch").unwrap().g.as_ref().unwrap();
+        let attention = then.node.iter().find(|n| n.op_type() == "Attention").expect("the kernel");
+        assert_eq!(attention.input[..3], ["q", "k", "v"], "kv {kv}: the key and value before their repeat");
+        assert!((attention.attr_float("scale").unwrap() - SCALE as f32).abs() == 0.0);
+        let otherwise = guard[0].attribute.iter().find(|a| a.name() == "else_branch").unwrap().g.as_ref().unwrap();
+        let ops: Vec<&str> = otherwise.node.iter().map(|n| n.op_type()).filter(|o| *o != "Constant").collect();
+        assert!(ops.ends_with(&["Transpose", "MatMul", "Mul", "Add", "Softmax", "MatMul"]), "kv {kv}: {ops:?}");
+        for fill in [f32::MIN, f32::NEG_INFINITY, -1e9, 0.0] {
+            let v = compare(&core, &fused, &feeds(dir.path(), 2, kv as u64, fill)).unwrap();
+            assert!(v.passed, "kv {kv}, fill {fill}:\n{}", v.text());
+        }
+    }
+}
+
+#[test]
+fn a_second_run_leaves_the_guards_original_ops_as_they_are() {
+    let once = fused(&core(2));
+    let mut twice = once.clone();
+    let outcome = rewrite::run(&mut twice, &[&onnx_fuse::passes::attention::PASS]);
+    assert!(outcome.fused.is_empty());
+    assert_eq!(once, twice);
+}
+
+/// A left-padded batch: the first row's first three tokens are padding,
+/// so their query rows see no key at all in an eager export's mask.
+#[test]
+fn left_padded_batches_compute_what_the_export_computes() {
+    let dir = tempdir();
+    let inputs = dir.path().join("left_padded.npz");
+    let ids: Vec<i64> = (0..14).map(|i| (i * 7 + 3) % 64).collect();
+    let mask = vec![0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1];
+    npz(&inputs, &[], &[("input_ids", vec![2, 7], ids), ("attention_mask", vec![2, 7], mask)]);
+    let original = load("llama_ts_op14.onnx");
+    let (mut fused, upgrade) = upgrade::upgrade(&original, 23).unwrap();
+    let outcome = rewrite::run_upgraded(
+        &mut fused,
+        &onnx_fuse::passes::pipeline(&["default".into()], &[]).unwrap(),
+        Default::default(),
+        upgrade.added,
+    );
+    assert_eq!(outcome.fused.iter().filter(|f| f.op_type == "Attention").count(), 2);
+    assert_eq!(guards(&fused).len(), 2);
+    let v = compare(&original, &fused, &inputs).unwrap();
+    assert!(v.passed, "{}", v.text());
+    // The feed reaches rows the kernel computes otherwise: unguarded, it differs.
+    let v = compare(&original, &unguarded(&fused), &inputs).unwrap();
+    assert!(!v.passed, "the left-padded rows are expected to be fully masked in this export");
+}
