@@ -1194,7 +1194,9 @@ fn provenance(graph: &GraphProto, rewrite: &Rewrite, unexported: &HashSet<String
         .collect()
 }
 
-fn apply(graph: &mut GraphProto, rewrites: Vec<Rewrite>, pass: &'static str, path: &str, outcome: &mut Outcome) {
+fn apply(graph: &mut GraphProto, mut rewrites: Vec<Rewrite>, pass: &'static str, path: &str, outcome: &mut Outcome) {
+    take_dead_kept_nodes(graph, &mut rewrites);
+    share_prelude_nodes(&mut rewrites);
     let mut names: HashSet<String> = graph.node.iter().map(|n| n.name().to_string()).collect();
     let mut removed_values = HashSet::new();
     let mut read_by_removed = HashSet::new();
@@ -1282,6 +1284,107 @@ fn placement(g: &Graph, rewrite: &Rewrite) -> usize {
     match first_reader {
         Some(r) if r < rewrite.anchor && last_input.is_none_or(|p| p < r) => r,
         _ => rewrite.anchor,
+    }
+}
+
+/// A node a rewrite left in place for other readers (`Kept::Shared`) that
+/// no node reads once the rewrites are applied (the cos table's Unsqueeze
+/// that the rotaries of q and k both read) goes too, with the last rewrite
+/// that kept it: its provenance names it.
+fn take_dead_kept_nodes(graph: &GraphProto, rewrites: &mut [Rewrite]) {
+    let removed: HashSet<usize> = rewrites.iter().flat_map(|r| r.nodes.iter().copied()).collect();
+    let kept: HashSet<&str> = rewrites
+        .iter()
+        .flat_map(|r| &r.kept)
+        .filter_map(|k| match k {
+            Kept::Shared(v) => Some(v.as_str()),
+            Kept::ForItsShape(_) => None,
+        })
+        .collect();
+    if kept.is_empty() {
+        return;
+    }
+    // What the graph's outputs and the replacements read stays.
+    let mut read: HashSet<String> = graph.output.iter().map(|o| o.name().to_string()).collect();
+    read.extend(rewrites.iter().flat_map(Rewrite::reads));
+    let mut readers: HashMap<&str, Vec<usize>> = HashMap::new();
+    for (i, node) in graph.node.iter().enumerate() {
+        let captured: Vec<String> = node.subgraphs().flat_map(free_values).collect();
+        for v in node.input.iter().map(String::as_str).chain(captured.iter().map(String::as_str)) {
+            if let Some(&name) = kept.get(v) {
+                readers.entry(name).or_default().push(i);
+            }
+        }
+    }
+    let mut last_keeper: HashMap<usize, usize> = HashMap::new();
+    for (r, rewrite) in rewrites.iter().enumerate() {
+        for kept in &rewrite.kept {
+            let Kept::Shared(value) = kept else { continue };
+            let Some(p) = graph.node.iter().position(|n| n.output.iter().any(|o| o == value)) else { continue };
+            let node = &graph.node[p];
+            let dead = !removed.contains(&p)
+                && node.output.len() == 1
+                && node.subgraphs().next().is_none()
+                && crate::ops::DETERMINISTIC.contains(&node.op_type())
+                && !read.contains(value.as_str())
+                && readers.get(value.as_str()).is_some_and(|rs| rs.iter().all(|r| removed.contains(r)));
+            let later = |at: &usize| rewrites[*at].anchor < rewrite.anchor;
+            if dead && last_keeper.get(&p).is_none_or(later) {
+                last_keeper.insert(p, r);
+            }
+        }
+    }
+    // With the Constants only it read (its axes).
+    let mut gone: HashSet<usize> = removed.clone();
+    gone.extend(last_keeper.keys().copied());
+    for (p, r) in last_keeper {
+        rewrites[r].nodes.insert(p);
+        for input in &graph.node[p].input {
+            let Some(c) = graph.node.iter().position(|n| n.output.first() == Some(input)) else { continue };
+            let only_here = graph.node.iter().enumerate().all(|(i, n)| gone.contains(&i) || !n.input.contains(input));
+            if graph.node[c].op_type() == "Constant" && only_here && !read.contains(input.as_str()) {
+                rewrites[r].nodes.insert(c);
+            }
+        }
+    }
+}
+
+/// Prelude nodes that compute the same (the same op, attributes and
+/// inputs, as two rotaries slicing one cos table do) are one node: the
+/// first, placed where the earliest of them goes.
+fn share_prelude_nodes(rewrites: &mut [Rewrite]) {
+    // The first node computing each (op, attributes, inputs): its rewrite and place in that prelude.
+    let mut first: HashMap<Vec<u8>, (usize, usize)> = HashMap::new();
+    let mut renamed: HashMap<String, String> = HashMap::new();
+    for r in 0..rewrites.len() {
+        let prelude = std::mem::take(&mut rewrites[r].prelude);
+        let places = std::mem::take(&mut rewrites[r].prelude_at);
+        for (mut node, at) in prelude.into_iter().zip(places) {
+            for v in &mut node.input {
+                if let Some(to) = renamed.get(v.as_str()) {
+                    *v = to.clone();
+                }
+            }
+            let key = prost::Message::encode_to_vec(&NodeProto { name: None, output: vec![], ..node.clone() });
+            // Passes write no random op (spec, ground rule 12).
+            let shareable = node.subgraphs().next().is_none();
+            if let Some(&(owner, i)) = first.get(&key).filter(|_| shareable) {
+                for (dup, out) in node.output.iter().zip(rewrites[owner].prelude[i].output.clone()) {
+                    renamed.insert(dup.clone(), out);
+                }
+                let place = &mut rewrites[owner].prelude_at[i];
+                *place = (*place).min(at);
+                continue;
+            }
+            first.insert(key, (r, rewrites[r].prelude.len()));
+            rewrites[r].prelude.push(node);
+            rewrites[r].prelude_at.push(at);
+        }
+        rename_in_node(&mut rewrites[r].replacement, &|v: &mut String| {
+            if let Some(to) = renamed.get(v.as_str()) {
+                *v = to.clone();
+            }
+        });
     }
 }
 

@@ -101,7 +101,7 @@ fn report_lists_counts_and_replaced_nodes() {
     assert!(text.contains("    Sub /model/transformer/h.0/ln_1/Sub"));
     assert!(
         stderr(&r).contains(
-            "fused 9 (layer-norm 5 (5 of them with their residual Add: skip-norm 5), rms-norm 0, attention 2, gelu 2)"
+            "fused 9 (layer-norm 5 (5 of them with their residual Add: skip-norm 5), rms-norm 0, attention 2, gelu 2, rotary 0)"
         ),
         "{}",
         stderr(&r)
@@ -486,7 +486,7 @@ fn expectations_written_before_skip_norm_and_gelu_still_hold() {
     assert_eq!(r.status.code(), Some(0), "{}", stderr(&r));
     assert!(
         stderr(&r).contains(
-            "fused 7 (layer-norm 0, rms-norm 5 (4 of them with their residual Add: skip-norm 4), attention 2, gelu 0)"
+            "fused 7 (layer-norm 0, rms-norm 5 (4 of them with their residual Add: skip-norm 4), attention 2, gelu 0, rotary 0)"
         ),
         "{}",
         stderr(&r)

@@ -299,7 +299,7 @@ fn malformed_nodes_never_crash_the_tool() {
     // (skip-norm takes three of the four norms over; the SiLUs fuse too.)
     assert!(
         stderr(&r).contains(
-            "(layer-norm 0, rms-norm 4 (3 of them with their residual Add: skip-norm 3), attention 1, gelu 2)"
+            "(layer-norm 0, rms-norm 4 (3 of them with their residual Add: skip-norm 3), attention 1, gelu 2, rotary"
         ),
         "{}",
         stderr(&r)

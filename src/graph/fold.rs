@@ -248,3 +248,26 @@ fn binary(a: Folded, b: Folded, f64_op: impl Fn(f64, f64) -> f64, f32_op: impl F
     let values = values.into_iter().map(|v| round(v, elem)).collect::<Option<Vec<f64>>>()?;
     Some(Folded { elem, dims, values, exact: a.exact && b.exact })
 }
+
+/// Starts, ends, axes and steps of a Slice, as `Graph::slice_arguments`
+/// reads them, each input folded where computed from constants (a half
+/// of the last axis written `Shape(x)[-1] // 2`).
+pub fn slice_arguments(g: &Graph, shapes: &Shapes, node: &crate::onnx::NodeProto) -> Option<[Vec<i64>; 4]> {
+    if g.opset < 10 {
+        let (starts, ends, axes, steps) = g.slice_arguments(node)?;
+        return Some([starts, ends, axes, steps]);
+    }
+    let ints = |i: usize| -> Option<Option<Vec<i64>>> {
+        match node.input.get(i).filter(|v| !v.is_empty()) {
+            None => Some(None),
+            Some(v) => {
+                let f = fold(g, shapes, v).filter(|f| is_int(f.elem) && f.exact)?;
+                Some(Some(f.values.iter().map(|&x| x as i64).collect()))
+            }
+        }
+    };
+    let (starts, ends) = (ints(1)??, ints(2)??);
+    let axes = ints(3)?.unwrap_or_else(|| (0..starts.len() as i64).collect());
+    let steps = ints(4)?.unwrap_or_else(|| vec![1; starts.len()]);
+    Some([starts, ends, axes, steps])
+}

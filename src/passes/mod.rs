@@ -10,14 +10,22 @@ pub mod complex_mul;
 pub mod gelu;
 pub mod layer_norm;
 pub mod rms_norm;
+pub mod rotary;
 pub mod skip_norm;
 
 /// Every pass, in the order `default` runs them. layer-norm comes first so
 /// a LayerNorm is fused whole; in the other order it still is (layer-norm
 /// folds a SimplifiedLayerNormalization of the centered input). skip-norm
 /// reads the norms the two write, so it comes after them.
-pub const ALL: &[&Pass] =
-    &[&layer_norm::PASS, &rms_norm::PASS, &skip_norm::PASS, &attention::PASS, &gelu::PASS, &complex_mul::PASS];
+pub const ALL: &[&Pass] = &[
+    &layer_norm::PASS,
+    &rms_norm::PASS,
+    &skip_norm::PASS,
+    &attention::PASS,
+    &gelu::PASS,
+    &rotary::PASS,
+    &complex_mul::PASS,
+];
 
 /// The pipeline a `--passes` list names (`default` expands to every default
 /// pass, `none` to no pass: `--opset N --passes none` only upgrades), less
