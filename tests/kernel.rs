@@ -22,6 +22,11 @@ fn core(kv: i64) -> ModelProto {
     let k = b.input("k", FLOAT, Some(&shape(kv)));
     let v = b.input("v", FLOAT, Some(&shape(kv)));
     let mask = b.input("mask", FLOAT, Some(&[sym("b"), D::N(1), D::N(3), D::N(3)]));
+    // A cache of no rows yet: the kernel's form reads the cache's Concat.
+    let past = [sym("b"), D::N(kv), D::N(0), D::N(8)];
+    let (pk, pv) = (b.input("past_k", FLOAT, Some(&past)), b.input("past_v", FLOAT, Some(&past)));
+    let k = b.node("Concat", &[&pk, &k], vec![attr_int("axis", 2)]);
+    let v = b.node("Concat", &[&pv, &v], vec![attr_int("axis", 2)]);
     let (k, v) = if kv == 4 {
         (k, v)
     } else {
@@ -60,13 +65,15 @@ fn b_const(b: &mut Builder, values: &[i64]) -> String {
 fn kernel(kv: i64) -> ModelProto {
     let mut m = core(kv);
     let g = m.graph.as_mut().unwrap();
-    g.node = vec![NodeProto {
+    g.node.retain(|n| n.op_type() == "Concat" && n.attribute.iter().any(|a| a.name() == "axis" && a.i() == 2));
+    let (k, v) = (g.node[0].output[0].clone(), g.node[1].output[0].clone());
+    g.node.push(NodeProto {
         op_type: Some("Attention".into()),
-        input: ["q", "k", "v", "mask"].map(String::from).to_vec(),
+        input: vec!["q".into(), k, v, "mask".into()],
         output: vec!["out".into()],
         attribute: vec![attr_float("scale", SCALE)],
         ..Default::default()
-    }];
+    });
     m
 }
 
@@ -106,11 +113,16 @@ fn compare(
 /// Feeds for `core(kv)` with batch `b` whose mask row 1 of batch 0 is all
 /// `fill` (the other rows 0).
 fn feeds(dir: &std::path::Path, b: u64, kv: u64, fill: f32) -> std::path::PathBuf {
-    let path = dir.join(format!("feeds_{b}_{kv}_{fill}.npz"));
+    feeds_row(dir, b, kv, [fill; 3])
+}
+
+/// `feeds` with mask row 1 of batch 0 as given.
+fn feeds_row(dir: &std::path::Path, b: u64, kv: u64, row: [f32; 3]) -> std::path::PathBuf {
+    let path = dir.join(format!("feeds_{b}_{kv}_{row:?}.npz"));
     let n = |h: u64| (b * h * 3 * 8) as usize;
     let mut mask = vec![0f32; (b * 9) as usize];
     if b > 0 {
-        mask[3..6].fill(fill);
+        mask[3..6].copy_from_slice(&row);
     }
     npz(
         &path,
@@ -119,6 +131,8 @@ fn feeds(dir: &std::path::Path, b: u64, kv: u64, fill: f32) -> std::path::PathBu
             ("k", vec![b, kv, 3, 8], values(n(kv), 2)),
             ("v", vec![b, kv, 3, 8], values(n(kv), 3)),
             ("mask", vec![b, 1, 3, 3], mask),
+            ("past_k", vec![b, kv, 0, 8], vec![]),
+            ("past_v", vec![b, kv, 0, 8], vec![]),
         ],
         &[],
     );
@@ -165,6 +179,9 @@ fn onnx_runtimes_attention_zeroes_a_row_whose_mask_is_all_lowest_or_minus_infini
             let v = compare(&core, &kernel, &feeds(dir.path(), 2, kv as u64, fill)).unwrap();
             assert!(!v.passed, "kv {kv}, fill {fill}: the kernel is expected to differ on a fully masked row");
         }
+        // A NaN among the lowest is no fully masked row: NaN in both.
+        let v = compare(&core, &kernel, &feeds_row(dir.path(), 2, kv as u64, [f32::NAN, f32::MIN, f32::MIN])).unwrap();
+        assert!(v.passed, "kv {kv}, NaN and lowest:\n{}", v.text());
         // A row with a finite fill above the lowest, or one visible key, is
         // the written-out core's.
         for fill in [-1e9, -1e30, f32::MIN / 2.0] {
@@ -195,9 +212,17 @@ fn the_guard_runs_the_original_ops_where_the_kernel_would_differ() {
         assert_eq!(guard[0].op_type(), "If");
         let then = guard[0].attribute.iter().find(|a| a.name() == "then_branch").unwrap().g.as_ref().unwrap();
         let attention = then.node.iter().find(|n| n.op_type() == "Attention").expect("the kernel");
-        assert_eq!(attention.input[..3], ["q", "k", "v"], "kv {kv}: the key and value before their repeat");
-        assert!((attention.attr_float("scale").unwrap() - SCALE as f32).abs() == 0.0);
         let otherwise = guard[0].attribute.iter().find(|a| a.name() == "else_branch").unwrap().g.as_ref().unwrap();
+        let is_cache = |n: &&NodeProto| n.op_type() == "Concat" && n.attr_int("axis") == Some(2);
+        assert!(!otherwise.node.iter().any(|n| is_cache(&n)), "kv {kv}: the caches' Concats stay outside the guard");
+        let main = &fused.graph.as_ref().unwrap().node;
+        let concat = |i: usize| main.iter().filter(is_cache).nth(i).unwrap().output[0].clone();
+        assert_eq!(
+            attention.input[..3],
+            ["q".to_string(), concat(0), concat(1)],
+            "kv {kv}: the key and value before their repeat"
+        );
+        assert!((attention.attr_float("scale").unwrap() - SCALE as f32).abs() == 0.0);
         let ops: Vec<&str> = otherwise.node.iter().map(|n| n.op_type()).filter(|o| *o != "Constant").collect();
         assert!(ops.ends_with(&["Transpose", "MatMul", "Mul", "Add", "Softmax", "MatMul"]), "kv {kv}: {ops:?}");
         for fill in [f32::MIN, f32::NEG_INFINITY, -1e9, 0.0] {

@@ -81,7 +81,7 @@ impl Dim {
     }
 
     /// Never negative: a number of at least 0 or a dimension.
-    pub(super) fn is_size(&self) -> bool {
+    pub fn is_size(&self) -> bool {
         self.value().map_or_else(|| self.is_dimension(), |n| n >= 0)
     }
 
@@ -95,16 +95,16 @@ impl Dim {
         u128::try_from(total).ok()
     }
 
-    pub(super) fn add(&self, other: &Dim) -> Option<Dim> {
+    pub fn add(&self, other: &Dim) -> Option<Dim> {
         Dim::sum([self.terms.clone(), other.terms.clone()].concat())
     }
 
-    pub(super) fn neg(&self) -> Option<Dim> {
+    pub fn neg(&self) -> Option<Dim> {
         let terms = self.terms.iter().map(|t| Some(Term { coef: t.coef.checked_neg()?, atoms: t.atoms.clone() }));
         Some(Dim { terms: terms.collect::<Option<_>>()? })
     }
 
-    pub(super) fn sub(&self, other: &Dim) -> Option<Dim> {
+    pub fn sub(&self, other: &Dim) -> Option<Dim> {
         self.add(&other.neg()?)
     }
 

@@ -122,6 +122,16 @@ pub(super) fn attention(
     let (key, n) = if key_perm == [0, 1, 2, 3] { repeated(g, shapes, x) } else { (x, 1) };
     let (value, n_v) = repeated(g, shapes, v);
     require!(n == n_v, "the key's heads are repeated {n} times and the value's {n_v} times");
+    // Where the kernel gains: a key and value read from a cache (which the
+    // written-out core scales and transposes whole at every step) or
+    // repeated for grouped heads (copied n times). A core without either
+    // (an encoder's) runs faster as its MatMuls and Softmax on ONNX
+    // Runtime 1.31.1's CPU provider (BERT-base heads, 512 tokens: 12.0 ms
+    // for the kernel against 9.8 ms, docs/benchmarks.md).
+    require!(
+        n > 1 || (cached(g, key) && cached(g, value)),
+        "neither a KV cache nor grouped heads: ONNX Runtime's Attention is slower than the MatMuls it replaces here"
+    );
 
     let (Some(sq), Some(sx), Some(sv)) = (shapes.shape(&q), shapes.shape(key), shapes.shape(value)) else {
         decline!("the shapes of q, the key and the value are not proved");
@@ -146,12 +156,19 @@ pub(super) fn attention(
     let mut then: Vec<NodeProto> = Vec::new();
     let mut conditions: Vec<String> = Vec::new();
 
-    // The kernel refuses an empty batch, query, key or head.
-    let empty: Vec<&str> = [(q.as_str(), &sq), (key, &sx), (value, &sv)]
-        .into_iter()
-        .filter(|(_, dims)| !dims.iter().all(|d| d.value().is_some_and(|n| n > 0)))
-        .map(|(x, _)| x)
-        .collect();
+    // The kernel refuses an empty batch, query, key or head: q's size
+    // covers b, s and d; the key's where its heads or length may be 0 (a
+    // cache's length past + s is not where s is not); the value's where
+    // its head may be.
+    let positive = |d: &Dim| d.value().is_some_and(|n| n > 0);
+    let q_checked = !sq.iter().all(positive);
+    let t_follows = sk[2].sub(&sq[2]).is_some_and(|extra| extra.is_size()) && (q_checked || positive(&sq[2]));
+    let checks = [
+        (q.as_str(), q_checked),
+        (key, !(positive(&sk[1]) && (positive(&sk[2]) || t_follows))),
+        (value, !positive(&sv[3])),
+    ];
+    let empty: Vec<&str> = checks.into_iter().filter(|(_, needed)| *needed).map(|(x, _)| x).collect();
     if !empty.is_empty() {
         let sizes: Vec<String> = empty.iter().map(|x| name(&format!("size_{}", short(x)))).collect();
         for (x, size) in empty.iter().zip(&sizes) {
@@ -198,6 +215,14 @@ pub(super) fn attention(
                 every_row_visible(t),
                 "the constant mask hides every key of a row: ONNX Runtime's Attention gives zeros there"
             ),
+            // A mask of 0 and −∞ alone (SDPA exports' Where(keep, 0, −inf))
+            // before a NaN guard: a row all −∞ is zeros in both, the
+            // original's NaN turned to 0 by its guard, and no value is the
+            // finite lowest.
+            None if nan_guard
+                && mask_values(g, shapes, mask, 8).is_some_and(|v| {
+                    v.iter().all(|&x| x == f64::NEG_INFINITY || (x.is_finite() && x > f64::from(f32::MIN)))
+                }) => {}
             None => {
                 let (axes, rows, lowest, ok) = (name("last_axis"), name("row_max"), name("lowest"), name("visible"));
                 let fewest = name("least_row_max");
@@ -268,6 +293,39 @@ fn replace(anchor: usize, replacement: NodeProto) -> Rewrite {
     Match::new(anchor).replace_with(NodeProto { output: vec![], ..replacement })
 }
 
+/// The values a mask can hold, where it is computed as
+/// `Where(c, a, b)` of one-value constants (through ops that only move or
+/// repeat values); none where that is not proved.
+fn mask_values(g: &Graph, shapes: &Shapes, value: &str, depth: usize) -> Option<Vec<f64>> {
+    if let Some(c) = fold(g, shapes, value).filter(|c| c.exact) {
+        return Some(c.values);
+    }
+    let node = g.node(g.producer(value)?);
+    if depth == 0 || !crate::onnx::is_default_domain(node.domain()) {
+        return None;
+    }
+    match node.op_type() {
+        "Where" if node.input.len() == 3 => {
+            let (a, b) = (fold(g, shapes, &node.input[1])?, fold(g, shapes, &node.input[2])?);
+            (a.exact && b.exact && a.values.len() == 1 && b.values.len() == 1).then(|| vec![a.values[0], b.values[0]])
+        }
+        "Expand" | "Slice" | "Reshape" | "Unsqueeze" | "Squeeze" | "Identity" | "Transpose" | "Gather" => {
+            mask_values(g, shapes, &node.input[0], depth - 1)
+        }
+        "Cast" if g.elem_type(&node.input[0]) == g.elem_type(value) => {
+            mask_values(g, shapes, &node.input[0], depth - 1)
+        }
+        _ => None,
+    }
+}
+
+/// Whether `value` is a cache: `Concat(past, new)` on the sequence axis
+/// (2 of 4).
+fn cached(g: &Graph, value: &str) -> bool {
+    g.produced_by(unchanged(g, value), "Concat")
+        .is_ok_and(|c| matches!(g.node(c).attr_int("axis"), Some(2 | -2)) && g.node(c).input.len() == 2)
+}
+
 /// `x` repeated `n` times per head in place, and n: a Reshape to
 /// `[b, kv·n, t, d]` of `x` `[b, kv, t, d]` unsqueezed at axis 2 and
 /// expanded (or tiled) to `[b, kv, n, t, d]`. Else `(value, 1)`.
@@ -277,6 +335,13 @@ fn repeated<'a>(g: &Graph<'a>, shapes: &Shapes, value: &'a str) -> (&'a str, i64
         let spread = g.node(g.producer(unchanged(g, &reshape.input[0]))?);
         require_some(spread.is("Expand") || spread.is("Tile"))?;
         let unsqueeze = g.node(g.produced_by(unchanged(g, &spread.input[0]), "Unsqueeze").ok()?);
+        // The new axis is 2 (of 5): each head's rows are then repeated in place.
+        let axes = g.ints_argument(unsqueeze, "axes", 1, 13);
+        require_some(matches!(axes, crate::graph::IntsArgument::Known(ref a) if a[..] == [2] || a[..] == [-3]))?;
+        if spread.is("Tile") {
+            let reps = fold(g, shapes, spread.input.get(1)?)?;
+            require_some(reps.values.len() == 5 && reps.values.iter().enumerate().all(|(i, &r)| i == 2 || r == 1.0))?;
+        }
         let x = unsqueeze.input.first()?.as_str();
         let (sx, se, sr) = (shapes.shape(x)?, shapes.shape(&spread.output[0])?, shapes.shape(value)?);
         let n = se.get(2)?.value()?;
