@@ -157,6 +157,7 @@ struct FuseArgs {
     #[arg(short, long, required_unless_present = "list_passes")]
     output: Option<PathBuf>,
     /// Passes to run, in order: names, `default` for every default pass, or `none` (with --opset: only upgrade).
+    /// Beside `default`, every pass takes its place in --list-passes' order (`default,skip-norm`).
     #[arg(long, value_delimiter = ',', default_value = "default")]
     passes: Vec<String>,
     /// Passes to leave out of the pipeline.
@@ -347,6 +348,17 @@ fn fuse(args: FuseArgs) -> Result<Done> {
         }
     }
     check_expectations_agree(&expectations)?;
+    // A count the pipeline cannot make is a mistake in the command, not a
+    // run that fused too little.
+    if let Some(e) = expectations.iter().find(|e| e.pass != "total" && !pipeline.iter().any(|p| p.name == e.pass)) {
+        let why = match passes::ALL.iter().find(|p| p.name == e.pass) {
+            Some(p) if !p.default && args.passes == ["default"] => {
+                format!("{} is not a default pass (add --passes default,{})", p.name, p.name)
+            }
+            _ => format!("{} is not in the pipeline", e.pass),
+        };
+        return Err(Usage(format!("--expect {}={}: {why}", e.pass, e.expected)).into());
+    }
     if output.as_os_str() == "-" {
         // A model is written atomically to a file; standard output is none.
         return Err(Usage("-o -: onnx-fuse writes the model to a file, not to standard output".into()).into());

@@ -228,7 +228,7 @@ fn a_model_that_spells_the_default_domain_ai_onnx_still_loads() {
     for import in original.opset_import.iter_mut().filter(|o| o.domain().is_empty()) {
         import.domain = Some("ai.onnx".into());
     }
-    let (fused, outcome) = fuse_model(&original, &["default"]);
+    let (fused, outcome) = fuse_model(&original, &["default", "skip-norm"]);
     let count = |pass: &str| outcome.fused.iter().filter(|f| f.pass == pass).count();
     assert_eq!(
         (count("rms-norm"), count("skip-norm"), count("attention")),

@@ -37,7 +37,17 @@ fn counts(report: &serde_json::Value) -> Vec<(String, u64, u64, u64)> {
 fn an_optimum_seq2seq_folder_is_fused_whole() {
     let dir = tempdir();
     let (out, report) = (dir.path().join("fused"), dir.path().join("r.json"));
-    let r = run(&["-q", "--verify", s(&testdata("t5_optimum_folder")), "-o", s(&out), "--report-json", s(&report)]);
+    let r = run(&[
+        "-q",
+        "--verify",
+        "--passes",
+        "default,skip-norm",
+        s(&testdata("t5_optimum_folder")),
+        "-o",
+        s(&out),
+        "--report-json",
+        s(&report),
+    ]);
     assert!(r.status.success(), "{}", stderr(&r));
     let report = json(&report);
     assert_eq!(
@@ -74,6 +84,8 @@ fn a_merged_decoder_folder_fuses_inside_its_branches() {
     let r = run(&[
         "-q",
         "--verify",
+        "--passes",
+        "default,skip-norm",
         s(&testdata("llama_optimum_merged_folder")),
         "-o",
         s(&out),
@@ -137,7 +149,10 @@ fn expectations_guard_the_counts() {
     let model = testdata("llama_ts_op14.onnx");
     let out = dir.path().join("out.onnx");
     let json_path = dir.path().join("r.json");
-    let go = |extra: &[&str]| run(&[&[s(&model), "-o", s(&out), "-q", "--report-json", s(&json_path)], extra].concat());
+    let go = |extra: &[&str]| {
+        let args = [s(&model), "-o", s(&out), "-q", "--report-json", s(&json_path), "--passes", "default,skip-norm"];
+        run(&[&args[..], extra].concat())
+    };
     let met = go(&["--expect", "rms-norm=5,skip-norm=4,attention=2", "--expect-min", "total=7"]);
     assert_eq!(met.status.code(), Some(0), "{}", stderr(&met));
     let report = json(&json_path);
@@ -149,9 +164,10 @@ fn expectations_guard_the_counts() {
     assert_eq!(stderr(&unmet), "onnx-fuse: expectation not met: skip-norm: expected 5, found 4\n");
     assert!(out.exists(), "the output is still written");
     assert_eq!(json(&json_path)["expectations"][0]["found"], 4);
-    let unmet = go(&["--expect-min", "total=10"]);
+    let unmet = go(&["--expect-min", "total=14"]);
     assert_eq!(unmet.status.code(), Some(4));
-    assert!(stderr(&unmet).contains("total: expected at least 10, found 9"), "{}", stderr(&unmet));
+    // One norm, four skip-norms, two cores, two SiLUs and four rotaries.
+    assert!(stderr(&unmet).contains("total: expected at least 14, found 13"), "{}", stderr(&unmet));
     // A failed verification outranks an unmet expectation.
     let fp16 = testdata("llama_ts_op17_fp16.onnx");
     let r = run(&[
@@ -204,12 +220,7 @@ fn the_report_ends_with_a_before_after_table() {
     let rows: Vec<String> = table.iter().map(|l| l.split_whitespace().collect::<Vec<_>>().join(" ")).collect();
     // The default run upgrades the model to opset 23 and writes ONNX
     // Attention, each guarded by an If that counts as what it runs.
-    for row in [
-        "SimplifiedLayerNormalization 0 1",
-        "com.microsoft.SkipSimplifiedLayerNormalization 0 4",
-        "Attention 0 2",
-        "Softmax 2 0",
-    ] {
+    for row in ["SimplifiedLayerNormalization 0 5", "Attention 0 2", "Softmax 2 0"] {
         assert!(rows.iter().any(|r| r == row), "{row}: {table:?}");
     }
 }
@@ -224,7 +235,7 @@ fn a_model_that_panics_fails_alone_and_is_reported() {
     let dir = tempdir();
     let (out, report) = (dir.path().join("fused"), dir.path().join("r.json"));
     let input = testdata("t5_optimum_folder");
-    let args = ["-q", s(&input), "-o", s(&out), "--report-json", s(&report)];
+    let args = ["-q", "--passes", "default,skip-norm", s(&input), "-o", s(&out), "--report-json", s(&report)];
     let r = bin().args(args).env("ONNX_FUSE_PANIC_ON", "decoder_model.onnx").output().unwrap();
     assert_eq!(r.status.code(), Some(1), "{}", stderr(&r));
     assert!(stderr(&r).contains("decoder_model.onnx") && stderr(&r).contains("internal error"), "{}", stderr(&r));

@@ -29,7 +29,7 @@ fn fp16_with_f32_io() -> ModelProto {
 #[test]
 fn fp16_nodes_are_judged_at_f16_tolerance_when_outputs_are_f32() {
     let original = fp16_with_f32_io();
-    let (fused, outcome) = fuse_model(&original, &["default"]);
+    let (fused, outcome) = fuse_model(&original, &["default", "skip-norm"]);
     assert_eq!(outcome.fused.len(), 1);
     let v = verify_models(&original, &fused);
     assert!(v.passed, "{}", v.text());
@@ -100,7 +100,7 @@ fn patch_grid_model() -> ModelProto {
 #[test]
 fn image_sides_come_from_the_patch_grid_the_graph_fixes() {
     let original = patch_grid_model();
-    let (fused, outcome) = fuse_model(&original, &["default"]);
+    let (fused, outcome) = fuse_model(&original, &["default", "skip-norm"]);
     assert_eq!(outcome.fused.len(), 1);
     let v = verify_models(&original, &fused);
     assert!(v.passed, "{}", v.text());
@@ -177,8 +177,16 @@ fn a_failed_node_is_judged_against_exact_arithmetic_and_a_known_kernel_is_named(
     std::fs::write(&input, prost::Message::encode_to_vec(&residual_with_a_large_mean())).unwrap();
     let out = dir.path().join("out.onnx");
     let json = dir.path().join("r.json");
-    let args =
-        [input.to_str().unwrap(), "-o", out.to_str().unwrap(), "--verify", "--report-json", json.to_str().unwrap()];
+    let args = [
+        input.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--verify",
+        "--report-json",
+        json.to_str().unwrap(),
+        "--passes",
+        "default,skip-norm",
+    ];
     let r = run(&args);
     assert_eq!(r.status.code(), Some(3), "{}", stderr(&r));
     let said = format!("{}{}", String::from_utf8_lossy(&r.stdout), stderr(&r));

@@ -57,12 +57,17 @@ def test_fuse_returns_the_report_and_prints_nothing(testdata, tmp_path, capfd):
     report = onnx_fuse.fuse(testdata(LLAMA), out)
     assert capfd.readouterr() == ("", "")
     counts = {p["name"]: p["fused"] for p in report["passes"]}
-    # A pass's count is what it fused: four of the five RMSNorms were then
-    # joined to their residual Add by skip-norm, and still count.
-    assert counts == {"layer-norm": 0, "rms-norm": 5, "skip-norm": 4, "attention": 2, "gelu": 2}
-    assert {p["name"]: p["in_output"] for p in report["passes"]}["rms-norm"] == 1
+    # The default pipeline (skip-norm is on request): the model is upgraded
+    # to opset 23 for its attention and rotary kernels.
+    assert counts == {"layer-norm": 0, "rms-norm": 5, "attention": 2, "gelu": 2, "rotary": 4}
+    assert {p["name"]: p["in_output"] for p in report["passes"]}["rms-norm"] == 5
     assert report["written"] is True and report["output"] == str(out) and "verification" not in report
-    assert len(report["fused"]) == 9 == report["total"]
+    assert len(report["fused"]) == 13 == report["total"]
+    assert (report["upgrade"]["from"], report["upgrade"]["to"]) == (14, 23)
+    # A pass's count is what it fused, also where skip-norm (asked for) took it in.
+    report = onnx_fuse.fuse(testdata(LLAMA), out, passes=["default", "skip-norm"])
+    counts = {p["name"]: p["fused"] for p in report["passes"]}
+    assert counts == {"layer-norm": 0, "rms-norm": 5, "skip-norm": 4, "attention": 2, "gelu": 2, "rotary": 4}
     assert [a["by"] for a in report["absorbed"]] == ["skip-norm"] * 4
     # show reads the same entries back from the written model.
     assert sorted(onnx_fuse.show(out), key=lambda f: f["name"]) == shown(report)
@@ -74,12 +79,12 @@ def test_options_reach_the_command_line(testdata, tmp_path):
     report = onnx_fuse.fuse(testdata(LLAMA), out, passes=["rms-norm"], explain=True)
     assert [p["name"] for p in report["passes"]] == ["rms-norm"]
     report = onnx_fuse.fuse(testdata(LLAMA), out, disable="gelu,attention,skip-norm", target="portable")
-    assert [p["name"] for p in report["passes"]] == ["layer-norm", "rms-norm"]
+    assert [p["name"] for p in report["passes"]] == ["layer-norm", "rms-norm", "rotary"]
     assert report["target"] == "portable"
-    assert report["needs_opset"] == {"candidates": 5, "opset": 23}
+    assert report["needs_opset"] == {"candidates": 9, "opset": 23}
     report = onnx_fuse.fuse(testdata(LLAMA), out, target="portable", opset=23, verify=True)
     assert (report["upgrade"]["from"], report["upgrade"]["to"]) == (14, 23) and "needs_opset" not in report
-    assert [f["op_type"] for f in report["fused"]] == ["RMSNormalization"] * 5
+    assert sorted(f["op_type"] for f in report["fused"]) == ["RMSNormalization"] * 5 + ["RotaryEmbedding"] * 4
     assert report["verification"]["passed"] is True
 
 
@@ -172,7 +177,7 @@ def test_model_proto_in_and_out(testdata, tmp_path):
     original = onnx.load(str(testdata(LLAMA)))
     fused, report = onnx_fuse.fuse(original, return_model=True, verify=True)
     assert isinstance(fused, onnx.ModelProto) and report["verification"]["passed"]
-    assert sum(n.op_type == "SimplifiedLayerNormalization" for n in fused.graph.node) == 1
+    assert sum(n.op_type == "SimplifiedLayerNormalization" for n in fused.graph.node) == 5
     assert sorted(onnx_fuse.show(fused), key=lambda f: f["name"]) == shown(report)
     # Written too, when an output is given.
     _, report = onnx_fuse.fuse(original, tmp_path / "out.onnx", return_model=True)

@@ -48,6 +48,12 @@ pub fn pipeline(passes: &[String], disable: &[String]) -> Result<Vec<&'static Pa
         }
     }
     chosen.retain(|p| !disable.iter().any(|d| d == p.name));
+    // A pass asked for beside `default` (`default,skip-norm`) takes its
+    // place in `ALL`, where the others expect it: skip-norm before
+    // attention, as when it was a default pass.
+    if passes.iter().any(|n| n == "default") {
+        chosen.sort_by_key(|p| ALL.iter().position(|a| a.name == p.name));
+    }
     Ok(chosen)
 }
 

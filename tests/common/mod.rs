@@ -53,8 +53,10 @@ pub fn fuse_model(model: &ModelProto, names: &[&str]) -> (ModelProto, Outcome) {
     (fused, outcome)
 }
 
+/// The default pipeline and skip-norm (on request since onnx-fuse 19;
+/// most tests were written with it in the default pipeline).
 pub fn fuse(name: &str) -> (ModelProto, ModelProto, Outcome) {
-    fuse_with(name, &["default"])
+    fuse_with(name, &["default", "skip-norm"])
 }
 
 /// `fuse` with the named passes.
