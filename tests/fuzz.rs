@@ -115,7 +115,7 @@ fn judge(model: &ModelProto, fused: Option<&ModelProto>) -> Verdict {
 }
 
 /// Every pass at once, complex-mul included: the passes' interactions.
-const ALL_PASSES: &[&str] = &["default", "complex-mul"];
+const ALL_PASSES: &[&str] = &["default", "skip-norm", "complex-mul"];
 
 fn to_map(dims: &[(&str, i64)]) -> HashMap<String, i64> {
     dims.iter().map(|(k, v)| (k.to_string(), *v)).collect()
@@ -129,6 +129,8 @@ const GENERATORS: &[(&str, Generator)] = &[
     ("complex-mul", forms::complex_mul),
     ("skip-norm", forms::skip_norm),
     ("gelu", forms::gelu),
+    // The label before a colon is the pass.
+    ("attention:decoder", forms::decoder_attention),
 ];
 
 #[derive(Default, Debug)]
@@ -161,9 +163,10 @@ fn campaign(seed: u64, budget: usize, deadline: Option<Instant>) -> (BTreeMap<&'
         if deadline.is_some_and(|d| Instant::now() > d) {
             break;
         }
-        for &(pass, generate) in GENERATORS {
+        for &(label, generate) in GENERATORS {
             let case_seed = seed.wrapping_mul(1_000_003).wrapping_add(i as u64);
-            let mut case = generate(&mut Rng::new(case_seed ^ hash(pass)));
+            let mut case = generate(&mut Rng::new(case_seed ^ hash(label)));
+            let pass = label.split(':').next().unwrap_or(label);
             if trace {
                 // A case that aborts the process (ONNX Runtime can) is the
                 // last one written.
@@ -183,7 +186,7 @@ fn campaign(seed: u64, budget: usize, deadline: Option<Instant>) -> (BTreeMap<&'
                     case.expect = Expect::NoFuse;
                 }
             }
-            let tally = tallies.entry(pass).or_default();
+            let tally = tallies.entry(label).or_default();
             tally.generated += 1;
             // One case in three also upgraded to a newer opset before its
             // pass runs (the forms are written at old opsets: attribute

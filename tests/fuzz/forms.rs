@@ -4,7 +4,9 @@
 
 use onnx_fuse::onnx::{ModelProto, BFLOAT16, BOOL, DOUBLE, FLOAT, FLOAT16, INT64};
 
-use crate::common::build::{attr_float, attr_graph, attr_int, attr_ints, attr_string, sym, tensor, value_info, Builder, D};
+use crate::common::build::{
+    attr_float, attr_graph, attr_int, attr_ints, attr_string, sym, tensor, value_info, Builder, D,
+};
 
 /// What the mutations make of the rewrite.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,7 +79,15 @@ struct Ctx {
 
 impl Ctx {
     fn new() -> Self {
-        Ctx { what: vec![], expect: Expect::Fuse, portable: true, aside: vec![], may_stay: vec![], over: 1, axes_mutated: false }
+        Ctx {
+            what: vec![],
+            expect: Expect::Fuse,
+            portable: true,
+            aside: vec![],
+            may_stay: vec![],
+            over: 1,
+            axes_mutated: false,
+        }
     }
 
     fn note(&mut self, s: impl Into<String>) {
@@ -614,9 +624,9 @@ pub fn layer_norm(rng: &mut Rng) -> Case {
         }
     }
     // The normalized axes as numbers: what a scale of ones needs.
-    let normalized: Option<Vec<i64>> = dims.as_ref().and_then(|dims| {
-        dims[rank - c.over..].iter().map(|d| if let D::N(n) = d { Some(*n) } else { None }).collect()
-    });
+    let normalized: Option<Vec<i64>> = dims
+        .as_ref()
+        .and_then(|dims| dims[rank - c.over..].iter().map(|d| if let D::N(n) = d { Some(*n) } else { None }).collect());
     let declared = dims.is_some();
     let elem = rng.pick(&[FLOAT, FLOAT, FLOAT16]);
     let x = b.input("x", elem, dims.as_deref());
@@ -996,6 +1006,9 @@ pub fn attention(rng: &mut Rng) -> Case {
         // (ONNX's Attention reads the pair as what it is proved to be: no
         // change of the probabilities.)
         c.note("the probabilities viewed as [-1, last axis] and back, shapes from Shape(p)");
+        // Where the view's constants are defined again, the core reads the
+        // shape computed outside, its Shape(p) from q's and v's shapes.
+        c.aside.extend(["view_rows", "view_start", "view_end"].map(String::from));
         let shape = b.node("Shape", &[&p], vec![]);
         let (rows, start, end) = (
             b.init("view_rows", tensor(INT64, &[1], &[-1.0])),
@@ -1738,4 +1751,170 @@ pub fn skip_norm(rng: &mut Rng) -> Case {
     }
     leak(rng, &mut c, &mut b, &inner, elem);
     finish(rng, c, b, opset, elem)
+}
+
+/// attention as decoders write it, the form the kernel (ONNX `Attention`,
+/// opset 23) takes: the key and value from a KV cache `Concat(past, new)`
+/// or repeated in place for grouped heads (torch's repeat_kv, shapes
+/// computed at run time as exports compute them), the SDPA scale on q and
+/// the key or a scale of the scores, a mask `Where(keep, 0, fill)` of
+/// boolean inputs whose rows are often all hidden (a key length of 1), and
+/// a NaN guard. Mutations: heads repeated in another order, the cache
+/// concatenated on the head axis, a repeat the key and value do not share,
+/// a fill that leaves hidden keys weight.
+pub fn decoder_attention(rng: &mut Rng) -> Case {
+    let mut c = Ctx::new();
+    let mut b = Builder::default();
+    let opset = rng.pick(&[14i64, 18, 23, 23]);
+    let elem = FLOAT;
+    let kv = rng.pick(&[1i64, 2]);
+    let n = rng.pick(&[1i64, 2, 2]);
+    let heads = kv * n;
+    let d = D::N(HIDDEN);
+    let cache = rng.chance(0.6);
+    let new_len = if cache { sym("s") } else { sym("t") };
+    let q = b.input("q", elem, Some(&[sym("b"), D::N(heads), sym("s"), d.clone()]));
+    let source = |b: &mut Builder, name: &str| -> String {
+        let x = b.input(name, elem, Some(&[sym("b"), D::N(kv), new_len.clone(), d.clone()]));
+        if !cache {
+            return x;
+        }
+        let past = b.input(&format!("past_{name}"), elem, Some(&[sym("b"), D::N(kv), sym("t"), d.clone()]));
+        b.node("Concat", &[&past, &x], vec![attr_int("axis", 2)])
+    };
+    let (mut key, mut value) = (source(&mut b, "key"), source(&mut b, "value"));
+    if cache && rng.chance(0.08) {
+        c.unsure("the key's cache concatenated on the head axis");
+        let past = b.input("past_key_heads", elem, Some(&[sym("b"), D::N(kv), sym("s"), d.clone()]));
+        let new = b.input("key_heads", elem, Some(&[sym("b"), D::N(kv), sym("s"), d.clone()]));
+        key = b.node("Concat", &[&past, &new], vec![attr_int("axis", 1)]);
+    }
+    if n > 1 {
+        let repeat = |b: &mut Builder, c: &mut Ctx, rng: &mut Rng, x: &str, times: i64| -> String {
+            let ints = |b: &mut Builder, v: &[i64]| {
+                let f: Vec<f64> = v.iter().map(|&i| i as f64).collect();
+                b.constant(tensor(INT64, &[v.len() as i64], &f))
+            };
+            let shape = b.node("Shape", &[x], vec![]);
+            let (zero, two, four) = (ints(b, &[0]), ints(b, &[2]), ints(b, &[4]));
+            let lead = b.node("Slice", &[&shape, &zero, &two], vec![]);
+            let rows = b.node("Slice", &[&shape, &two, &four], vec![]);
+            let copies = ints(b, &[times]);
+            let merged_heads = ints(b, &[-1]);
+            let one = ints(b, &[1]);
+            let batch = b.node("Slice", &[&shape, &zero, &one], vec![]);
+            match rng.below(12) {
+                0 if kv > 1 => {
+                    c.unsure("heads repeated whole (h0, h1, h0, h1): a Tile of the head axis");
+                    let reps = ints(b, &[1, times, 1, 1]);
+                    b.node("Tile", &[x, &reps], vec![])
+                }
+                1 if kv > 1 => {
+                    c.unsure("heads repeated whole: the new axis before the heads");
+                    let heads = ints(b, &[kv]);
+                    let u = b.node("Unsqueeze", &[x, &one], vec![]);
+                    let target = b.node("Concat", &[&batch, &copies, &heads, &rows], vec![attr_int("axis", 0)]);
+                    let e = b.node("Expand", &[&u, &target], vec![]);
+                    let to = b.node("Concat", &[&batch, &merged_heads, &rows], vec![attr_int("axis", 0)]);
+                    b.node("Reshape", &[&e, &to], vec![])
+                }
+                k => {
+                    let u = b.node("Unsqueeze", &[x, &two], vec![]);
+                    let e = if k % 3 == 0 {
+                        c.note("the repeat as a Tile of the new axis");
+                        let reps = ints(b, &[1, 1, times, 1, 1]);
+                        b.node("Tile", &[&u, &reps], vec![])
+                    } else {
+                        let target = b.node("Concat", &[&lead, &copies, &rows], vec![attr_int("axis", 0)]);
+                        b.node("Expand", &[&u, &target], vec![])
+                    };
+                    let to = b.node("Concat", &[&batch, &merged_heads, &rows], vec![attr_int("axis", 0)]);
+                    b.node("Reshape", &[&e, &to], vec![])
+                }
+            }
+        };
+        // (ONNX's Attention reads the repeated key and value too.)
+        c.note("grouped heads repeated in place");
+        key = repeat(&mut b, &mut c, rng, &key, n);
+        value = repeat(&mut b, &mut c, rng, &value, n);
+    }
+    // The scale: SDPA's √scale on q and the transposed key, or on the scores.
+    let sdpa = rng.chance(0.5);
+    if sdpa {
+        c.ort_only("SDPA's scale on q and the key");
+    }
+    let (q, s_scale) = if sdpa {
+        let rank = rng.pick(&[0, 1]);
+        let c_q = one_value(rng, &mut b, "sqrt_scale_q", elem, rank, 0.7071067811865476);
+        (b.node("Mul", &[&q, &c_q], vec![]), None)
+    } else {
+        (q, Some(one_value(rng, &mut b, "scale", elem, 0, 0.5)))
+    };
+    let mut k = b.node("Transpose", &[&key], vec![attr_ints("perm", &[0, 1, 3, 2])]);
+    if sdpa {
+        let c_k = one_value(rng, &mut b, "sqrt_scale_k", elem, 0, 0.7071067811865476);
+        k = b.node("Mul", &[&k, &c_k], vec![]);
+    }
+    // The mask, computed before the core (which reads it as an input).
+    let mut mask = None;
+    if rng.chance(0.8) {
+        let keys = if cache { vec![sym("t"), sym("s")] } else { vec![sym("t")] };
+        let parts: Vec<String> = keys
+            .iter()
+            .enumerate()
+            .map(|(i, len)| b.input(&format!("keep_{i}"), BOOL, Some(&[sym("b"), D::N(1), sym("s"), len.clone()])))
+            .collect();
+        let keep = if parts.len() == 1 {
+            parts[0].clone()
+        } else {
+            b.node("Concat", &[&parts[0], &parts[1]], vec![attr_int("axis", -1)])
+        };
+        let fill = match rng.below(6) {
+            0 => -1e9,
+            1 => f64::NEG_INFINITY,
+            2 if rng.chance(0.3) => {
+                c.unsure("a fill of -100: hidden keys keep weight");
+                -100.0
+            }
+            _ => f64::from(f32::MIN),
+        };
+        c.ort_only(format!("mask Where(keep, 0, {fill})"));
+        let zero = one_value(rng, &mut b, "visible", elem, 0, 0.0);
+        let hidden = one_value(rng, &mut b, "hidden", elem, 0, fill);
+        mask = Some(b.node("Where", &[&keep, &zero, &hidden], vec![]));
+    }
+    // What the core reads is computed by now: a second definition of one
+    // of its constants, or another reader of the q and key it reads, leaves
+    // the core as it is (the kernel falls back to it).
+    c.aside.extend(["visible", "hidden", "sqrt_scale_q", "sqrt_scale_k"].map(String::from));
+    let before = b.graph.node.len();
+    let mut s = b.node("MatMul", &[&q, &k], vec![]);
+    if let Some(scale) = s_scale {
+        s = commuted(rng, &mut b, "Mul", &s, &scale);
+    }
+    if let Some(mask) = mask {
+        s = commuted(rng, &mut b, "Add", &s, &mask);
+    }
+    let mut p = b.node("Softmax", &[&s], vec![attr_int("axis", -1)]);
+    if rng.chance(0.5) {
+        c.ort_only("NaN guard");
+        let nan = b.node("IsNaN", &[&p], vec![]);
+        let z = one_value(rng, &mut b, "nan_zero", elem, 0, 0.0);
+        p = b.node("Where", &[&nan, &z, &p], vec![]);
+    }
+    let inner = computed_since(&b, before);
+    let out = b.node("MatMul", &[&p, &value], vec![]);
+    b.output(&out, elem, None);
+    if cache {
+        // The present values are the model's outputs.
+        b.output(&key_present(&b), elem, None);
+    }
+    leak(rng, &mut c, &mut b, &inner, elem);
+    finish(rng, c, b, opset, elem)
+}
+
+/// The first cache Concat's output (the present key).
+fn key_present(b: &Builder) -> String {
+    let concat = b.graph.node.iter().find(|n| n.op_type() == "Concat" && n.attribute.iter().any(|a| a.i() == 2));
+    concat.map(|n| n.output[0].clone()).unwrap_or_default()
 }
