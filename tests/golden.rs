@@ -94,3 +94,28 @@ fn every_output_is_byte_identical_to_the_manifest() {
         changed.join("\n")
     );
 }
+
+/// The same input gives the same bytes on every run: nothing a pass or
+/// the driver writes follows a hash map's order (a guard's captured
+/// values once did, and two runs wrote two models). Decoders with a cache
+/// at opset 23 write the most (guards, preludes, shared rotary tables),
+/// each fused eight times in this process, whose maps each take their own
+/// random keys.
+#[test]
+fn every_run_writes_the_same_bytes() {
+    let every: Vec<String> = passes::ALL.iter().map(|p| p.name.to_string()).collect();
+    let pipeline = passes::pipeline(&every, &[]).unwrap();
+    let cached: Vec<String> = exports().into_iter().filter(|n| n.contains("past") || n.contains("merged")).collect();
+    assert!(cached.len() >= 4, "{cached:?}");
+    for name in cached {
+        let (model, upgrade) = upgrade::upgrade(&load(&name), 23).unwrap();
+        let hashes: std::collections::BTreeSet<u64> = (0..8)
+            .map(|_| {
+                let mut fused = model.clone();
+                rewrite::run_upgraded(&mut fused, &pipeline, Target::Ort, upgrade.added.clone());
+                fnv(&fused.encode_to_vec())
+            })
+            .collect();
+        assert_eq!(hashes.len(), 1, "{name}: {} different outputs in 8 runs", hashes.len());
+    }
+}

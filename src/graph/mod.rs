@@ -938,15 +938,18 @@ fn names_defined_in<'a>(body: &'a GraphProto, f: &mut impl FnMut(&'a str)) {
 
 /// Names a graph body reads but does not define (at any depth): the values
 /// of enclosing graphs it captures.
-pub fn free_values(body: &GraphProto) -> HashSet<String> {
+pub fn free_values(body: &GraphProto) -> Vec<String> {
     let mut defined = HashSet::new();
     names_defined_in(body, &mut |name| {
         defined.insert(name);
     });
-    let mut free = HashSet::new();
+    // In the order first read, so that what is derived from them is the
+    // same on every run.
+    let mut seen = HashSet::new();
+    let mut free = Vec::new();
     names_read_in(body, &mut |name| {
-        if !defined.contains(name) {
-            free.insert(name.to_string());
+        if !defined.contains(name) && seen.insert(name) {
+            free.push(name.to_string());
         }
     });
     free
