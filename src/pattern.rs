@@ -62,11 +62,11 @@ pub fn anchor_operands<'a, T>(
 /// `other` without changing the result's shape. Broadcasting a one-element
 /// tensor can only raise the rank, so its rank must be at most `other`'s:
 /// 0 or 1 always (every such op in the patterns reads a value of rank ≥ 1),
-/// more only where `other`'s rank is proved. Also through a `Cast` of such
-/// a constant to a float type (an exponent written `Cast(2.0 → f16)`): the
-/// value the Cast computes.
+/// more only where `other`'s rank is proved. A constant is what
+/// `Graph::constant` reads (a `Cast` of one too: an exponent written
+/// `Cast(2.0 → f16)` is the value the Cast computes).
 pub fn scalar(g: &Graph, value: &str, other: &str, what: &str) -> Check<f64> {
-    let found = g.constant(value).and_then(|t| Some((t.scalar()?, t.dims.len()))).or_else(|| cast_scalar(g, value));
+    let found = g.constant(value).and_then(|t| Some((t.scalar()?, t.dims.len())));
     let (v, rank) = found.or_decline(|| format!("{what} ({value}) is not a constant with one value"))?;
     let room = g.shapes().rank(other).unwrap_or(1).max(1);
     require!(
@@ -74,38 +74,6 @@ pub fn scalar(g: &Graph, value: &str, other: &str, what: &str) -> Check<f64> {
         "{what} ({value}) has rank {rank}, which would raise the rank of the result (of rank {room})"
     );
     Ok(v)
-}
-
-/// A constant, or a `Cast` of one that `scalar` reads.
-pub fn constant_or_cast(g: &Graph, value: &str) -> bool {
-    g.constant(value).is_some() || cast_scalar(g, value).is_some()
-}
-
-/// `Cast(c → float type)` (or `CastLike(c, like)` of a float type) of a
-/// one-value constant c of a float type, or of an integer type with a
-/// value every float type holds exactly: the value cast (rounded as the
-/// target type rounds), and the rank.
-fn cast_scalar(g: &Graph, value: &str) -> Option<(f64, usize)> {
-    let cast = g.node(g.producer(value)?);
-    let to = match cast.op_type() {
-        "Cast" => cast_to(cast),
-        "CastLike" if cast.is("CastLike") && cast.input.len() == 2 => g.elem_type(&cast.input[1]),
-        _ => None,
-    }?;
-    let t = g.constant(&cast.input[0]).filter(|t| t.numel() == Some(1))?;
-    let v = t.scalar()?;
-    let from_float = matches!(t.data_type(), FLOAT | FLOAT16 | BFLOAT16 | DOUBLE);
-    if !from_float && !(v.fract() == 0.0 && v.abs() <= 2048.0) {
-        return None;
-    }
-    let cast_value = match to {
-        FLOAT => f64::from(v as f32),
-        DOUBLE => v,
-        FLOAT16 => half::f16::from_f64(v).to_f64(),
-        BFLOAT16 => half::bf16::from_f64(v).to_f64(),
-        _ => return None,
-    };
-    Some((cast_value, t.dims.len()))
 }
 
 /// `node` is a ReduceMean over the last axis only that keeps it.
@@ -269,13 +237,10 @@ pub fn filled(elem: i32, d: i64, v: f64) -> Option<TensorProto> {
 pub fn filled_shape(elem: i32, dims: &[i64], v: f64) -> Option<TensorProto> {
     const MAX: i64 = 1 << 20;
     let d = dims.iter().try_fold(1i64, |n, &d| n.checked_mul(d).filter(|_| d >= 0))?;
-    let bytes: Vec<u8> = match elem {
-        FLOAT => (v as f32).to_le_bytes().to_vec(),
-        DOUBLE => v.to_le_bytes().to_vec(),
-        FLOAT16 => half::f16::from_f64(v).to_le_bytes().to_vec(),
-        BFLOAT16 => half::bf16::from_f64(v).to_le_bytes().to_vec(),
-        _ => return None,
-    };
+    if !matches!(elem, FLOAT | DOUBLE | FLOAT16 | BFLOAT16) {
+        return None;
+    }
+    let bytes = crate::graph::fold::element_bytes(elem, v)?;
     (d <= MAX).then(|| TensorProto {
         dims: dims.to_vec(),
         data_type: Some(elem),

@@ -5,7 +5,7 @@ mod common;
 use common::build::{attr_graph, attr_int, attr_ints, attr_string, attr_tensor, sym, tensor, Builder, D};
 use onnx_fuse::graph::{Graph, Scope};
 use onnx_fuse::onnx::unknown::find_unknown_field;
-use onnx_fuse::onnx::{GraphProto, ModelProto, BOOL, FLOAT, INT64};
+use onnx_fuse::onnx::{GraphProto, ModelProto, BOOL, FLOAT, FLOAT16, INT64};
 use prost::Message;
 
 /// The derived shape of `value` in `b`'s graph at `opset`, as text.
@@ -171,9 +171,51 @@ fn constants_reached_through_shape_only_ops_are_constants() {
     assert_eq!(g.constant(&full).unwrap().dims, Vec::<i64>::new());
     // Expanding to ones adds leading axes: the rank counts (ground rule 8).
     assert_eq!(g.constant(&raised).unwrap().dims, vec![1, 1]);
-    // Neither a real broadcast nor a change of type is folded.
+    // A real broadcast is not folded.
     assert!(g.constant(&widened).is_none());
-    assert!(g.constant(&to_double).is_none());
+    // A change of type is the constant cast (ground rule 4).
+    let double = g.constant(&to_double).unwrap();
+    assert_eq!((double.data_type(), double.scalar()), (11, Some(-3.0e38f32 as f64)));
+}
+
+/// A Cast or CastLike of a small constant is a constant of the cast
+/// values, rounded as ONNX Runtime rounds them; what a runtime could
+/// compute another way is left a computed value.
+#[test]
+fn a_cast_of_a_constant_is_the_constant_cast() {
+    let mut b = Builder::default();
+    let eps = b.init("eps", tensor(11, &[], &[1e-5]));
+    let narrowed = b.node("Cast", &[&eps], vec![attr_int("to", FLOAT as i64)]);
+    let axes = b.init("axes", tensor(6, &[2], &[0.0, -1.0]));
+    let widened = b.node("Cast", &[&axes], vec![attr_int("to", 7)]);
+    let x = b.input("x", FLOAT16, None);
+    let eps32 = b.init("eps32", tensor(FLOAT, &[], &[1e-5]));
+    let like = b.node("CastLike", &[&eps32, &x], vec![]);
+    // 1 + 2^-11 + 2^-22 is above the tie between two halves: it rounds up.
+    let above = b.init("above", tensor(FLOAT, &[], &[1.0 + 2f64.powi(-11) + 2f64.powi(-22)]));
+    let up = b.node("CastLike", &[&above, &x], vec![]);
+    // 1 + 2^-11 + 2^-40 rounds up to f16 directly, but to 1 through f32.
+    let tie = b.init("tie", tensor(11, &[], &[1.0 + 2f64.powi(-11) + 2f64.powi(-40)]));
+    let to_half = b.node("Cast", &[&tie], vec![attr_int("to", FLOAT16 as i64)]);
+    let half = b.init("half", tensor(FLOAT, &[], &[0.5]));
+    let to_int = b.node("Cast", &[&half], vec![attr_int("to", 7)]);
+    let one = b.init("one", ints(&[1]));
+    let twice = b.init("twice", ints(&[1, 1]));
+    let repeated = b.node("Unsqueeze", &[&one, &twice], vec![]);
+    let model = b.model(18);
+    let scope = Scope::default();
+    let g = Graph::new(model.graph.as_ref().unwrap(), 18, &scope);
+    assert_eq!(g.scalar(&narrowed), Some(f64::from(1e-5f32)));
+    assert_eq!(g.constant(&narrowed).unwrap().data_type(), FLOAT);
+    assert_eq!(g.constant(&widened).unwrap().ints(), Some(vec![0, -1]));
+    assert_eq!(g.constant(&widened).unwrap().data_type(), 7);
+    assert_eq!(g.scalar(&like), Some(half::f16::from_f32(1e-5).to_f64()));
+    assert_eq!(g.scalar(&up), Some(1.0 + 2f64.powi(-10)));
+    assert!(g.constant(&to_half).is_none(), "rounded two ways");
+    assert!(g.constant(&to_int).is_none(), "a fraction to an integer");
+    // Repeated axes: ONNX Runtime refuses the node, and it is no constant.
+    assert!(g.constant(&repeated).is_none());
+    assert!(g.shapes().shape(&repeated).is_none());
 }
 
 /// onnx-fuse's shapes against ONNX's own inference with data propagation

@@ -11,7 +11,7 @@ use super::Graph;
 use crate::onnx::{TensorProto, BFLOAT16, DOUBLE, FLOAT, FLOAT16, INT32, INT64};
 
 /// The most elements a folded tensor may have.
-const SMALL: usize = 64;
+pub const SMALL: usize = 64;
 /// How many producers deep folding follows a value.
 const DEPTH: usize = 24;
 
@@ -35,6 +35,38 @@ impl Folded {
     pub fn scalar(&self) -> Option<f64> {
         (self.values.len() == 1).then(|| self.values[0])
     }
+
+    /// The tensor holding these values (little-endian raw data).
+    pub fn to_tensor(&self) -> Option<TensorProto> {
+        let raw = self.values.iter().map(|&v| element_bytes(self.elem, v)).collect::<Option<Vec<Vec<u8>>>>()?;
+        Some(TensorProto {
+            data_type: Some(self.elem),
+            dims: self.dims.clone(),
+            raw_data: Some(raw.concat().into()),
+            ..Default::default()
+        })
+    }
+}
+
+/// `v` as one element of type `elem` in a tensor's raw data (rounded to
+/// the type: exact for a value `round` gave).
+pub fn element_bytes(elem: i32, v: f64) -> Option<Vec<u8>> {
+    Some(match elem {
+        FLOAT => (v as f32).to_le_bytes().to_vec(),
+        DOUBLE => v.to_le_bytes().to_vec(),
+        FLOAT16 => half::f16::from_f32(v as f32).to_le_bytes().to_vec(),
+        BFLOAT16 => half::bf16::from_f32(v as f32).to_le_bytes().to_vec(),
+        INT64 => (v as i64).to_le_bytes().to_vec(),
+        INT32 => (v as i32).to_le_bytes().to_vec(),
+        _ => return None,
+    })
+}
+
+/// `Cast(t → to)` of a small constant, as ONNX Runtime computes it (spec,
+/// ground rule 4): a constant spelled as a wider type and cast (a double
+/// eps cast to float, int32 axes cast to int64) is the constant cast.
+pub fn cast_tensor(t: &TensorProto, to: i32) -> Option<TensorProto> {
+    cast(from_tensor(t)?, to)?.to_tensor()
 }
 
 /// The value of `value`, where it is a constant or folds from constants.
@@ -192,8 +224,13 @@ fn round(x: f64, elem: i32) -> Option<f64> {
     Some(match elem {
         FLOAT => f64::from(x as f32),
         DOUBLE => x,
-        FLOAT16 => half::f16::from_f64(x).to_f64(),
-        BFLOAT16 => half::bf16::from_f64(x).to_f64(),
+        // A runtime may narrow a double or an integer to a half type through
+        // f32 (rounding twice) or not: only values f32 holds are folded, which
+        // both roads round alike. (`half`'s own f64 conversion is one road
+        // on some machines and the other elsewhere.)
+        FLOAT16 | BFLOAT16 if f64::from(x as f32) != x && !x.is_nan() => return None,
+        FLOAT16 => half::f16::from_f32(x as f32).to_f64(),
+        BFLOAT16 => half::bf16::from_f32(x as f32).to_f64(),
         INT64 if x.fract() == 0.0 && x.abs() < 2f64.powi(53) => x,
         INT32 if x.fract() == 0.0 && x.abs() <= f64::from(i32::MAX) => x,
         _ => return None,
@@ -201,6 +238,10 @@ fn round(x: f64, elem: i32) -> Option<f64> {
 }
 
 fn cast(x: Folded, to: i32) -> Option<Folded> {
+    // Integers read as f64 are exact only below 2^53.
+    if is_int(x.elem) && x.values.iter().any(|v| v.abs() >= 2f64.powi(53)) {
+        return None;
+    }
     let values = x.values.iter().map(|&v| round(v, to)).collect::<Option<Vec<f64>>>()?;
     if is_int(to) && x.values.iter().any(|v| v.fract() != 0.0) {
         return None;

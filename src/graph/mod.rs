@@ -304,9 +304,10 @@ impl<'a> Graph<'a> {
         g
     }
 
-    /// `CastLike(c, like)` of a constant c to c's own type is c (onnxscript's
-    /// torchlib writes every literal so: an eps `CastLike(1e-5, mean)`).
-    /// Known only once the types are.
+    /// `CastLike(c, like)` of a constant c is c cast to like's type
+    /// (onnxscript's torchlib writes every literal so: an eps
+    /// `CastLike(1e-5, mean)`): c itself where the types agree, else c cast
+    /// as `Cast` is (`reshaped_constant`). Known only once the types are.
     fn fold_cast_likes(&mut self) {
         let proto = self.proto;
         for &i in &self.order {
@@ -318,7 +319,10 @@ impl<'a> Graph<'a> {
             let own = self.consts.get(c.as_str()).filter(|_| !self.ambiguous.contains(c.as_str())).cloned();
             let outer = || (!self.defined.contains(c.as_str())).then(|| self.outer.constants.get(c)).flatten();
             let Some(t) = own.or_else(|| outer().map(Cow::Borrowed)) else { continue };
-            if self.elem_type(like) == Some(t.data_type()) {
+            let Some(to) = self.elem_type(like) else { continue };
+            let small = !t.is_external() && t.numel().is_some_and(|n| n <= fold::SMALL as u64);
+            let cast = if to == t.data_type() { Some(t) } else { small.then(|| fold::cast_tensor(&t, to)).flatten().map(Cow::Owned) };
+            if let Some(t) = cast {
                 self.types.insert(out, t.data_type());
                 self.consts.insert(out, t);
             }
@@ -379,7 +383,7 @@ impl<'a> Graph<'a> {
     /// small one (the same values under new dims), when every argument is a
     /// constant.
     fn reshaped_constant(&self, node: &NodeProto) -> Option<TensorProto> {
-        const SMALL: u64 = 64;
+        const SMALL: u64 = fold::SMALL as u64;
         if node.output.len() != 1 || !crate::onnx::is_default_domain(node.domain()) {
             return None;
         }
@@ -391,6 +395,9 @@ impl<'a> Graph<'a> {
         }
         if t.is_external() || t.numel()? > SMALL {
             return None;
+        }
+        if node.is("Cast") {
+            return fold::cast_tensor(t, i32::try_from(node.attr_int("to")?).ok()?);
         }
         let n = t.numel()? as i64;
         let dims: Vec<i64> = match node.op_type() {
@@ -420,7 +427,8 @@ impl<'a> Graph<'a> {
                 let rank = if squeeze { t.dims.len() } else { t.dims.len() + axes.len() } as i64;
                 let mut axes: Vec<i64> = axes.iter().map(|&a| if a < 0 { a + rank } else { a }).collect();
                 axes.sort_unstable();
-                if axes.iter().any(|&a| a < 0 || a >= rank) {
+                // Repeated axes: ONNX Runtime refuses the node.
+                if axes.iter().any(|&a| a < 0 || a >= rank) || axes.windows(2).any(|w| w[0] == w[1]) {
                     return None;
                 }
                 if squeeze {

@@ -29,6 +29,16 @@ const MAX_DEPTH: usize = 64;
 /// The longest expression an atom's name may hold (`floor_of`).
 const MAX_NAME: usize = 512;
 
+/// The most elements a shape vector followed element by element may have
+/// (a shape's rank, the axes of a Slice): a proved length above it is
+/// opaque, never allocated (`Range(0, 2^40, 1)`).
+const MAX_ELEMENTS: i64 = 1024;
+
+/// A proved length of at most `MAX_ELEMENTS`, as a count.
+fn tracked(n: i64) -> Option<usize> {
+    (0..=MAX_ELEMENTS).contains(&n).then_some(n as usize)
+}
+
 /// How many times the shapes are derived again with the equalities the
 /// last derivation found (each round can only find more).
 const MAX_ROUNDS: usize = 4;
@@ -344,7 +354,7 @@ impl<'g, 'a> Shapes<'g, 'a> {
             None => {
                 let starts = self.shape(node.input.get(1)?)?;
                 let n = starts.first().and_then(Dim::value).filter(|_| starts.len() == 1)?;
-                Some((0..n).collect())
+                Some((0..tracked(n)? as i64).collect())
             }
         }
     }
@@ -596,15 +606,18 @@ impl<'g, 'a> Shapes<'g, 'a> {
                     }
                     _ => return None,
                 };
+                let rank = if node.op_type() == "Unsqueeze" { x.len() + axes.len() } else { x.len() };
+                let axes: Vec<usize> = axes.iter().map(|&a| normalize(a, rank)).collect::<Option<_>>()?;
+                // Repeated axes: ONNX Runtime refuses the node.
+                if axes.iter().enumerate().any(|(i, a)| axes[..i].contains(a)) {
+                    return None;
+                }
                 if node.op_type() == "Unsqueeze" {
-                    let rank = x.len() + axes.len();
-                    let axes: Vec<usize> = axes.iter().map(|&a| normalize(a, rank)).collect::<Option<_>>()?;
                     let mut rest = x.into_iter();
                     (0..rank)
                         .map(|i| if axes.contains(&i) { Some(Dim::known(1)) } else { rest.next() })
                         .collect::<Option<_>>()?
                 } else {
-                    let axes: Vec<usize> = axes.iter().map(|&a| normalize(a, x.len())).collect::<Option<_>>()?;
                     x.into_iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, d)| d).collect()
                 }
             }
@@ -1028,7 +1041,7 @@ impl<'g, 'a> Shapes<'g, 'a> {
         let unknown = || -> Option<Vec<Option<Dim>>> {
             match self.shape(value)?.as_slice() {
                 [] => Some(vec![None]),
-                [n] => Some(vec![None; usize::try_from(n.value()?).ok()?]),
+                [n] => Some(vec![None; tracked(n.value()?)?]),
                 _ => None,
             }
         };
@@ -1089,7 +1102,7 @@ impl<'g, 'a> Shapes<'g, 'a> {
             "ConstantOfShape" => {
                 let n = match arg(0)?.as_slice() {
                     [] => 1,
-                    [n] => usize::try_from(n.as_ref()?.value()?).ok()?,
+                    [n] => tracked(n.as_ref()?.value()?)?,
                     _ => return unknown(),
                 };
                 let fill = match node.attr("value").and_then(|a| a.t.as_ref()) {

@@ -173,7 +173,7 @@ pub fn rms_core<'a>(g: &Graph<'a>, n: &'a str) -> Check<RmsCore<'a>> {
             let (mean, (eps, eps_value)) = either_order(
                 g.node(add),
                 "a constant eps",
-                |e| pattern::constant_or_cast(g, e),
+                |e| g.constant(e).is_some(),
                 |mean, eps| {
                     let mean_node = g.produced_by(mean, "ReduceMean")?;
                     Ok((mean_node, (eps, scalar(g, eps, mean, "eps")?)))
