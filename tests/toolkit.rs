@@ -784,6 +784,32 @@ fn a_last_axis_is_known_where_the_rank_is_not() {
     assert_eq!(shapes.last_axis(&m).and_then(|d| d.value()), Some(32));
 }
 
+/// A proved length far beyond any shape's rank is not followed element by
+/// element: `Range(0, 2^40, 1)`'s length fed to `ConstantOfShape`, and as a
+/// Slice's `starts`, once made the process allocate 2^40 elements and abort.
+#[test]
+fn a_huge_proved_length_is_opaque_not_allocated() {
+    let mut b = Builder::default();
+    let x = b.input("x", FLOAT, Some(&[D::N(4)]));
+    let (start, limit, delta) = (
+        b.init("r0", tensor(INT64, &[], &[0.0])),
+        b.init("r1", tensor(INT64, &[], &[2f64.powi(40)])),
+        b.init("r2", tensor(INT64, &[], &[1.0])),
+    );
+    let range = b.node("Range", &[&start, &limit, &delta], vec![]);
+    let length = b.node("Shape", &[&range], vec![]);
+    let filled = b.node("ConstantOfShape", &[&length], vec![]);
+    let sliced = b.node("Slice", &[&x, &range, &range], vec![]);
+    let model = b.model(18);
+    let scope = Scope::default();
+    let g = Graph::new(model.graph.as_ref().unwrap(), 18, &scope);
+    let shapes = g.shapes();
+    assert_eq!(shapes.shape(&range).unwrap()[0].value(), Some(1 << 40));
+    assert!(shapes.shape_tensor(&filled).is_none());
+    assert!(shapes.shape_tensor(&range).is_none());
+    assert_eq!(shapes.rank(&sliced), Some(1));
+}
+
 #[test]
 fn extreme_integers_in_shape_arguments_give_unknown_shapes_not_panics() {
     // Debug builds check integer overflow: every value here must derive
