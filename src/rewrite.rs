@@ -13,6 +13,7 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
+pub use crate::graph::Portable;
 use crate::graph::{free_values, values_read_by, Check, Graph, Miss, Scope, Stop, Target};
 use crate::onnx::{
     AttributeProto, FunctionProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, StringStringEntryProto,
@@ -42,13 +43,6 @@ pub struct Pass {
     /// (`run::kernel_upgrade`).
     pub kernel_opset: Option<i64>,
     pub rule: fn(&Graph, usize) -> Check<Rewrite>,
-}
-
-/// An ONNX op a pass writes for the portable target, from opset `since`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Portable {
-    pub op: &'static str,
-    pub since: i64,
 }
 
 /// What a rule proved: the node that replaces the match, and what it reads.

@@ -138,6 +138,13 @@ pub enum Target {
     Portable,
 }
 
+/// An ONNX op a pass writes for the portable target, from opset `since`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Portable {
+    pub op: &'static str,
+    pub since: i64,
+}
+
 /// What [`Graph::ints_argument`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum IntsArgument {
@@ -649,7 +656,7 @@ impl<'a> Graph<'a> {
     }
 
     /// The model's opset defines the op a pass writes for the portable target.
-    pub fn require_portable(&self, portable: crate::rewrite::Portable) -> Check<()> {
+    pub fn require_portable(&self, portable: Portable) -> Check<()> {
         self.require_opset(portable.since, portable.op)
     }
 
