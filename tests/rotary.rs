@@ -89,6 +89,24 @@ fn a_rotate_half_rotary_is_one_rotary_embedding() {
     assert_equivalent(&model, &fused, "rotary");
 }
 
+/// Every product and the sum either order: the value whose halves are
+/// turned is x, whichever operand it is (the table first once made the pass
+/// read the table as x and decline).
+#[test]
+fn operands_in_either_order_fuse() {
+    let model = rotary_model(Break::None);
+    let mut swapped = model.clone();
+    for n in &mut swapped.graph.as_mut().unwrap().node {
+        if matches!(n.op_type(), "Mul" | "Add") {
+            n.input.reverse();
+        }
+    }
+    let (fused, outcome) = fuse(&swapped);
+    assert_eq!(outcome.fused.len(), 1, "{:?}", outcome.declined);
+    assert_eq!(all_nodes(&fused).into_iter().find(|n| n.op_type() == "RotaryEmbedding").unwrap().input[0], "x");
+    assert_equivalent(&swapped, &fused, "rotary, operands swapped");
+}
+
 #[test]
 fn near_misses_do_not_fuse_and_say_why() {
     for (broken, why) in [

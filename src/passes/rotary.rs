@@ -48,11 +48,11 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
         (true, false) => (b, a),
         _ => no_candidate!(),
     };
-    let (x, c) = product_with(g, plain, |x| g.producer(x).is_none_or(|p| !g.node(p).is("Concat")))?;
-    let (r, s) = product_with(g, turned, |v| half_turn(g, v))?;
+    let (r, s) = product_with(g, turned, "a rotated half", |v| half_turn(g, v))?;
     let (first, second) = halves_turned(g, r)?;
     let (x1, x2) = (g.node(first).input[0].as_str(), g.node(second).input[0].as_str());
-    require!(g.same_value(x, x1).is_some() && g.same_value(x, x2).is_some(), "the halves turned are not of x");
+    require!(g.same_value(x1, x2).is_some(), "the halves turned are not of one value");
+    let (x, c) = product_with(g, plain, "the value whose halves are turned", |v| g.same_value(v, x1).is_some())?;
 
     let shapes = g.shapes();
     let elem = g.elem_type(x);
@@ -129,14 +129,19 @@ fn miss(why: &str) -> crate::graph::Miss {
     crate::graph::Miss::Declined(why.to_string())
 }
 
-/// `a · b` where `first(a)`: (a, b), either order.
-fn product_with<'a>(g: &Graph<'a>, value: &str, first: impl Fn(&str) -> bool) -> Check<(&'a str, &'a str)> {
+/// `a · b` where `first(a)` (`what` a is): (a, b), either order.
+fn product_with<'a>(
+    g: &Graph<'a>,
+    value: &str,
+    what: &str,
+    first: impl Fn(&str) -> bool,
+) -> Check<(&'a str, &'a str)> {
     let mul = g.node(g.produced_by(value, "Mul")?);
     let (a, b) = (mul.input[0].as_str(), mul.input[1].as_str());
     match (first(a), first(b)) {
         (true, _) => Ok((a, b)),
         (_, true) => Ok((b, a)),
-        _ => decline!("Mul {} reads no rotated half of x", mul.name()),
+        _ => decline!("Mul {} reads not {what}", mul.name()),
     }
 }
 
