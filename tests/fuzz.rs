@@ -114,8 +114,10 @@ fn judge(model: &ModelProto, fused: Option<&ModelProto>) -> Verdict {
     }
 }
 
-/// Every pass at once, complex-mul included: the passes' interactions.
-const ALL_PASSES: &[&str] = &["default", "skip-norm", "complex-mul"];
+/// Every pass at once, those on request included: the passes' interactions.
+fn all_passes() -> Vec<&'static str> {
+    passes::ALL.iter().map(|p| p.name).collect()
+}
 
 fn to_map(dims: &[(&str, i64)]) -> HashMap<String, i64> {
     dims.iter().map(|(k, v)| (k.to_string(), *v)).collect()
@@ -131,7 +133,20 @@ const GENERATORS: &[(&str, Generator)] = &[
     ("gelu", forms::gelu),
     // The label before a colon is the pass.
     ("attention:decoder", forms::decoder_attention),
+    ("rotary", forms::rotary),
 ];
+
+/// A new pass cannot be left out of the campaign: every pass has a form.
+#[test]
+fn every_pass_has_a_generator() {
+    for pass in passes::ALL {
+        assert!(
+            GENERATORS.iter().any(|(label, _)| label.split(':').next() == Some(pass.name)),
+            "{} has no generator",
+            pass.name
+        );
+    }
+}
 
 #[derive(Default, Debug)]
 struct Tally {
@@ -157,6 +172,7 @@ fn campaign(seed: u64, budget: usize, deadline: Option<Instant>) -> (BTreeMap<&'
     let mut tallies: BTreeMap<&'static str, Tally> = BTreeMap::new();
     let mut failures = Vec::new();
     let mut refused: BTreeMap<String, usize> = BTreeMap::new();
+    let every_pass = all_passes();
     let all_passes = std::env::var_os("FUZZ_ALL_PASSES").is_some();
     let trace = std::env::var_os("FUZZ_TRACE").is_some();
     for i in 0..budget {
@@ -197,7 +213,7 @@ fn campaign(seed: u64, budget: usize, deadline: Option<Instant>) -> (BTreeMap<&'
             let upgrade = upgrade_target(&case.model, case_seed).filter(|_| case_seed % 3 == 1 && !random(&case.model));
             if let Some(to) = upgrade {
                 tally.upgraded += 1;
-                let passes: &[&str] = if all_passes { ALL_PASSES } else { &[pass] };
+                let passes: &[&str] = if all_passes { &every_pass } else { &[pass] };
                 match upgraded_differential(&case.model, to, passes, target) {
                     Ok(Verdict::False(why)) => {
                         tally.false_fusions += 1;
@@ -211,7 +227,7 @@ fn campaign(seed: u64, budget: usize, deadline: Option<Instant>) -> (BTreeMap<&'
             // five, besides its own pass): only a false fusion counts there,
             // since another pass may take what this one expects.
             if all_passes || case_seed % 5 == 2 {
-                let verdict = differential(&case.model, ALL_PASSES, target);
+                let verdict = differential(&case.model, &every_pass, target);
                 tally.all_passes += 1;
                 if let Verdict::False(why) = &verdict {
                     tally.false_fusions += 1;
@@ -344,7 +360,7 @@ fn regressions() {
             if target == Target::Ort || !expect_fused {
                 assert_eq!(verdict == Verdict::Fused, expect_fused, "{at}: {verdict:?}");
             }
-            let verdict = differential(&model, ALL_PASSES, target);
+            let verdict = differential(&model, &all_passes(), target);
             assert!(!matches!(verdict, Verdict::False(_)), "{at}, every pass: {verdict:?}");
         }
         checked += 1;

@@ -1918,3 +1918,97 @@ fn key_present(b: &Builder) -> String {
     let concat = b.graph.node.iter().find(|n| n.op_type() == "Concat" && n.attribute.iter().any(|a| a.i() == 2));
     concat.map(|n| n.output[0].clone()).unwrap_or_default()
 }
+
+/// rotary: `x·cos + rotate_half(x)·sin` with tables `[b or 1, s, d]`
+/// unsqueezed at axis 1, each the `cat(freqs, freqs)` of Hugging Face's
+/// exports through elementwise steps; every operand either order.
+pub fn rotary(rng: &mut Rng) -> Case {
+    let mut c = Ctx::new();
+    let mut b = Builder::default();
+    let opset = rng.pick(&[18i64, 23, 23, 23]);
+    if opset < 23 {
+        c.unsure("opset 18: RotaryEmbedding is written from 23 (after an upgrade)");
+    }
+    let elem = kernel_elem(rng, &mut c);
+    let d = rng.pick(&[4i64, 8]);
+    let last = match rng.below(12) {
+        0 => {
+            c.breaks("x's last axis is symbolic");
+            sym("d")
+        }
+        _ => D::N(d),
+    };
+    let x = b.input("x", elem, Some(&[sym("b"), D::N(2), sym("s"), last]));
+    let batch = match rng.below(8) {
+        0 => {
+            c.note("tables of x's batch");
+            sym("b")
+        }
+        1 => {
+            c.unsure("tables of batch 2 where x's is b");
+            D::N(2)
+        }
+        _ => D::N(1),
+    };
+    let freqs = b.input("freqs", elem, Some(&[batch.clone(), sym("s"), D::N(d / 2)]));
+    let other = if rng.chance(0.08) {
+        c.breaks("the table's halves differ");
+        b.input("other", elem, Some(&[batch, sym("s"), D::N(d / 2)]))
+    } else {
+        freqs.clone()
+    };
+    let emb = b.node("Concat", &[&freqs, &other], vec![attr_int("axis", rng.pick(&[-1, 2]))]);
+    let table = |b: &mut Builder, c: &mut Ctx, rng: &mut Rng, op: &str| -> String {
+        let mut t = b.node(op, &[&emb], vec![]);
+        if rng.chance(0.2) {
+            c.note(format!("the {op} table scaled by one value"));
+            let rank = rng.pick(&[0, 1]);
+            let k = one_value(rng, b, &format!("scaling_{op}"), elem, rank, 0.75);
+            t = commuted(rng, b, "Mul", &t, &k);
+        }
+        t
+    };
+    let cos = table(&mut b, &mut c, rng, "Cos");
+    let sin = if rng.chance(0.05) {
+        c.note("the sin table is the cos table");
+        cos.clone()
+    } else {
+        table(&mut b, &mut c, rng, "Sin")
+    };
+    let ints = |b: &mut Builder, v: i64| b.constant(tensor(INT64, &[1], &[v as f64]));
+    let at = if rng.chance(0.08) {
+        c.unsure("the tables unsqueezed at axis 2");
+        2
+    } else {
+        1
+    };
+    let axis = ints(&mut b, at);
+    let cos = b.node("Unsqueeze", &[&cos, &axis], vec![]);
+    let sin = b.node("Unsqueeze", &[&sin, &axis], vec![]);
+    let before = b.graph.node.len();
+    let half = if rng.chance(0.08) {
+        c.breaks("the halves cut one early");
+        d / 2 - 1
+    } else {
+        d / 2
+    };
+    let end = if rng.chance(0.5) { i64::MAX } else { d };
+    let (zero, cut, end, last) = (ints(&mut b, 0), ints(&mut b, half), ints(&mut b, end), ints(&mut b, -1));
+    let x1 = b.node("Slice", &[&x, &zero, &cut, &last], vec![]);
+    let x2 = b.node("Slice", &[&x, &cut, &end, &last], vec![]);
+    let turned = if rng.chance(0.08) {
+        c.breaks("the other turn: Concat(−x₁, x₂)");
+        let neg = b.node("Neg", &[&x1], vec![]);
+        b.node("Concat", &[&neg, &x2], vec![attr_int("axis", -1)])
+    } else {
+        let neg = b.node("Neg", &[&x2], vec![]);
+        b.node("Concat", &[&neg, &x1], vec![attr_int("axis", rng.pick(&[-1, 3]))])
+    };
+    let plain = commuted(rng, &mut b, "Mul", &x, &cos);
+    let rotated = commuted(rng, &mut b, "Mul", &turned, &sin);
+    let inner = computed_since(&b, before);
+    let out = commuted(rng, &mut b, "Add", &plain, &rotated);
+    b.output(&out, elem, None);
+    leak(rng, &mut c, &mut b, &inner, elem);
+    finish(rng, c, b, opset, elem)
+}
