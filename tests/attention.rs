@@ -264,3 +264,82 @@ fn allowzero_is_part_of_the_form() {
     assert_eq!(fused.functions.len(), 2, "one function per form");
     assert_equivalent(&original, &fused, "trocr_decoder_ts_op14.onnx");
 }
+
+/// GPT-2 as ONNX Runtime's own test models write it: the causal mask
+/// sliced from a table of zeros and ones (`bias[:, :, ns - nd : ns, :ns]`,
+/// sized from `Shape(scores)`), applied as `s·m − 1e4·(1 − m)` or through
+/// a Cast to bool and a `Where`. Sliced, cast or reshaped, the table still
+/// holds only 0 and 1; a table with a 2 in it is a near-miss.
+fn gpt2_sliced_mask(where_form: bool, table: &[f64]) -> ModelProto {
+    use common::build::*;
+    use onnx_fuse::onnx::{BOOL, FLOAT, INT64};
+    let mut b = Builder::default();
+    let x = |n: &str| [sym("b"), D::N(2), sym(n), D::N(4)];
+    let q = b.input("q", FLOAT, Some(&x("s")));
+    let k = b.input("k", FLOAT, Some(&x("t")));
+    let v = b.input("v", FLOAT, Some(&x("t")));
+    let kt = b.node("Transpose", &[&k], vec![attr_ints("perm", &[0, 1, 3, 2])]);
+    let w0 = b.node("MatMul", &[&q, &kt], vec![]);
+    let two = b.init("sqrt_d", tensor(FLOAT, &[], &[2.0]));
+    let w = b.node("Div", &[&w0, &two], vec![]);
+    let ints = |b: &mut Builder, v: &[i64]| {
+        let f: Vec<f64> = v.iter().map(|&i| i as f64).collect();
+        b.init(&format!("ints_{v:?}"), tensor(INT64, &[v.len() as i64], &f))
+    };
+    let shape = b.node("Shape", &[&w], vec![]);
+    let (i2, i3) = (b.init("i2", tensor(INT64, &[], &[2.0])), b.init("i3", tensor(INT64, &[], &[3.0])));
+    let nd = b.node("Gather", &[&shape, &i2], vec![attr_int("axis", 0)]);
+    let ns = b.node("Gather", &[&shape, &i3], vec![attr_int("axis", 0)]);
+    let start = b.node("Sub", &[&ns, &nd], vec![]);
+    let axis0 = ints(&mut b, &[0]);
+    let start = b.node("Unsqueeze", &[&start, &axis0], vec![]);
+    let end = b.node("Unsqueeze", &[&ns, &axis0], vec![]);
+    let elem = if where_form {
+        2 /* uint8 */
+    } else {
+        FLOAT
+    };
+    let bias = b.init("bias", tensor(elem, &[1, 1, 4, 4], table));
+    let (a2, a3) = (ints(&mut b, &[2]), ints(&mut b, &[3]));
+    let rows = b.node("Slice", &[&bias, &start, &end, &a2], vec![]);
+    let mask = b.node("Slice", &[&rows, &axis0, &end, &a3], vec![]);
+    let s = if where_form {
+        let keep = b.node("Cast", &[&mask], vec![attr_int("to", BOOL as i64)]);
+        let fill = b.init("fill", tensor(FLOAT, &[], &[-1e4]));
+        b.node("Where", &[&keep, &w, &fill], vec![])
+    } else {
+        let kept = b.node("Mul", &[&w, &mask], vec![]);
+        let one = b.init("one", tensor(FLOAT, &[], &[1.0]));
+        let hidden = b.node("Sub", &[&one, &mask], vec![]);
+        let penalty = b.init("penalty", tensor(FLOAT, &[], &[1e4]));
+        let p = b.node("Mul", &[&penalty, &hidden], vec![]);
+        b.node("Sub", &[&kept, &p], vec![])
+    };
+    let p = b.node("Softmax", &[&s], vec![attr_int("axis", -1)]);
+    b.node_to("MatMul", &[&p, &v], &["y"], vec![]);
+    b.output("y", FLOAT, None);
+    b.model(13)
+}
+
+#[test]
+fn gpt2s_mask_sliced_from_its_table_by_the_scores_shape_fuses() {
+    let causal: Vec<f64> = (0..16).map(|i| f64::from(u8::from(i % 4 <= i / 4))).collect();
+    let mut with_a_two = causal.clone();
+    with_a_two[5] = 2.0;
+    for where_form in [false, true] {
+        let original = gpt2_sliced_mask(where_form, &causal);
+        let (fused, outcome) = fuse_model(&original, &["attention"]);
+        assert_eq!(outcome.fused.len(), 1, "where {where_form}: {:?}", outcome.declined);
+        // The mask's size now comes from q and k, which survive.
+        assert!(all_nodes(&fused).iter().all(|n| n.op_type() != "MatMul" || n.input[0] != "q"));
+        assert_equivalent(&original, &fused, "gpt2 sliced mask");
+    }
+    // Only the product form reads the mask's values (Where reads it as bool).
+    let (fused, outcome) = fuse_model(&gpt2_sliced_mask(false, &with_a_two), &["attention"]);
+    assert_eq!(cores(&fused).len(), 0, "a table holding 2 is no 0/1 mask");
+    assert!(
+        outcome.declined.iter().any(|d| d.reason.contains("not proved to hold only 0 and 1")),
+        "{:?}",
+        outcome.declined
+    );
+}

@@ -67,6 +67,7 @@ pub fn tensor(elem: i32, dims: &[i64], values: &[f64]) -> TensorProto {
             DOUBLE => raw.extend(v.to_le_bytes()),
             INT64 => raw.extend((v as i64).to_le_bytes()),
             BOOL => raw.push(u8::from(v != 0.0)),
+            2 /* uint8 */ => raw.push(v as u8),
             6 /* int32 */ => raw.extend((v as i32).to_le_bytes()),
             other => panic!("tensor: element type {other} not supported"),
         }

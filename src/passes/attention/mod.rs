@@ -803,13 +803,32 @@ fn megatron_mask<'a>(g: &Graph<'a>, node: &'a NodeProto) -> Check<(&'a str, Step
     Ok((scores, Step::Megatron { m: m.to_string(), penalty: constant(c), one: constant(one) }))
 }
 
-/// A value proved to hold only 0 and 1: a Cast of a bool, or a constant of
-/// zeros and ones.
+/// A value proved to hold only 0 and 1: a Cast of a bool, a constant of
+/// zeros and ones, or what ops that only move elements (GPT-2's causal
+/// mask sliced from its `bias` table) or cast them make of such a value.
 fn zeros_and_ones(g: &Graph, m: &str) -> bool {
+    zeros_and_ones_at(g, m, 16)
+}
+
+fn zeros_and_ones_at(g: &Graph, m: &str, depth: usize) -> bool {
+    /// Ops whose output holds only elements of their first input.
+    const MOVES: &[&str] =
+        &["Slice", "Gather", "Reshape", "Squeeze", "Unsqueeze", "Expand", "Transpose", "Tile", "Flatten", "Identity"];
     if let Some(t) = g.constant(m) {
         return t.values().is_some_and(|v| v.iter().all(|&x| x == 0.0 || x == 1.0));
     }
-    g.produced_by(m, "Cast").is_ok_and(|c| g.elem_type(&g.node(c).input[0]) == Some(crate::onnx::BOOL))
+    let Some(node) = g.producer(m).map(|p| g.node(p)) else { return false };
+    if depth == 0 || !crate::onnx::is_default_domain(node.domain()) || node.input.is_empty() {
+        return false;
+    }
+    match node.op_type() {
+        "Cast" => {
+            g.elem_type(&node.input[0]) == Some(crate::onnx::BOOL) || zeros_and_ones_at(g, &node.input[0], depth - 1)
+        }
+        "Concat" => node.input.iter().all(|i| zeros_and_ones_at(g, i, depth - 1)),
+        op if MOVES.contains(&op) => zeros_and_ones_at(g, &node.input[0], depth - 1),
+        _ => false,
+    }
 }
 
 /// The relative spacing of floats near 1 in an element type.
