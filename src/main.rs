@@ -15,6 +15,40 @@ use onnx_fuse::report::{self, Expectation};
 use onnx_fuse::run::{self, Settings, Usage, Verdict};
 use onnx_fuse::{passes, verify};
 
+/// Writes to standard output, what users pipe: a reader that went away
+/// (`| head`) ends the printing, not the run; any other failure (a full
+/// disk) is the run's error, in one line.
+fn out(text: std::fmt::Arguments) -> Result<()> {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    match stdout.write_fmt(text).and_then(|()| stdout.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(anyhow::Error::new(e).context("cannot write to standard output"))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Writes to standard error; where it is closed or gone there is nowhere
+/// to say so, and the exit code still tells.
+fn err(text: std::fmt::Arguments) {
+    use std::io::Write;
+    let _ = std::io::stderr().lock().write_fmt(text);
+}
+
+macro_rules! outln {
+    ($($t:tt)*) => { out(format_args!("{}\n", format_args!($($t)*))) };
+}
+
+macro_rules! errln {
+    ($($t:tt)*) => { err(format_args!("{}\n", format_args!($($t)*))) };
+}
+
+/// `--report-json -`: the JSON report goes to standard output.
+fn is_stdout(path: &Path) -> bool {
+    path == Path::new("-")
+}
+
 const EXAMPLES: &str = "\
 Examples:
   onnx-fuse model.onnx -o out.onnx                  fuse with the default passes
@@ -63,7 +97,8 @@ enum Command {
         rewritten: PathBuf,
         #[command(flatten)]
         verify: VerifyArgs,
-        /// Write the comparison as JSON to FILE (written atomically; it may not be either model).
+        /// Write the comparison as JSON to FILE (written atomically; it may not be either model); `-`: standard
+        /// output (the text then goes to standard error).
         #[arg(long, value_name = "FILE")]
         report_json: Option<PathBuf>,
         /// Read models with fields this ONNX schema does not define.
@@ -183,7 +218,7 @@ struct FuseArgs {
     /// Print per pass how many it fused, then every fused node and the nodes it replaced.
     #[arg(long)]
     report: bool,
-    /// Write the report as JSON to FILE (schema in docs/report-json.md).
+    /// Write the report as JSON to FILE (schema in docs/report-json.md); `-`: standard output.
     #[arg(long, value_name = "FILE")]
     report_json: Option<PathBuf>,
     /// Also report, for every candidate that did not fuse, the precondition that failed.
@@ -263,7 +298,7 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(_) => {
             let message = LAST_PANIC.with(|p| p.borrow().clone());
-            eprintln!("onnx-fuse: internal error: {message} (please report it with the model that caused it)");
+            errln!("onnx-fuse: internal error: {message} (please report it with the model that caused it)");
             ExitCode::from(1)
         }
     }
@@ -288,11 +323,11 @@ fn run(cli: Cli) -> ExitCode {
         Ok(Done::VerificationFailed) => ExitCode::from(3),
         Ok(Done::ExpectationUnmet) => ExitCode::from(4),
         Err(e) if e.is::<Usage>() => {
-            eprintln!("onnx-fuse: usage error: {}", one_line(&format!("{e:#}")));
+            errln!("onnx-fuse: usage error: {}", one_line(&format!("{e:#}")));
             ExitCode::from(2)
         }
         Err(e) => {
-            eprintln!("onnx-fuse: error: {}", one_line(&format!("{e:#}")));
+            errln!("onnx-fuse: error: {}", one_line(&format!("{e:#}")));
             ExitCode::from(1)
         }
     }
@@ -329,10 +364,10 @@ fn check_expectations_agree(expectations: &[Expectation]) -> Result<(), Usage> {
 fn fuse(args: FuseArgs) -> Result<Done> {
     let pipeline = passes::pipeline(&args.passes, &args.disable).map_err(|e| Usage(e.to_string()))?;
     if args.list_passes {
-        println!("{:<12} {:<11} {}", "pass", "pipeline", "replaces");
+        outln!("{:<12} {:<11} {}", "pass", "pipeline", "replaces")?;
         for pass in passes::ALL {
             let when = if pass.default { "default" } else { "on request" };
-            println!("{:<12} {:<11} {}", pass.name, when, pass.summary);
+            outln!("{:<12} {:<11} {}", pass.name, when, pass.summary)?;
         }
         return Ok(Done::Ok);
     }
@@ -374,12 +409,16 @@ fn fuse(args: FuseArgs) -> Result<Done> {
             .into());
         }
     }
+    if args.report_json.as_deref().is_some_and(is_stdout) && (args.report || args.explain) {
+        let flag = if args.report { "--report" } else { "--explain" };
+        return Err(Usage(format!("--report-json - and {flag} would both print to standard output")).into());
+    }
     if let (false, [flag, ..]) = (args.verify, args.verify_args.given().as_slice()) {
         return Err(Usage(format!("{flag} is an option of --verify, which is not given")).into());
     }
     args.verify_args.check_dims()?;
     let settings = Settings {
-        reports: args.report_json.iter().map(|j| Role::new(j, "--report-json")).collect(),
+        reports: args.report_json.iter().filter(|j| !is_stdout(j)).map(|j| Role::new(j, "--report-json")).collect(),
         pipeline,
         target: match args.target {
             TargetArg::Ort => onnx_fuse::graph::Target::Ort,
@@ -402,22 +441,22 @@ fn fuse(args: FuseArgs) -> Result<Done> {
         let report = result?;
         write_json(args.report_json.as_deref(), &report)?;
         for file in &report.files {
-            print_file(file, args.report, args.explain, args.quiet);
+            print_file(file, args.report, args.explain, args.quiet)?;
         }
         for (file, error) in &report.errors {
-            eprintln!("onnx-fuse: error: {file}: {}", one_line(error));
+            errln!("onnx-fuse: error: {file}: {}", one_line(error));
         }
         if !args.quiet {
             for (file, why) in &report.skipped {
-                eprintln!("onnx-fuse: left alone: {file}: {why}");
+                errln!("onnx-fuse: left alone: {file}: {why}");
             }
         }
         // (A file's own expectations were printed with the file.)
         for c in report.expectations.iter().filter(|c| !c.met && c.expectation.file.is_none()) {
-            eprintln!("onnx-fuse: expectation not met: {}", c.text());
+            errln!("onnx-fuse: expectation not met: {}", c.text());
         }
         if !args.quiet {
-            eprintln!("{}", report.summary());
+            errln!("{}", report.summary());
         }
         return match report.verdict() {
             Verdict::Error => {
@@ -430,36 +469,37 @@ fn fuse(args: FuseArgs) -> Result<Done> {
     progress.finish();
     let report = result?;
     write_json(args.report_json.as_deref(), &report)?;
-    print_file(&report, args.report, args.explain, args.quiet);
+    print_file(&report, args.report, args.explain, args.quiet)?;
     Ok(report.verdict().into())
 }
 
 /// Prints one file's report, verification, unmet expectations and summary.
-fn print_file(report: &report::Report, full: bool, explain: bool, quiet: bool) {
+fn print_file(report: &report::Report, full: bool, explain: bool, quiet: bool) -> Result<()> {
     if full || explain {
-        print!("{}", report.text());
+        out(format_args!("{}", report.text()))?;
     }
     if let Some(v) = &report.verification {
         if !quiet || !v.passed {
-            eprint!("{}", v.text());
+            err(format_args!("{}", v.text()));
         }
     }
     if report.verdict() == Verdict::VerificationFailed {
-        eprintln!("onnx-fuse: verification failed: {} not written", report.output);
-        return;
+        errln!("onnx-fuse: verification failed: {} not written", report.output);
+        return Ok(());
     }
     for c in report.expectations.iter().filter(|c| !c.met) {
-        eprintln!("onnx-fuse: expectation not met: {}", c.text());
+        errln!("onnx-fuse: expectation not met: {}", c.text());
     }
     if !quiet {
-        eprintln!("{}", report.summary());
+        errln!("{}", report.summary());
     }
+    Ok(())
 }
 
 fn compare(a: &Path, b: &Path, args: &VerifyArgs, json: Option<&Path>, options: LoadOptions) -> Result<Done> {
     let (original, rewritten) = (io::load(a, options)?, io::load(b, options)?);
     let reads: Vec<Role> = io::reads(&original).into_iter().chain(io::reads(&rewritten)).collect();
-    let writes: Vec<Role> = json.iter().map(|j| Role::new(j, "--report-json")).collect();
+    let writes: Vec<Role> = json.iter().filter(|j| !is_stdout(j)).map(|j| Role::new(j, "--report-json")).collect();
     io::check_run(&reads, &writes).map_err(Usage)?;
     io::check_writable(&writes).map_err(|e| anyhow::anyhow!(e))?;
     args.check_dims()?;
@@ -470,13 +510,21 @@ fn compare(a: &Path, b: &Path, args: &VerifyArgs, json: Option<&Path>, options: 
         .with_context(|| format!("cannot verify {} against {}", b.display(), a.display()))?;
     progress.finish();
     write_json(json, &v)?;
-    print!("{}", v.text());
+    // With the JSON on standard output, the text goes beside the progress.
+    if json.is_some_and(is_stdout) {
+        err(format_args!("{}", v.text()));
+    } else {
+        out(format_args!("{}", v.text()))?;
+    }
     Ok(if v.passed { Done::Ok } else { Done::VerificationFailed })
 }
 
 fn write_json(path: Option<&Path>, value: &impl serde::Serialize) -> Result<()> {
     if let Some(path) = path {
         let json = serde_json::to_string_pretty(value)? + "\n";
+        if is_stdout(path) {
+            return out(format_args!("{json}"));
+        }
         // (Its folder was checked before anything was written; what fails now is said once.)
         io::write_atomically(path, &json).context("--report-json")?;
     }
@@ -487,19 +535,19 @@ fn show(path: &Path, json: bool, options: LoadOptions) -> Result<Done> {
     let loaded = io::load(path, options)?;
     let fused = report::fused_in(&loaded.model);
     if json {
-        println!("{}", serde_json::to_string_pretty(&fused)?);
+        outln!("{}", serde_json::to_string_pretty(&fused)?)?;
         return Ok(Done::Ok);
     }
     if fused.is_empty() {
         // Not an error: a model onnx-fuse fused nothing in (or never saw).
-        println!("{}: no fused nodes (no `transmuter.fused` metadata)", path.display());
+        outln!("{}: no fused nodes (no `transmuter.fused` metadata)", path.display())?;
         return Ok(Done::Ok);
     }
     for f in fused {
         let name = if f.graph == "main" { f.name } else { format!("{}/{}", f.graph, f.name) };
-        println!("{} {name}", f.op_type);
+        outln!("{} {name}", f.op_type)?;
         for r in f.replaced {
-            println!("    {r}");
+            outln!("    {r}")?;
         }
     }
     Ok(Done::Ok)

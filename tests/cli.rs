@@ -526,3 +526,61 @@ fn expectations_written_before_skip_norm_and_gelu_still_hold() {
     assert_eq!(r.status.code(), Some(0), "{}", stderr(&r));
     assert!(stderr(&r).contains("fused 7 (layer-norm 0, rms-norm 5, attention 2, gelu 0, rotary 0)"), "{}", stderr(&r));
 }
+
+/// What users pipe: a reader that goes away (`| head -1`) ends the printing,
+/// not the run (exit 0, the model written, no panic); a closed standard
+/// error changes nothing; a full standard output is one clear error, exit 1.
+#[test]
+fn closed_and_full_output_streams_are_no_crash() {
+    use std::process::Stdio;
+    let dir = tempdir();
+    let model = testdata("llama_ts_op14.onnx");
+    let out = dir.path().join("out.onnx");
+    let args = [model.to_str().unwrap(), "-o", out.to_str().unwrap(), "--report", "--explain"];
+    for closed in ["stdout", "stderr"] {
+        std::fs::remove_file(&out).ok();
+        let mut cmd = bin();
+        cmd.args(args);
+        // The reading end is dropped at once: every write meets a closed pipe.
+        if closed == "stdout" {
+            cmd.stdout(Stdio::piped()).stderr(Stdio::null());
+        } else {
+            cmd.stderr(Stdio::piped()).stdout(Stdio::null());
+        }
+        let mut child = cmd.spawn().unwrap();
+        drop(child.stdout.take());
+        drop(child.stderr.take());
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(0), "{closed} closed");
+        assert!(out.exists(), "{closed} closed: the model is written");
+    }
+    let full = std::fs::OpenOptions::new().write(true).open("/dev/full").expect("/dev/full (Linux)");
+    let r = bin().args(args).stdout(full).output().unwrap();
+    assert_eq!(r.status.code(), Some(1), "{}", stderr(&r));
+    let said = stderr(&r);
+    assert!(
+        said.contains("onnx-fuse: error: cannot write to standard output") && !said.contains("internal error"),
+        "{said}"
+    );
+}
+
+/// `--report-json -` prints the JSON report to standard output (and writes
+/// no file named `-`); with `--report` or `--explain`, which print there
+/// too, it is a usage error.
+#[test]
+fn a_json_report_of_dash_goes_to_standard_output() {
+    let dir = tempdir();
+    let model = testdata("llama_ts_op14.onnx");
+    let out = dir.path().join("out.onnx");
+    let args = [model.to_str().unwrap(), "-o", out.to_str().unwrap(), "--report-json", "-"];
+    let r = bin().args(args).current_dir(dir.path()).output().unwrap();
+    assert!(r.status.success(), "{}", stderr(&r));
+    let report: serde_json::Value = serde_json::from_slice(&r.stdout).expect("JSON on standard output");
+    assert!(!report["fused"].as_array().unwrap().is_empty());
+    assert!(!dir.path().join("-").exists());
+    for flag in ["--report", "--explain"] {
+        let r = bin().args(args).arg(flag).current_dir(dir.path()).output().unwrap();
+        assert_eq!(r.status.code(), Some(2), "{flag}: {}", stderr(&r));
+        assert!(stderr(&r).contains(&format!("--report-json - and {flag} would both print")), "{}", stderr(&r));
+    }
+}
