@@ -266,8 +266,16 @@ impl FolderReport {
     }
 
     pub fn summary(&self) -> String {
+        // The counts are of the models written; a model that failed is named.
+        let failed = match self.errors.len() {
+            0 => String::new(),
+            n => format!(
+                " ({n} failed, not written: {})",
+                self.errors.iter().map(|(f, _)| f.as_str()).collect::<Vec<_>>().join(", ")
+            ),
+        };
         format!(
-            "{}: {} models, fused {} ({}), {} other files carried over -> {}",
+            "{}: {} models{failed}, fused {} ({}), {} other files carried over -> {}",
             self.input,
             self.files.len() + self.errors.len(),
             self.total,

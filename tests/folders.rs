@@ -246,6 +246,10 @@ fn a_model_that_panics_fails_alone_and_is_reported() {
     let fused: Vec<String> = counts(&report).into_iter().map(|(name, ..)| name).collect();
     assert_eq!(fused, ["decoder_with_past_model.onnx", "encoder_model.onnx"]);
     assert!(out.join("encoder_model.onnx").exists() && !out.join("decoder_model.onnx").exists());
+    // The summary counts what was written and names what was not.
+    let r = bin().args(&args[1..]).env("ONNX_FUSE_PANIC_ON", "decoder_model.onnx").output().unwrap();
+    let said = stderr(&r);
+    assert!(said.contains("3 models (1 failed, not written: ") && said.contains("decoder_model.onnx), fused"), "{said}");
 }
 
 #[test]
