@@ -367,6 +367,24 @@ fn a_missing_runtime_library_is_a_clear_error() {
         .unwrap();
     assert_eq!(r.status.code(), Some(1));
     assert!(stderr(&r).contains(&capi.join("libonnxruntime.so.1.99.0").display().to_string()), "{}", stderr(&r));
+    // Without activation, the environment the binary is installed in
+    // (`VENV/bin/onnx-fuse`, as CI scripts call it) comes next.
+    let installed = dir.path().join("installed");
+    let capi = installed.join("lib/python3.11/site-packages/onnxruntime/capi");
+    fs::create_dir_all(&capi).unwrap();
+    fs::create_dir_all(installed.join("bin")).unwrap();
+    fs::write(capi.join("libonnxruntime.so.1.98.0"), "not a library").unwrap();
+    let exe = installed.join("bin/onnx-fuse");
+    fs::copy(env!("CARGO_BIN_EXE_onnx-fuse"), &exe).unwrap();
+    let r = std::process::Command::new(&exe)
+        .env_remove("ORT_DYLIB_PATH")
+        .env_remove("VIRTUAL_ENV")
+        .env_remove("CONDA_PREFIX")
+        .args(["--verify", model.to_str().unwrap(), "-o", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(r.status.code(), Some(1));
+    assert!(stderr(&r).contains(&capi.join("libonnxruntime.so.1.98.0").display().to_string()), "{}", stderr(&r));
     let not_a_library = dir.path().join("libonnxruntime.so");
     fs::write(&not_a_library, "not a library").unwrap();
     let r = bin()

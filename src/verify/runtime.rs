@@ -9,7 +9,8 @@ pub(super) const HOW_TO_GET_IT: &str =
 
 /// Where ONNX Runtime's library is, in order: `--ort-lib`, `ORT_DYLIB_PATH`,
 /// the `onnxruntime` package of the active virtual environment
-/// (`VIRTUAL_ENV`, `CONDA_PREFIX`), the checkout's `.ort/lib`
+/// (`VIRTUAL_ENV`, `CONDA_PREFIX`), then of the one the binary is installed
+/// in (`VENV/bin/onnx-fuse`), the checkout's `.ort/lib`
 /// (`scripts/fetch-ort.sh`, for development; gone with the checkout), the
 /// `onnxruntime` of the `python3` on PATH, the standard library
 /// directories. Not found: the error lists what was tried.
@@ -28,8 +29,17 @@ pub fn find_library(explicit: Option<&Path>) -> Result<PathBuf> {
             return Ok(found);
         }
     }
+    // The environment this binary is installed in, called by its path
+    // without activation (`VENV/bin/onnx-fuse`, what `pip install` made).
+    let exe = std::env::current_exe().ok();
+    if let Some(prefix) = exe.as_deref().and_then(Path::parent).and_then(Path::parent) {
+        tried.push(format!("the environment onnx-fuse is installed in ({})", prefix.display()));
+        if let Some(found) = environment_package(prefix) {
+            return Ok(found);
+        }
+    }
     let mut fetched = vec![PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".ort/lib/libonnxruntime.so")];
-    if let Ok(exe) = std::env::current_exe() {
+    if let Some(exe) = exe {
         // target/{debug,release}/onnx-fuse → the checkout's .ort/lib
         fetched.extend(exe.ancestors().skip(1).take(3).map(|dir| dir.join(".ort/lib/libonnxruntime.so")));
     }
