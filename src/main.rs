@@ -238,7 +238,8 @@ struct FuseArgs {
     #[arg(long)]
     allow_unknown_fields: bool,
     /// Hard-link external data files into another output directory instead of copying them
-    /// (instant, but the files are shared, and onnx.load refuses hard-linked data; see the README).
+    /// (instant, but the files are shared, and onnx.load refuses hard-linked data; see the README);
+    /// across filesystems, where no link can be, they are copied.
     #[arg(long)]
     link_external_data: bool,
     /// Before writing, run the original and the fused model through ONNX Runtime and compare them.

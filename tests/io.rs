@@ -230,6 +230,13 @@ fn external_data_is_copied_beside_an_output_elsewhere() {
         run(&["-q", "--link-external-data", input.to_str().unwrap(), "-o", linked.join("f.onnx").to_str().unwrap()]);
     assert!(r.status.success(), "{}", stderr(&r));
     assert_eq!(fs::metadata(linked.join("model.weights")).unwrap().ino(), fs::metadata(&source).unwrap().ino());
+    // Across filesystems (/dev/shm is a tmpfs) no link can be: a copy.
+    let other = tempfile::tempdir_in("/dev/shm").expect("/dev/shm (Linux)");
+    assert_ne!(fs::metadata(other.path()).unwrap().dev(), fs::metadata(&source).unwrap().dev(), "another filesystem");
+    let out = other.path().join("f.onnx");
+    let r = run(&["-q", "--link-external-data", input.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    assert!(r.status.success(), "{}", stderr(&r));
+    assert!(fs::read(other.path().join("model.weights")).unwrap() == fs::read(&source).unwrap(), "the copy differs");
 }
 
 #[test]

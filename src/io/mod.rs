@@ -306,7 +306,11 @@ pub fn carry_over(src: &Path, dst: &Path, how: ExternalData) -> Result<()> {
 fn stage_external(src: &Path, dst: &Path, how: ExternalData) -> std::io::Result<Staged> {
     std::fs::create_dir_all(parent(dst))?;
     match how {
-        ExternalData::HardLink => Staged::link(src, dst),
+        // Across filesystems no link can be: the file is copied.
+        ExternalData::HardLink => match Staged::link(src, dst) {
+            Err(e) if e.kind() == std::io::ErrorKind::CrossesDevices => stage_external(src, dst, ExternalData::Copy),
+            staged => staged,
+        },
         ExternalData::Copy | ExternalData::InPlace => Staged::write(dst, |out| {
             let input = File::open(src)?;
             if !clone_file(&input, out) {
