@@ -12,19 +12,49 @@
 //!   accepted, as ONNX Runtime accepts it (it warns and uses the last one);
 //!   the graph view marks it ambiguous, so no match reads it;
 //! - every node's domain is imported, or one ONNX Runtime resolves without
-//!   an import (`onnx::is_implied_domain`); the model imports at least one opset.
+//!   an import (`onnx::is_implied_domain`); the model imports at least one
+//!   opset, each of a version of at least 1, and its IR version is one
+//!   ONNX Runtime reads (1.31.1: up to 13);
+//! - no node names an attribute twice;
+//! - every tensor of a graph (initializer, `Constant`) has an element type
+//!   ONNX defines; one something reads has no negative dimension and
+//!   holds as many elements as its shape says (`raw_data` or the typed
+//!   field; external data: `tensor_data`). ONNX Runtime drops an
+//!   initializer nothing reads before it looks at its data, and loads it.
 
 use std::collections::HashSet;
 
-use crate::onnx::{is_default_domain, GraphProto, ModelProto, NodeProto, OperatorSetIdProto};
+use crate::onnx::{is_default_domain, DataType, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto};
+
+/// The newest IR version ONNX Runtime 1.31.1 reads (measured: 14 refused).
+const MAX_IR_VERSION: i64 = 13;
 
 pub fn model(model: &ModelProto) -> Result<(), String> {
+    model_with_files(model, &|_| None)
+}
+
+/// The size of an external-data file, by its `location` (None: not known).
+pub type FileSize<'a> = &'a dyn Fn(&str) -> Option<u64>;
+
+/// `model`, and every external tensor something reads lies within its
+/// file (`file_size`), at an offset that is a size, of the length its
+/// shape needs.
+pub fn model_with_files(model: &ModelProto, file_size: FileSize) -> Result<(), String> {
     if model.opset_import.is_empty() {
         return Err("the model imports no operator set (opset_import is empty; ONNX Runtime refuses it)".into());
     }
+    if let Some(o) = model.opset_import.iter().find(|o| o.version() < 1) {
+        return Err(format!("it imports opset {} of {:?}; opset versions start at 1", o.version(), o.domain()));
+    }
+    if model.ir_version() > MAX_IR_VERSION {
+        return Err(format!(
+            "its IR version {} is newer than any ONNX Runtime reads (1.31.1: up to {MAX_IR_VERSION})",
+            model.ir_version()
+        ));
+    }
     let imports = domains(&model.opset_import);
     if let Some(g) = &model.graph {
-        graph(g, &HashSet::new(), &imports, "the main graph")?;
+        graph(g, &HashSet::new(), &imports, "the main graph", file_size)?;
     }
     for f in &model.functions {
         let mut defined: HashSet<&str> = f.input.iter().map(String::as_str).collect();
@@ -48,7 +78,13 @@ fn domains(imports: &[OperatorSetIdProto]) -> HashSet<String> {
     imports.iter().map(|o| if is_default_domain(o.domain()) { String::new() } else { o.domain().to_string() }).collect()
 }
 
-fn graph(g: &GraphProto, outer: &HashSet<&str>, imports: &HashSet<String>, place: &str) -> Result<(), String> {
+fn graph(
+    g: &GraphProto,
+    outer: &HashSet<&str>,
+    imports: &HashSet<String>,
+    place: &str,
+    file_size: FileSize,
+) -> Result<(), String> {
     let mut defined: HashSet<&str> = HashSet::new();
     let inputs: HashSet<&str> = g.input.iter().map(|i| i.name()).collect();
     let twice = |name: &str| format!("{place} defines {name:?} twice");
@@ -82,6 +118,27 @@ fn graph(g: &GraphProto, outer: &HashSet<&str>, imports: &HashSet<String>, place
             }
         }
     }
+    let read: HashSet<String> = g
+        .node
+        .iter()
+        .flat_map(crate::graph::values_read_by)
+        .chain(g.output.iter().map(|o| o.name().to_string()))
+        .collect();
+    for t in &g.initializer {
+        tensor(t, read.contains(t.name()), &format!("{place}: initializer {:?}", t.name()), file_size)?;
+    }
+    for node in &g.node {
+        let mut names = HashSet::new();
+        if let Some(a) = node.attribute.iter().find(|a| !names.insert(a.name())) {
+            return Err(format!("{} in {place} names attribute {:?} twice", node_name(node), a.name()));
+        }
+        for a in &node.attribute {
+            let is_read = node.output.iter().any(|o| read.contains(o));
+            for t in a.t.iter().chain(&a.tensors) {
+                tensor(t, is_read, &format!("{} in {place}: attribute {:?}", node_name(node), a.name()), file_size)?;
+            }
+        }
+    }
     // Bodies see every value of the enclosing graphs; one they read that
     // depends on their own node is a cycle, found below (the union is
     // built only for nodes that hold a body).
@@ -92,7 +149,7 @@ fn graph(g: &GraphProto, outer: &HashSet<&str>, imports: &HashSet<String>, place
             for (i, body) in a.g.iter().chain(&a.graphs).enumerate() {
                 let visible = visible.get_or_insert_with(|| outer.union(&defined).copied().collect());
                 let inner = format!("the body {}[{i}] of node {}", a.name(), node_name(node));
-                graph(body, visible, imports, &inner)?;
+                graph(body, visible, imports, &inner, file_size)?;
             }
         }
     }
@@ -137,4 +194,106 @@ fn check_node(
 
 fn node_name(node: &NodeProto) -> String {
     format!("node {} ({})", crate::rewrite::display_name(node), node.op_type())
+}
+
+/// A tensor's element type is one ONNX defines; where something reads it,
+/// its dimensions are sizes and its payload holds as many elements as they
+/// say (`what` names it in the message).
+fn tensor(t: &TensorProto, read: bool, what: &str, file_size: FileSize) -> Result<(), String> {
+    let Ok(elem) = DataType::try_from(t.data_type()).map_err(|_| ()).and_then(|d| match d {
+        DataType::Undefined => Err(()),
+        d => Ok(d),
+    }) else {
+        return Err(format!("{what} is of element type {}, which ONNX does not define", t.data_type()));
+    };
+    if !read {
+        return Ok(());
+    }
+    if let Some(d) = t.dims.iter().find(|&&d| d < 0) {
+        return Err(format!("{what} has dimension {d}"));
+    }
+    let Some(n) = t.numel() else { return Err(format!("{what} has more elements than can be counted")) };
+    if t.is_external() {
+        return external(t, byte_size(elem).and_then(|size| n.checked_mul(size)), what, file_size);
+    }
+    let (found, needed, held) = match (&t.raw_data, byte_size(elem)) {
+        (Some(raw), Some(size)) => (raw.len() as u64, n.checked_mul(size), "bytes of raw_data"),
+        (None, _) => match typed_count(t, elem) {
+            Some(count) => (count, Some(n), "values in its typed field"),
+            None => return Ok(()),
+        },
+        (Some(_), None) => return Ok(()),
+    };
+    if needed != Some(found) {
+        return Err(format!(
+            "{what} has {found} {held}, where its shape {:?} needs {}",
+            t.dims,
+            needed.unwrap_or(u64::MAX)
+        ));
+    }
+    Ok(())
+}
+
+/// An external tensor's `offset` and `length` are sizes, its length is the
+/// `needed` bytes (where its type has whole bytes), and both lie within
+/// its file where its size is known.
+fn external(t: &TensorProto, needed: Option<u64>, what: &str, file_size: FileSize) -> Result<(), String> {
+    let entry = |key: &str| t.external_data.iter().find(|e| e.key() == key).map(|e| e.value());
+    let number = |key: &str| -> Result<Option<u64>, String> {
+        match entry(key) {
+            None => Ok(None),
+            Some(v) => {
+                v.parse::<u64>().map(Some).map_err(|_| format!("{what} has external data {key} {v:?}, not a size"))
+            }
+        }
+    };
+    let (offset, length) = (number("offset")?.unwrap_or(0), number("length")?);
+    if let (Some(length), Some(needed)) = (length, needed) {
+        if length != needed {
+            return Err(format!(
+                "{what} has external data of length {length}, where its shape {:?} needs {needed}",
+                t.dims
+            ));
+        }
+    }
+    let Some(size) = entry("location").and_then(file_size) else { return Ok(()) };
+    let Some(span) = length.or(needed) else { return Ok(()) };
+    if offset.checked_add(span).is_none_or(|end| end > size) {
+        return Err(format!(
+            "{what} reads bytes {offset}..{} of {:?}, which holds {size}",
+            offset.saturating_add(span),
+            entry("location").unwrap_or_default()
+        ));
+    }
+    Ok(())
+}
+
+/// Bytes per element in `raw_data`, for types of whole bytes.
+fn byte_size(elem: DataType) -> Option<u64> {
+    use DataType::*;
+    Some(match elem {
+        Uint8 | Int8 | Bool | Float8e4m3fn | Float8e4m3fnuz | Float8e5m2 | Float8e5m2fnuz | Float8e8m0 => 1,
+        Uint16 | Int16 | Float16 | Bfloat16 => 2,
+        Float | Int32 | Uint32 => 4,
+        Int64 | Uint64 | Double | Complex64 => 8,
+        Complex128 => 16,
+        _ => return None,
+    })
+}
+
+/// Elements held in the typed field of `elem` (ONNX's storage rules).
+fn typed_count(t: &TensorProto, elem: DataType) -> Option<u64> {
+    use DataType::*;
+    Some(match elem {
+        Float => t.float_data.len(),
+        Complex64 => t.float_data.len() / 2,
+        Double => t.double_data.len(),
+        Complex128 => t.double_data.len() / 2,
+        Int64 => t.int64_data.len(),
+        Uint32 | Uint64 => t.uint64_data.len(),
+        String => t.string_data.len(),
+        Int32 | Int16 | Int8 | Uint16 | Uint8 | Bool | Float16 | Bfloat16 | Float8e4m3fn | Float8e4m3fnuz
+        | Float8e5m2 | Float8e5m2fnuz | Float8e8m0 => t.int32_data.len(),
+        _ => return None,
+    } as u64)
 }

@@ -9,7 +9,7 @@ use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 
-use common::build::{attr_graph, tensor, value_info, Builder, D};
+use common::build::{attr_graph, attr_int, tensor, value_info, Builder, D};
 use common::*;
 use onnx_fuse::onnx::{ModelProto, FLOAT};
 use prost::Message;
@@ -458,4 +458,146 @@ fn crc32(data: &[u8]) -> u32 {
         }
     }
     !crc
+}
+
+/// What ONNX Runtime refuses on load is refused with its first violation,
+/// never rewritten (measured on 1.31.1): an IR version it does not read,
+/// an opset below 1, an undefined element type, a repeated attribute,
+/// and, in a tensor something reads, a negative dimension or a payload of
+/// another length than its shape says, external data included. An
+/// initializer nothing reads ONNX Runtime drops before it looks at its
+/// data, and loads the model: so does onnx-fuse.
+#[test]
+fn models_onnx_runtime_refuses_on_load_are_refused() {
+    // y = x · w (w an initializer of 4 floats), then Softmax.
+    let base = || {
+        let mut b = Builder::default();
+        b.input("x", FLOAT, Some(&[D::N(2), D::N(4)]));
+        b.init("w", tensor(FLOAT, &[4], &[1.0, 2.0, 3.0, 4.0]));
+        b.node_to("Mul", &["x", "w"], &["y"], vec![]);
+        b.node_to("Softmax", &["y"], &["z"], vec![attr_int("axis", -1)]);
+        b.output("z", FLOAT, None);
+        b.model(17)
+    };
+    fn w(m: &mut ModelProto) -> &mut onnx_fuse::onnx::TensorProto {
+        &mut m.graph.as_mut().unwrap().initializer[0]
+    }
+    let unused = |m: &mut ModelProto| {
+        let mut t = m.graph.as_ref().unwrap().initializer[0].clone();
+        t.name = Some("unused".into());
+        m.graph.as_mut().unwrap().initializer.push(t);
+    };
+    type Edit = Box<dyn Fn(&mut ModelProto)>;
+    let refused: Vec<(&str, Edit, &str)> = vec![
+        ("ir99", Box::new(|m| m.ir_version = Some(99)), "IR version 99 is newer than any ONNX Runtime reads"),
+        ("opset-3", Box::new(|m| m.opset_import[0].version = Some(-3)), "imports opset -3"),
+        ("dtype999", Box::new(move |m| w(m).data_type = Some(999)), "is of element type 999"),
+        ("negative-dim", Box::new(move |m| w(m).dims = vec![-4]), "has dimension -4"),
+        (
+            "short-raw",
+            Box::new(move |m| {
+                let t = w(m);
+                t.raw_data = Some(t.raw_data.as_ref().unwrap()[..14].to_vec().into());
+            }),
+            "has 14 bytes of raw_data, where its shape [4] needs 16",
+        ),
+        (
+            "repeated-attribute",
+            Box::new(|m| {
+                let n = &mut m.graph.as_mut().unwrap().node[1];
+                n.attribute.push(n.attribute[0].clone());
+            }),
+            "names attribute \"axis\" twice",
+        ),
+        (
+            "unused-dtype999",
+            Box::new(move |m| {
+                unused(m);
+                m.graph.as_mut().unwrap().initializer[1].data_type = Some(999);
+            }),
+            "\"unused\" is of element type 999",
+        ),
+    ];
+    let loads: Vec<(&str, Edit)> = vec![
+        (
+            "unused-short-raw",
+            Box::new(move |m| {
+                unused(m);
+                let t = &mut m.graph.as_mut().unwrap().initializer[1];
+                t.raw_data = Some(t.raw_data.as_ref().unwrap()[..14].to_vec().into());
+            }),
+        ),
+        (
+            "unused-negative-dim",
+            Box::new(move |m| {
+                unused(m);
+                m.graph.as_mut().unwrap().initializer[1].dims = vec![-4];
+            }),
+        ),
+        ("ir13", Box::new(|m| m.ir_version = Some(13))),
+    ];
+    let dir = tempdir();
+    let out = dir.path().join("o.onnx");
+    for (name, edit, why) in refused {
+        let mut model = base();
+        edit(&mut model);
+        let input = dir.path().join(format!("{name}.onnx"));
+        fs::write(&input, model.encode_to_vec()).unwrap();
+        let r = run(&[s(&input), "-o", s(&out)]);
+        let e = stderr(&r);
+        assert_eq!(r.status.code(), Some(1), "{name}: {e}");
+        assert!(e.contains(&format!("{name}.onnx: invalid model: ")) && e.contains(why), "{name}: {e}");
+        assert!(!out.exists(), "{name}");
+    }
+    for (name, edit) in loads {
+        let mut model = base();
+        edit(&mut model);
+        let input = dir.path().join(format!("{name}.onnx"));
+        fs::write(&input, model.encode_to_vec()).unwrap();
+        let r = run(&[s(&input), "-o", s(&out)]);
+        assert!(r.status.success(), "{name}: {}", stderr(&r));
+        fs::remove_file(&out).unwrap();
+    }
+    // External data: truncated, empty, at an offset past its end or below
+    // zero, of a length its shape does not need.
+    let external = |edit: &dyn Fn(&mut Vec<onnx_fuse::onnx::StringStringEntryProto>, &Path)| {
+        let src = dir.path().join("ext");
+        fs::create_dir_all(&src).unwrap();
+        fs::copy(testdata("external/model.weights"), src.join("model.weights")).unwrap();
+        let mut model = load("external/model.onnx");
+        let t = model.graph.as_mut().unwrap().initializer.iter_mut().find(|t| t.is_external()).unwrap();
+        edit(&mut t.external_data, &src);
+        let input = src.join("model.onnx");
+        fs::write(&input, model.encode_to_vec()).unwrap();
+        run(&[s(&input), "-o", s(&out)])
+    };
+    let set = |entries: &mut Vec<onnx_fuse::onnx::StringStringEntryProto>, key: &str, value: &str| {
+        entries.retain(|e| e.key() != key);
+        entries.push(onnx_fuse::onnx::StringStringEntryProto::new(key, value.to_string()));
+    };
+    let size = fs::metadata(testdata("external/model.weights")).unwrap().len();
+    let cases: Vec<(&str, Box<dyn Fn(&mut Vec<_>, &Path)>, &str)> = vec![
+        (
+            "truncated",
+            Box::new(move |_, dir| {
+                fs::File::options().write(true).open(dir.join("model.weights")).unwrap().set_len(size / 2).unwrap()
+            }),
+            "which holds",
+        ),
+        ("empty", Box::new(|_, dir| fs::write(dir.join("model.weights"), b"").unwrap()), "which holds 0"),
+        ("past-the-end", Box::new(move |e, _| set(e, "offset", &(size + 1).to_string())), "which holds"),
+        ("negative-offset", Box::new(move |e, _| set(e, "offset", "-100")), "offset \"-100\", not a size"),
+        (
+            "length-2^62",
+            Box::new(move |e, _| set(e, "length", &(1u64 << 62).to_string())),
+            "external data of length 4611686018427387904",
+        ),
+    ];
+    for (name, edit, why) in cases {
+        let r = external(&*edit);
+        let e = stderr(&r);
+        assert_eq!(r.status.code(), Some(1), "{name}: {e}");
+        assert!(e.contains("invalid model: ") && e.contains(why), "{name}: {e}");
+        assert!(!out.exists(), "{name}");
+    }
 }

@@ -87,15 +87,19 @@ pub fn load(path: &Path, options: LoadOptions) -> Result<Loaded> {
              would drop it (pass --allow-unknown-fields to accept that loss)"
         );
     }
-    crate::validate::model(&model).map_err(|why| anyhow!("{shown}: invalid model: {why}"))?;
-    // Validation read small payloads through the map (constants); what is
-    // read again later comes back from the page cache.
-    maps::release(&bytes);
     let dir = parent(path);
     for location in external_locations(&model) {
         paths::resolve_location(&dir, &location)
             .map_err(|why| anyhow!("{shown}: external data location {location:?} {why}"))?;
     }
+    let file_size = |location: &str| {
+        let path = paths::resolve_location(&dir, location).ok()?;
+        std::fs::metadata(path).ok().map(|m| m.len())
+    };
+    crate::validate::model_with_files(&model, &file_size).map_err(|why| anyhow!("{shown}: invalid model: {why}"))?;
+    // Validation read small payloads through the map (constants); what is
+    // read again later comes back from the page cache.
+    maps::release(&bytes);
     Ok(Loaded { path: path.to_path_buf(), bytes, model })
 }
 
