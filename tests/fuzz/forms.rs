@@ -1925,7 +1925,7 @@ fn key_present(b: &Builder) -> String {
 pub fn rotary(rng: &mut Rng) -> Case {
     let mut c = Ctx::new();
     let mut b = Builder::default();
-    let opset = rng.pick(&[18i64, 23, 23, 23]);
+    let opset = rng.pick(&[18i64, 18, 23, 23]);
     if opset < 23 {
         c.unsure("opset 18: RotaryEmbedding is written from 23 (after an upgrade)");
     }
