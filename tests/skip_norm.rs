@@ -268,3 +268,15 @@ fn exports_fuse_their_residual_norms() {
         assert_eq!(compared, outputs, "{name}");
     }
 }
+
+/// Gemma's fp16 export adds the residual in f16 and normalizes in f32
+/// (`Cast` between): the kernel adds in the type it normalizes in, so the
+/// norm stays, with its reason (it had none, issue 38).
+#[test]
+fn a_sum_widened_before_its_norm_is_declined_with_its_reason() {
+    let reasons = skip_declined(&common::load("gemma_ts_op17_fp16.onnx"));
+    assert_eq!(reasons.len(), 4, "{reasons:?}");
+    for reason in reasons {
+        assert!(reason.contains("(float16) through a Cast to float: the kernel adds in the type"), "{reason}");
+    }
+}

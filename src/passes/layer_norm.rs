@@ -16,6 +16,7 @@
 //! place and its provenance list folds into this one.
 
 use crate::graph::{Check, Graph, Relabel, Stop, Target};
+use crate::onnx::{type_text, NodeProto};
 use crate::pattern::{self, either_order, is_vector};
 use crate::rewrite::{node, Match, Pass, Portable, Rewrite};
 use crate::{candidate, decline, no_candidate, require};
@@ -201,8 +202,25 @@ fn scaled_norm<'a>(g: &Graph<'a>, scaled: &'a str) -> Check<Scaled<'a>> {
         "a gamma of one axis (leading axes of 1 aside)",
         |c| may_be_weight(g, c),
         |n, gamma| {
+            if let Ok(cast) = g.produced_by(n, "Cast") {
+                return cast_wrapped(g, g.node(cast));
+            }
             let core = rms_core(g, n)?;
             Ok(Scaled { input: core.x, centered: false, gamma, eps: core.eps, axes: core.axes })
         },
+    )
+}
+
+/// `Cast(n(d)) * gamma`: a norm computed in another type than gamma's (an
+/// fp16 export's LayerNorm computed in f32 or f64, cast back before its
+/// gamma). Not matched: the reason is the core's where it has one, else
+/// the Casts. Anything else before the Cast is no candidate.
+fn cast_wrapped<'a>(g: &Graph<'a>, cast: &NodeProto) -> Check<Scaled<'a>> {
+    let core = rms_core(g, &cast.input[0])?;
+    decline!(
+        "the norm is computed in {} and cast to {} before gamma: this pass matches a LayerNorm computed in the \
+         type of its x, gamma and beta",
+        type_text(Some(core.elem_type)),
+        type_text(pattern::cast_to(cast))
     )
 }

@@ -17,7 +17,7 @@
 //!   with D a known number (the op reads a `[D]` constant made for it).
 
 use crate::graph::{Check, Graph, Relabel, Stop, Target};
-use crate::onnx::{AttributeProto, BFLOAT16, FLOAT, FLOAT16};
+use crate::onnx::{type_text, AttributeProto, BFLOAT16, FLOAT, FLOAT16};
 use crate::pattern::{self, cast_to, either_order, is_vector, scalar};
 use crate::rewrite::{node, Match, Pass, Portable, Rewrite};
 use crate::{candidate, decline, no_candidate, require};
@@ -182,7 +182,11 @@ pub fn rms_core<'a>(g: &Graph<'a>, n: &'a str) -> Check<RmsCore<'a>> {
             (mean, eps, eps_value, g.elem_type(eps).unwrap_or_default())
         }
     };
-    require!(matches!(eps_type, FLOAT | FLOAT16 | BFLOAT16), "eps ({eps}) is not f32, f16 or bf16");
+    require!(
+        matches!(eps_type, FLOAT | FLOAT16 | BFLOAT16),
+        "eps ({eps}) is not f32, f16 or bf16: the norm computes in {}",
+        type_text((eps_type != 0).then_some(eps_type))
+    );
     let axes = pattern::reduce_mean_last_axes(g, mean)?;
     let square = g.producer(&g.node(mean).input[0]).or_decline(|| "the mean's input is not x²".into())?;
     same_value(g, x, pattern::square(g, square)?)?;

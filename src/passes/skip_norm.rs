@@ -27,7 +27,7 @@
 //! - **Types**: f32 and f16, the types the CPU provider registers both ops
 //!   for (f64 fails to load); every input of one type.
 
-use crate::graph::{Check, Graph, Relabel, Target};
+use crate::graph::{Check, Graph, Target};
 use crate::onnx::{is_default_domain, type_text, AttributeProto, FLOAT, FLOAT16};
 use crate::pattern::{self, Weight};
 use crate::rewrite::{Kept, Match, Pass, Rewrite};
@@ -64,7 +64,7 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     let x = norm.input[0].as_str();
     let identity_cast = pattern::identity_cast(g, x);
     let s = identity_cast.unwrap_or(x);
-    let sum = g.produced_by(s, "Add").or_no_candidate()?;
+    let sum = g.produced_by(s, "Add").or_else(|_| cast_of_a_sum(g, s))?;
     let shapes = Shapes::new(g);
     let rank = shapes.rank(s);
     let axis = norm.attr_int("axis").unwrap_or(-1);
@@ -193,3 +193,23 @@ fn kernel_accepts(input: Option<Vec<Dim>>, skip: Option<Vec<Dim>>, sum: &Option<
     skip == input
         || (input.len() == 3 && (skip == rows || (skip.len() == 3 && skip[0] == Dim::known(1) && skip[1..] == *rows)))
 }
+
+/// A norm that reads a sum through Casts that change its type (fp16
+/// exports that normalize in f32: `Add` in f16, `Cast` to f32, the norm)
+/// is a candidate the kernel cannot take: it adds in the type of its
+/// input, so it would either add in f32 what the model rounds to f16
+/// first, or normalize in f16 what the model normalizes in f32. Any other
+/// input is no candidate.
+fn cast_of_a_sum<'a>(g: &Graph<'a>, s: &str) -> Check<usize> {
+    let mut value = s;
+    while let Ok(cast) = g.produced_by(value, "Cast") {
+        value = g.node(cast).input[0].as_str();
+    }
+    candidate!(value != s && g.produced_by(value, "Add").is_ok());
+    decline!(
+        "the norm reads the sum {value} ({}) through a Cast to {}: the kernel adds in the type it normalizes in",
+        type_text(g.elem_type(value)),
+        type_text(g.elem_type(s))
+    )
+}
+
