@@ -91,6 +91,12 @@ def configs():
         "sew": t.SEWConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
                            conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
                            num_conv_pos_embedding_groups=4, squeeze_factor=2),
+        # A convolutional position embedding one step longer than its input,
+        # cut back by `[:, :, :-1]` and transposed, added before the
+        # encoder's first norm (wav2vec2 and WavLM write it the same way).
+        "hubert": t.HubertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                                 conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3),
+                                 num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4),
         # Transient-global attention: the global tokens' RMSNorm reads an
         # Einsum with an ellipsis (`...nd,...ng->...gd`).
         "longt5": t.LongT5Config(vocab_size=64, d_model=32, d_ff=64, num_layers=2, num_heads=4, d_kv=8,
@@ -129,6 +135,8 @@ def build(kind, attn="eager"):
         model = t.WhisperModel(cfg).get_encoder()
     elif kind == "sew":
         model = t.SEWModel(cfg)
+    elif kind == "hubert":
+        model = t.HubertModel(cfg)
     elif kind == "longt5":
         model = t.LongT5EncoderModel(cfg)
     elif kind == "bert":
@@ -154,7 +162,7 @@ class Wrap(torch.nn.Module):
     def forward(self, x, mask=None):
         if self.kind == "whisper":
             return self.model(input_features=x).last_hidden_state
-        if self.kind == "sew":
+        if self.kind in ("sew", "hubert"):
             return self.model(input_values=x).last_hidden_state
         if self.kind == "vit":
             return self.model(pixel_values=x).last_hidden_state
@@ -171,7 +179,7 @@ def sample_inputs(kind):
         return (torch.randn(1, 16, 32),), ["input_features"], {"input_features": {0: "batch"}}
     if kind == "vit":
         return (torch.randn(1, 3, 16, 16),), ["pixel_values"], {"pixel_values": {0: "batch"}}
-    if kind == "sew":
+    if kind in ("sew", "hubert"):
         return (torch.randn(1, 400),), ["input_values"], {"input_values": {0: "batch", 1: "len"}}
     ids = torch.randint(0, 64, (1, 7))
     mask = torch.ones(1, 7, dtype=torch.int64)
@@ -923,6 +931,7 @@ def main():
         ("ln_axes_ts_op14.onnx", lambda n: export_feature_map_norms(n, opset=14)),
         ("xlnet_ts_op14.onnx", lambda n: export_torch(n, "xlnet", opset=14)),
         ("sew_ts_op17.onnx", lambda n: export_torch(n, "sew", opset=17)),
+        ("hubert_ts_op17.onnx", lambda n: export_torch(n, "hubert", opset=17)),
         ("longt5_ts_op17.onnx", lambda n: export_torch(n, "longt5", opset=17)),
         # 3-D scores viewed as 4-D once, against a 4-D v.
         ("bloom_dynamo_op18.onnx", lambda n: export_torch(n, "bloom", opset=18, dynamo=True)),

@@ -256,6 +256,10 @@ fn exports_fuse_their_residual_norms() {
         ("t5_optimum_decoder_past.onnx", "SkipSimplifiedLayerNormalization", 6),
         // A convolved and a pooled sequence of one length, floor(len / 2).
         ("sew_ts_op17.onnx", "SkipLayerNormalization", 4),
+        // The first norm's sum: a positional Conv one step longer than its
+        // input, cut back to the input's length (`[:, :, :-1]`) and
+        // transposed; the attention's Reshape reads that length by Shape.
+        ("hubert_ts_op17.onnx", "SkipLayerNormalization", 5),
     ] {
         let (original, fused, outcome) = fuse(name);
         let skips = skip_nodes(&fused);

@@ -679,6 +679,38 @@ fn convolved_and_pooled_lengths_of_a_symbolic_length_are_one_dimension() {
     assert_eq!(shape(&b, 17, &conv).map(|s| s.len()), Some(3));
 }
 
+#[test]
+fn a_cut_back_to_a_length_it_was_computed_from_is_that_length() {
+    // HuBERT's positional Conv (kernel 16, pads 8) is one step longer than
+    // its input, of length len - 2 here (a kernel of 3 before it): cut by
+    // one, it is len - 2 again, proved a size because the Conv's input has
+    // that length. Cut by two, len - 3 is no length anything upstream has
+    // (for len = 2 the cut is empty): unknown. A Shape of the input reads
+    // len - 2 as an element, for the same reason.
+    let mut b = Builder::default();
+    let x = b.input("x", FLOAT, Some(&[sym("b"), D::N(4), sym("len")]));
+    let w3 = b.init("w3", tensor(FLOAT, &[4, 4, 3], &vec![0.0; 48]));
+    let shorter = b.node("Conv", &[&x, &w3], vec![]);
+    assert_eq!(shape(&b, 17, &shorter).unwrap(), ["b", "4", "len - 2"]);
+    let w16 = b.init("w16", tensor(FLOAT, &[4, 1, 16], &vec![0.0; 64]));
+    let conv = b.node("Conv", &[&shorter, &w16], vec![attr_ints("pads", &[8, 8]), attr_int("group", 4)]);
+    assert_eq!(shape(&b, 17, &conv).unwrap(), ["b", "4", "len - 1"]);
+    let (zero, axis) = (b.init("zero", ints(&[0])), b.init("axis", ints(&[2])));
+    let (minus_one, minus_two) = (b.init("minus_one", ints(&[-1])), b.init("minus_two", ints(&[-2])));
+    let cut = b.node("Slice", &[&conv, &zero, &minus_one, &axis], vec![]);
+    assert_eq!(shape(&b, 17, &cut).unwrap(), ["b", "4", "len - 2"]);
+    let sum = b.node("Add", &[&cut, &shorter], vec![]);
+    assert_eq!(shape(&b, 17, &sum).unwrap(), ["b", "4", "len - 2"]);
+    let too_short = b.node("Slice", &[&conv, &zero, &minus_two, &axis], vec![]);
+    assert_eq!(shape(&b, 17, &too_short).unwrap()[2], format!("{too_short}#2"));
+    let of_x = b.node("Slice", &[&x, &zero, &minus_two, &axis], vec![]);
+    assert_eq!(shape(&b, 17, &of_x).unwrap()[2], format!("{of_x}#2"), "len - 2 is computed from x, not x's");
+    let dims = b.node("Shape", &[&shorter], vec![]);
+    let target = b.node("Concat", &[&dims, &minus_one], vec![attr_int("axis", 0)]);
+    let reshaped = b.node("Reshape", &[&shorter, &target], vec![]);
+    assert_eq!(shape(&b, 17, &reshaped).unwrap(), ["b", "4", "len - 2", "1"]);
+}
+
 /// An If branch computing its one output from the outer `x` with `build`.
 fn branch(name: &str, build: impl Fn(&mut Builder) -> String) -> GraphProto {
     let mut body = Builder::default();

@@ -742,7 +742,9 @@ impl<'g, 'a> Shapes<'g, 'a> {
                         let bounds = starts.iter().zip(&ends).zip(&steps);
                         let lengths = axes.iter().zip(bounds).map(|(&axis, ((&start, &end), &step))| {
                             let axis = normalize(axis, x.len())?;
-                            Some((axis, slice_length(&x[axis], start, end, step)))
+                            let length = slice_length(&x[axis], start, end, step)
+                                .or_else(|| self.cut_length(&node.input[0], &x[axis], start, end, step));
+                            Some((axis, length))
                         });
                         lengths.collect::<Option<_>>()?
                     }
@@ -877,6 +879,46 @@ impl<'g, 'a> Shapes<'g, 'a> {
         }
     }
 
+    /// `[start : end]` by 1 with a negative end of an axis of symbolic
+    /// length `len` of `x`: `len + end - start`, where that is proved never
+    /// negative because it is the length of an axis of a value `x` is
+    /// computed from (computed in every run that computes `x`, so a size in
+    /// each). HuBERT's, wav2vec2's and WavLM's positional Conv pads its
+    /// input by 8 on each side with a kernel of 16, one step longer than
+    /// its input, and `[:, :, :-1]` cuts it back to the input's length.
+    fn cut_length(&self, x: &str, len: &Dim, start: i64, end: i64, step: i64) -> Option<Dim> {
+        if step != 1 || start < 0 || end >= 0 || end <= i64::MIN / 2 || len.value().is_some() {
+            return None;
+        }
+        let kept = self.resolve(len.add(&Dim::known(end))?.sub(&Dim::known(start))?);
+        self.upstream_length(x, &kept).then_some(kept)
+    }
+
+    /// Whether `d` is the length of an axis of `value` or of a value it is
+    /// computed from (a few steps up).
+    fn upstream_length(&self, value: &str, d: &Dim) -> bool {
+        const STEPS: usize = 8;
+        const VALUES: usize = 64;
+        let mut seen: HashSet<&str> = HashSet::new();
+        let mut front = vec![value];
+        for _ in 0..STEPS {
+            let mut next = vec![];
+            for v in front {
+                if seen.len() >= VALUES || !seen.insert(v) {
+                    continue;
+                }
+                if self.shape(v).is_some_and(|s| s.contains(d)) {
+                    return true;
+                }
+                if let Some(p) = self.g.producer(v) {
+                    next.extend(self.g.node(p).input.iter().filter(|i| !i.is_empty()).map(String::as_str));
+                }
+            }
+            front = next;
+        }
+        false
+    }
+
     /// An atom for `min(e, n)`, with e a dimension and n ≥ 1, remembered so
     /// that a broadcast with e itself is e (`broadcast`).
     fn min_atom(&self, e: Dim, n: i64) -> Dim {
@@ -1002,14 +1044,16 @@ impl<'g, 'a> Shapes<'g, 'a> {
     /// they are constants or dimensions read by `Shape`, or computed from
     /// those, None where they are computed otherwise (such an element may
     /// even be 0 or -1), or where a difference is not proved to be a size
-    /// (`seq - 1` is -1 where seq is 0).
+    /// (`seq - 1` is -1 where seq is 0): proved where it is a number, has
+    /// no negative term, or is the length of an axis of a value it is
+    /// computed from (`Shape(x)[1]` where x's axis is `floor(n / 2) - 1`).
     pub fn shape_tensor(&self, value: &str) -> Option<Vec<Option<Dim>>> {
         match self.shape(value) {
             Some(shape) if shape.len() != 1 => None,
             _ => Some(
                 self.elements(value, 0)?
                     .into_iter()
-                    .map(|d| d.filter(|d| d.value().is_some() || d.is_size()))
+                    .map(|d| d.filter(|d| d.value().is_some() || d.is_size() || self.upstream_length(value, d)))
                     .collect(),
             ),
         }
