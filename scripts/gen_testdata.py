@@ -91,6 +91,10 @@ def configs():
         "sew": t.SEWConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
                            conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
                            num_conv_pos_embedding_groups=4, squeeze_factor=2),
+        # Position embeddings interpolated to the image's grid: the grid's
+        # side is `Cast(Pow(4.0, 0.5))`, a bicubic Resize to given sizes.
+        "dinov2": t.Dinov2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, mlp_ratio=2,
+                                 image_size=16, patch_size=8),
         # A convolutional position embedding one step longer than its input,
         # cut back by `[:, :, :-1]` and transposed, added before the
         # encoder's first norm (wav2vec2 and WavLM write it the same way).
@@ -137,6 +141,8 @@ def build(kind, attn="eager"):
         model = t.SEWModel(cfg)
     elif kind == "hubert":
         model = t.HubertModel(cfg)
+    elif kind == "dinov2":
+        model = t.Dinov2Model(cfg)
     elif kind == "longt5":
         model = t.LongT5EncoderModel(cfg)
     elif kind == "bert":
@@ -164,7 +170,7 @@ class Wrap(torch.nn.Module):
             return self.model(input_features=x).last_hidden_state
         if self.kind in ("sew", "hubert"):
             return self.model(input_values=x).last_hidden_state
-        if self.kind == "vit":
+        if self.kind in ("vit", "dinov2"):
             return self.model(pixel_values=x).last_hidden_state
         if self.kind == "trocr":
             return self.model(input_ids=x, attention_mask=mask, use_cache=False).logits
@@ -177,7 +183,7 @@ class Wrap(torch.nn.Module):
 def sample_inputs(kind):
     if kind == "whisper":
         return (torch.randn(1, 16, 32),), ["input_features"], {"input_features": {0: "batch"}}
-    if kind == "vit":
+    if kind in ("vit", "dinov2"):
         return (torch.randn(1, 3, 16, 16),), ["pixel_values"], {"pixel_values": {0: "batch"}}
     if kind in ("sew", "hubert"):
         return (torch.randn(1, 400),), ["input_values"], {"input_values": {0: "batch", 1: "len"}}
@@ -932,6 +938,7 @@ def main():
         ("xlnet_ts_op14.onnx", lambda n: export_torch(n, "xlnet", opset=14)),
         ("sew_ts_op17.onnx", lambda n: export_torch(n, "sew", opset=17)),
         ("hubert_ts_op17.onnx", lambda n: export_torch(n, "hubert", opset=17)),
+        ("dinov2_ts_op17.onnx", lambda n: export_torch(n, "dinov2", opset=17)),
         ("longt5_ts_op17.onnx", lambda n: export_torch(n, "longt5", opset=17)),
         # 3-D scores viewed as 4-D once, against a 4-D v.
         ("bloom_dynamo_op18.onnx", lambda n: export_torch(n, "bloom", opset=18, dynamo=True)),

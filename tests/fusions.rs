@@ -87,6 +87,8 @@ pub const EXPORTS: &[(&str, &[(&str, usize)], f32)] = &[
     ("sew_ts_op17.onnx", &[("attention", 2)], 1e-5),
     // Speech: a positional Conv one step longer than its input, cut back.
     ("hubert_ts_op17.onnx", &[("attention", 2)], 1e-5),
+    // Position embeddings resized to the image's grid.
+    ("dinov2_ts_op17.onnx", &[("attention", 2)], 1e-5),
     // Transient-global attention (Einsums with an ellipsis, not a core):
     // the global tokens' RMSNorms read an Einsum's output.
     ("longt5_ts_op17.onnx", &[("rms-norm", 7)], 1e-6),

@@ -1,7 +1,8 @@
 //! ONNX `Attention`, the kernel the attention pass writes for ONNX Runtime
 //! from opset 23: the facts of ONNX Runtime's kernel the guard rests on,
 //! each pinned by running the kernel (docs/attention-kernel.md), and the
-//! guard that keeps the output exact where the kernel differs.
+//! guard that keeps the output exact where the kernel differs. Also the
+//! fact of its `Pow` that constant folding rests on.
 
 mod common;
 
@@ -265,4 +266,56 @@ fn left_padded_batches_compute_what_the_export_computes() {
     // The feed reaches rows the kernel computes otherwise: unguarded, it differs.
     let v = compare(&original, &unguarded(&fused), &inputs).unwrap();
     assert!(!v.passed, "the left-padded rows are expected to be fully masked in this export");
+}
+
+/// The one fact of ONNX Runtime's `Pow` the folding rests on
+/// (`graph/fold.rs`): `Pow(x, 0.5)` in f32 is the square root exactly where
+/// x is the square of an integer of at most 4096 (DINOv2's position grid,
+/// `Cast(Pow(4.0, 0.5) → int64)`), against `Sqrt`, which IEEE rounds
+/// correctly; elsewhere the two differ (0.06% of f32 inputs), and folding
+/// keeps such a power inexact. A scalar base runs the same kernel.
+#[test]
+fn onnx_runtimes_pow_of_a_half_is_the_root_of_a_perfect_square() {
+    let dir = tempdir();
+    for squares in [(0..=4096u64).map(|k| (k * k) as f32).collect::<Vec<f32>>(), vec![4.0]] {
+        let dims: Vec<D> = if squares.len() == 1 { vec![] } else { vec![D::N(squares.len() as i64)] };
+        let model = |root: bool| {
+            let mut b = Builder::default();
+            let x = b.input("x", FLOAT, Some(&dims));
+            if root {
+                b.node_to("Sqrt", &[&x], &["y"], vec![]);
+            } else {
+                let half = b.constant(tensor(FLOAT, &[], &[0.5]));
+                b.node_to("Pow", &[&x, &half], &["y"], vec![]);
+            }
+            b.output("y", FLOAT, None);
+            b.model(17)
+        };
+        let path = dir.path().join(format!("squares_{}.npz", squares.len()));
+        let shape = if squares.len() == 1 { vec![] } else { vec![squares.len() as u64] };
+        npz(&path, &[("x", shape, squares)], &[]);
+        let options = verify::Options { inputs: Some(path), rtol: Some(0.0), atol: Some(0.0), ..Default::default() };
+        let here = std::path::Path::new(".");
+        let v = verify::verify((&model(true), here), (&model(false), here), &options).unwrap();
+        assert!(v.passed && v.outputs.iter().all(|c| c.passed), "{}", v.text());
+    }
+    // And the difference elsewhere, so the comparison is not blind.
+    let near: Vec<f32> = (1..=4096u32).map(|k| (k * k + 1) as f32 * 1.37).collect();
+    let mut b = Builder::default();
+    let x = b.input("x", FLOAT, Some(&[D::N(near.len() as i64)]));
+    let half = b.constant(tensor(FLOAT, &[], &[0.5]));
+    b.node_to("Pow", &[&x, &half], &["y"], vec![]);
+    b.output("y", FLOAT, None);
+    let pow = b.model(17);
+    let mut b = Builder::default();
+    let x = b.input("x", FLOAT, Some(&[D::N(near.len() as i64)]));
+    b.node_to("Sqrt", &[&x], &["y"], vec![]);
+    b.output("y", FLOAT, None);
+    let sqrt = b.model(17);
+    let path = dir.path().join("near.npz");
+    npz(&path, &[("x", vec![near.len() as u64], near)], &[]);
+    let options = verify::Options { inputs: Some(path), rtol: Some(0.0), atol: Some(0.0), ..Default::default() };
+    let here = std::path::Path::new(".");
+    let v = verify::verify((&sqrt, here), (&pow, here), &options).unwrap();
+    assert!(!v.passed, "Pow(x, 0.5) was expected to differ from Sqrt somewhere off the squares");
 }

@@ -260,6 +260,10 @@ fn exports_fuse_their_residual_norms() {
         // input, cut back to the input's length (`[:, :, :-1]`) and
         // transposed; the attention's Reshape reads that length by Shape.
         ("hubert_ts_op17.onnx", "SkipLayerNormalization", 5),
+        // The first norm's sum: position embeddings `[1, 1 + n, D]` resized
+        // to the grid (`Resize` to sizes, the grid's side `Cast(Pow(4.0,
+        // 0.5))`), the skip of the class token and patches `[B, 1 + n, D]`.
+        ("dinov2_ts_op17.onnx", "SkipLayerNormalization", 5),
     ] {
         let (original, fused, outcome) = fuse(name);
         let skips = skip_nodes(&fused);

@@ -711,6 +711,48 @@ fn a_cut_back_to_a_length_it_was_computed_from_is_that_length() {
     assert_eq!(shape(&b, 17, &reshaped).unwrap(), ["b", "4", "len - 2", "1"]);
 }
 
+#[test]
+fn a_grid_side_computed_as_a_root_and_a_resize_to_sizes_have_their_numbers() {
+    // DINOv2 reshapes its position embeddings [1, 4, 32] to a grid of side
+    // Cast(Pow(4.0, 0.5)), ONNX Runtime's root of a perfect square (pinned
+    // in tests/kernel.rs), and resizes it to the image's grid by sizes.
+    // Pow(5.0, 0.5) is no integer, Pow(4.0, 0.5) in f64 no measured fact:
+    // neither side is a number.
+    let mut b = Builder::default();
+    let table = b.init("table", tensor(FLOAT, &[1, 4, 32], &vec![0.0; 128]));
+    let side = |b: &mut Builder, elem: i32, square: f64| {
+        let (x, half) = (b.constant(tensor(elem, &[], &[square])), b.constant(tensor(elem, &[], &[0.5])));
+        let root = b.node("Pow", &[&x, &half], vec![]);
+        let side = b.node("Cast", &[&root], vec![attr_int("to", 7)]);
+        let zero = b.init(&format!("zero_{elem}_{square}"), ints(&[0]));
+        b.node("Unsqueeze", &[&side, &zero], vec![])
+    };
+    let grid = |b: &mut Builder, s: &str| {
+        let (one, d) = (b.init(&format!("one_{s}"), ints(&[1])), b.init(&format!("d_{s}"), ints(&[32])));
+        let target = b.node("Concat", &[&one, s, s, &d], vec![attr_int("axis", 0)]);
+        b.node("Reshape", &[&table, &target], vec![])
+    };
+    let s = side(&mut b, FLOAT, 4.0);
+    let square = grid(&mut b, &s);
+    assert_eq!(shape(&b, 17, &square).unwrap(), ["1", "2", "2", "32"]);
+    for (elem, x) in [(FLOAT, 5.0), (11, 4.0)] {
+        let s = side(&mut b, elem, x);
+        let other = grid(&mut b, &s);
+        assert_eq!(shape(&b, 17, &other).unwrap()[1], format!("{other}#1"), "Pow({x}, 0.5) of type {elem}");
+    }
+    let image = b.input("image", FLOAT, Some(&[sym("b"), D::N(3), sym("h"), D::N(16)]));
+    let dims = b.node("Shape", &[&image], vec![]);
+    let (start, end, zero) = (b.init("start", ints(&[2])), b.init("end", ints(&[4])), b.init("zero", ints(&[0])));
+    let hw = b.node("Slice", &[&dims, &start, &end, &zero], vec![]);
+    let lead = b.init("lead", ints(&[1, 32]));
+    let sizes = b.node("Concat", &[&lead, &hw], vec![attr_int("axis", 0)]);
+    let perm = b.node("Transpose", &[&square], vec![attr_ints("perm", &[0, 3, 1, 2])]);
+    let resized = b.node("Resize", &[&perm, "", "", &sizes], vec![attr_string("mode", "cubic")]);
+    assert_eq!(shape(&b, 18, &resized).unwrap(), ["1", "32", "h", "16"]);
+    let kept = b.node("Resize", &[&perm, "", "", &sizes], vec![attr_string("keep_aspect_ratio_policy", "not_larger")]);
+    assert_eq!(shape(&b, 18, &kept).unwrap()[2], format!("{kept}#2"), "not stretched: not the sizes");
+}
+
 /// An If branch computing its one output from the outer `x` with `build`.
 fn branch(name: &str, build: impl Fn(&mut Builder) -> String) -> GraphProto {
     let mut body = Builder::default();

@@ -129,11 +129,17 @@ fn fold_at(g: &Graph, shapes: &Shapes, value: &str, depth: usize) -> Option<Fold
             }
             Folded { elem: fill.elem, dims, values: vec![fill.values[0]; n], exact: true }
         }
-        // x^2 and x^1 exactly; x^0.5 within a unit in the last place.
+        // x^2 and x^1 exactly; x^0.5 within a unit in the last place, and
+        // exactly in f32 where x is the square of an integer of at most
+        // 4096 (ONNX Runtime's pow is the root there: tests/kernel.rs).
         "Pow" => {
             let (x, e) = (input(0)?, input(1)?.scalar()?);
             match e {
-                0.5 => Folded { exact: false, ..float_unary(x, f64::sqrt, f32::sqrt)? },
+                0.5 => {
+                    let squares = x.elem == FLOAT && x.values.iter().all(|&v| perfect_square(v, 4096));
+                    let exact = x.exact && squares;
+                    Folded { exact, ..float_unary(x, f64::sqrt, f32::sqrt)? }
+                }
                 1.0 => x,
                 2.0 => binary(x.clone(), x, |a, b| a * b, |a, b| a * b)?,
                 _ => return None,
@@ -199,6 +205,12 @@ fn fold_at(g: &Graph, shapes: &Shapes, value: &str, depth: usize) -> Option<Fold
         _ => return None,
     };
     (folded.values.len() <= SMALL).then_some(folded)
+}
+
+/// `v` is `k²` for an integer `0 ≤ k ≤ max`.
+fn perfect_square(v: f64, max: u32) -> bool {
+    let k = v.sqrt().round();
+    k <= f64::from(max) && k * k == v
 }
 
 fn from_tensor(t: &TensorProto) -> Option<Folded> {

@@ -823,6 +823,18 @@ impl<'g, 'a> Shapes<'g, 'a> {
                 self.broadcast(value, &[input(0)?, target])
             }
             "Pad" => opaque(input(0)?.len()),
+            // Given `sizes` (from opset 11, every axis: no `axes`, the
+            // default `stretch` policy), the output has those sizes.
+            "Resize" if node.input.get(3).is_some_and(|v| !v.is_empty()) => {
+                let x = input(0)?;
+                let stretched = node.attr("keep_aspect_ratio_policy").is_none_or(|a| a.s.as_deref() == Some(b"stretch"));
+                if node.attr("axes").is_some() || !stretched {
+                    return Some(opaque(x.len()));
+                }
+                let sizes = self.shape_tensor(&node.input[3]).filter(|s| s.len() == x.len());
+                let Some(sizes) = sizes else { return Some(opaque(x.len())) };
+                sizes.into_iter().enumerate().map(|(i, d)| d.unwrap_or_else(|| Dim::atom(format!("{value}#{i}")))).collect()
+            }
             _ => return None,
         })
     }
@@ -1059,6 +1071,17 @@ impl<'g, 'a> Shapes<'g, 'a> {
         }
     }
 
+    /// The elements of a float tensor of rank 0 or 1 that folds exactly
+    /// from constants (`fold`), where each is an integer a Cast keeps.
+    fn integral(&self, value: &str) -> Option<Vec<Option<Dim>>> {
+        if self.g.elem_type(value).is_none_or(crate::onnx::is_integer) {
+            return None;
+        }
+        let folded = super::fold::fold(self.g, self, value).filter(|f| f.exact && f.dims.len() <= 1)?;
+        let whole = |v: f64| (v.fract() == 0.0 && v.abs() < 2f64.powi(53)).then(|| Dim::known(v as i64));
+        Some(folded.values.iter().map(|&v| whole(v)).collect())
+    }
+
     /// The value of an integer scalar (or one-element tensor) as a dimension.
     fn scalar(&self, value: &str) -> Option<Dim> {
         if let Some(v) = self.g.scalar(value) {
@@ -1115,7 +1138,13 @@ impl<'g, 'a> Shapes<'g, 'a> {
             // Sizes keep their values through a Cast to a type of 32 bits
             // or more; a narrower one may wrap or round them.
             "Cast" if node.attr_int("to").and_then(|t| i32::try_from(t).ok()).is_some_and(crate::onnx::holds_sizes) => {
-                arg(0)
+                let source = arg(0);
+                match source {
+                    Some(e) if e.iter().all(Option::is_some) => Some(e),
+                    // A float computed exactly from constants (DINOv2's grid
+                    // side, `Cast(Pow(4.0, 0.5))`), integral: a number.
+                    _ => self.integral(&node.input[0]).or(source),
+                }
             }
             "Gather" if node.attr_int("axis").unwrap_or(0) == 0 => {
                 let data = arg(0)?;
