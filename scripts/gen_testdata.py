@@ -106,6 +106,10 @@ def configs():
         "longt5": t.LongT5Config(vocab_size=64, d_model=32, d_ff=64, num_layers=2, num_heads=4, d_kv=8,
                                  encoder_attention_type="transient-global", global_block_size=4, local_radius=2,
                                  decoder_start_token_id=0),
+        # The parallel residual, x + attn(ln1(x)) + mlp(ln2(x)): the next
+        # layer's two norms read one sum; rotary on a quarter of each head.
+        "neox": t.GPTNeoXConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                intermediate_size=64, max_position_embeddings=64, use_parallel_residual=True),
         # Soft-capped attention scores (and logits), sliding-window layers.
         "gemma2": t.Gemma2Config(**SMALL, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6,
                                  attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
@@ -939,6 +943,7 @@ def main():
         ("sew_ts_op17.onnx", lambda n: export_torch(n, "sew", opset=17)),
         ("hubert_ts_op17.onnx", lambda n: export_torch(n, "hubert", opset=17)),
         ("dinov2_ts_op17.onnx", lambda n: export_torch(n, "dinov2", opset=17)),
+        ("neox_ts_op17.onnx", lambda n: export_torch(n, "neox", opset=17)),
         ("longt5_ts_op17.onnx", lambda n: export_torch(n, "longt5", opset=17)),
         # 3-D scores viewed as 4-D once, against a 4-D v.
         ("bloom_dynamo_op18.onnx", lambda n: export_torch(n, "bloom", opset=18, dynamo=True)),

@@ -89,6 +89,8 @@ pub const EXPORTS: &[(&str, &[(&str, usize)], f32)] = &[
     ("hubert_ts_op17.onnx", &[("attention", 2)], 1e-5),
     // Position embeddings resized to the image's grid.
     ("dinov2_ts_op17.onnx", &[("attention", 2)], 1e-5),
+    // The parallel residual: two norms read one sum.
+    ("neox_ts_op17.onnx", &[("attention", 2)], 1e-5),
     // Transient-global attention (Einsums with an ellipsis, not a core):
     // the global tokens' RMSNorms read an Einsum's output.
     ("longt5_ts_op17.onnx", &[("rms-norm", 7)], 1e-6),

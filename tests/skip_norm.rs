@@ -264,6 +264,9 @@ fn exports_fuse_their_residual_norms() {
         // to the grid (`Resize` to sizes, the grid's side `Cast(Pow(4.0,
         // 0.5))`), the skip of the class token and patches `[B, 1 + n, D]`.
         ("dinov2_ts_op17.onnx", "SkipLayerNormalization", 5),
+        // The parallel residual: the second norm of one sum stays (its
+        // reason: tests/skip_norm.rs), reading the first's output 3.
+        ("neox_ts_op17.onnx", "SkipLayerNormalization", 2),
     ] {
         let (original, fused, outcome) = fuse(name);
         let skips = skip_nodes(&fused);
@@ -287,4 +290,23 @@ fn a_sum_widened_before_its_norm_is_declined_with_its_reason() {
     for reason in reasons {
         assert!(reason.contains("(float16) through a Cast to float: the kernel adds in the type"), "{reason}");
     }
+}
+
+/// GPT-NeoX's parallel residual: the next layer's two norms read one sum.
+/// One kernel takes it and offers it as output 3; the other norm reads that
+/// and says why it stays (it had no reason, issue 38).
+#[test]
+fn a_sum_two_norms_read_joins_one_kernel_and_the_other_says_why() {
+    let (fused, outcome) = fuse_model(&common::load("neox_ts_op17.onnx"), &["default", "skip-norm"]);
+    let norm = common::node(&fused, "/model/gpt_neox/layers.1/post_attention_layernorm/LayerNormalization").unwrap();
+    let skip = common::node(&fused, "/model/gpt_neox/layers.1/input_layernorm/SkipLayerNormalization").unwrap();
+    assert_eq!(norm.input[0], skip.output[3]);
+    let reasons: Vec<&str> = outcome
+        .declined
+        .iter()
+        .filter(|d| d.pass == "skip-norm" && d.node == norm.name())
+        .map(|d| d.reason.as_str())
+        .collect();
+    assert_eq!(reasons.len(), 1, "{:?}", outcome.declined);
+    assert!(reasons[0].ends_with("for its own norm: one residual sum joins one kernel"), "{}", reasons[0]);
 }

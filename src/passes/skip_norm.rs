@@ -30,7 +30,7 @@
 use crate::graph::{Check, Graph, Target};
 use crate::onnx::{is_default_domain, type_text, AttributeProto, FLOAT, FLOAT16};
 use crate::pattern::{self, Weight};
-use crate::rewrite::{Kept, Match, Pass, Rewrite};
+use crate::rewrite::{display_name, Kept, Match, Pass, Rewrite};
 use crate::shapes::{Dim, Shapes};
 use crate::{candidate, decline, no_candidate, require};
 
@@ -64,7 +64,7 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     let x = norm.input[0].as_str();
     let identity_cast = pattern::identity_cast(g, x);
     let s = identity_cast.unwrap_or(x);
-    let sum = g.produced_by(s, "Add").or_else(|_| cast_of_a_sum(g, s))?;
+    let sum = g.produced_by(s, "Add").or_else(|_| not_a_sum(g, s))?;
     let shapes = Shapes::new(g);
     let rank = shapes.rank(s);
     let axis = norm.attr_int("axis").unwrap_or(-1);
@@ -194,13 +194,24 @@ fn kernel_accepts(input: Option<Vec<Dim>>, skip: Option<Vec<Dim>>, sum: &Option<
         || (input.len() == 3 && (skip == rows || (skip.len() == 3 && skip[0] == Dim::known(1) && skip[1..] == *rows)))
 }
 
-/// A norm that reads a sum through Casts that change its type (fp16
-/// exports that normalize in f32: `Add` in f16, `Cast` to f32, the norm)
-/// is a candidate the kernel cannot take: it adds in the type of its
-/// input, so it would either add in f32 what the model rounds to f16
-/// first, or normalize in f16 what the model normalizes in f32. Any other
-/// input is no candidate.
-fn cast_of_a_sum<'a>(g: &Graph<'a>, s: &str) -> Check<usize> {
+/// The reason a norm that reads no Add directly is still a candidate the
+/// kernel cannot take, or no candidate:
+/// - it reads a sum another norm's kernel took (GPT-NeoX's parallel
+///   residual: the next layer's two norms read one sum), as that kernel's
+///   output 3, `input_skip_bias_sum`: one kernel per sum;
+/// - it reads a sum through Casts that change its type (fp16 exports that
+///   normalize in f32: `Add` in f16, `Cast` to f32, the norm): the kernel
+///   adds in the type of its input, so it would either add in f32 what the
+///   model rounds to f16 first, or normalize in f16 what the model
+///   normalizes in f32.
+fn not_a_sum(g: &Graph, s: &str) -> Check<usize> {
+    let producer = g.producer(s).map(|p| g.node(p));
+    let skip = producer.filter(|n| {
+        n.domain() == crate::onnx::MICROSOFT && n.op_type().starts_with("Skip") && n.output.get(3).is_some_and(|o| o == s)
+    });
+    if let Some(skip) = skip {
+        decline!("its sum {s} is computed by {} for its own norm: one residual sum joins one kernel", display_name(skip));
+    }
     let mut value = s;
     while let Ok(cast) = g.produced_by(value, "Cast") {
         value = g.node(cast).input[0].as_str();
