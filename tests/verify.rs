@@ -213,3 +213,27 @@ fn a_failed_node_is_judged_against_exact_arithmetic_and_a_known_kernel_is_named(
     let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     assert!(report["verification"]["nodes"].as_array().unwrap().iter().all(|n| n.get("exact").is_none()));
 }
+
+/// The sizes a graph suggests are tried within the memory budget: a weight
+/// axis of 4,096 given to channels, height and width at once would be an
+/// image of 256 GiB (CLIP's and SigLIP's exports grew to 23 GB and were
+/// killed). Such a try is skipped before anything is allocated, and a
+/// smaller suggestion that fits is taken (3: the Conv's input channels).
+#[test]
+fn sizes_tried_beyond_the_memory_budget_are_skipped() {
+    use common::build::sym;
+    let mut b = Builder::default();
+    let x = b.input("x", FLOAT, Some(&[sym("batch"), sym("channels"), sym("height"), sym("width")]));
+    let w = b.init("w", tensor(FLOAT, &[8, 3, 2, 2], &vec![0.01; 96]));
+    let y = b.node("Conv", &[&x, &w], vec![]);
+    let table = b.init("table", tensor(FLOAT, &[4096, 2], &vec![0.5; 8192]));
+    let first = b.init("first", tensor(onnx_fuse::onnx::INT64, &[1], &[0.0]));
+    let row = b.node("Gather", &[&table, &first], vec![]);
+    b.output(&y, FLOAT, None);
+    b.output(&row, FLOAT, None);
+    let model = b.model(17);
+    let dir = std::env::temp_dir();
+    let v = verify::verify((&model, dir.as_path()), (&model, dir.as_path()), &Default::default()).unwrap();
+    assert!(v.passed, "{}", v.text());
+    assert_eq!(v.dims["channels"], 3, "{:?}", v.dims);
+}

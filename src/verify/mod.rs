@@ -297,7 +297,14 @@ fn run_original(
             .extend(unset.iter().filter(|s| !s.to_ascii_lowercase().contains("batch")).map(|s| (s.to_string(), size)));
         tries.push(o);
     }
-    for o in tries.iter().take(24) {
+    // Every try within the budget before anything is allocated: a weight
+    // axis of 4,096 given to channels, height and width at once would
+    // be an image of 256 GiB.
+    let available = memory_available();
+    let fits = |o: &&Options| {
+        check_budget(original.0, o, available).is_ok() && check_kept(original.0, o, &[], available).is_ok()
+    };
+    for o in tries.iter().filter(fits).take(24) {
         if let Ok(found) = runs(o)? {
             return Ok(found);
         }
