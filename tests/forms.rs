@@ -726,6 +726,18 @@ fn masked_fill_with_a_reshaped_fill_is_a_core() {
     let (n, why, _) = attention(&model);
     assert_eq!(n, 0);
     assert!(why.iter().any(|r| r.contains("the Where fill is -100, not at most -1e4")), "{why:?}");
+    // A fill computed at run time, `Cast(mask)`: the reason names both
+    // branches (it named the scores as the fill before, issue 39).
+    let model = core(
+        |b, s| {
+            let fill = b.node("Cast", &["mask"], vec![attr_int("to", FLOAT as i64)]);
+            b.node("Where", &["hide", &fill, &s], vec![])
+        },
+        |_, p| p,
+    );
+    let (n, why, _) = attention(&model);
+    assert_eq!(n, 0);
+    assert!(why.iter().any(|r| r.contains("neither branch of the Where") && r.contains("is a constant fill")), "{why:?}");
 }
 
 #[test]

@@ -708,6 +708,12 @@ fn scores_chain<'a>(g: &Graph<'a>, value: &'a str, depth: usize) -> Check<(usize
         "Where" if node.input.len() == 3 => {
             // The fill is the constant branch: Where(keep, s, fill), or
             // masked_fill's Where(hide, fill, s).
+            let (x, y) = (&node.input[1], &node.input[2]);
+            require!(
+                g.constant(x).is_some() || g.constant(y).is_some(),
+                "neither branch of the Where {} ({x}, {y}) is a constant fill",
+                node.name()
+            );
             let fill_first = g.constant(&node.input[1]).is_some() && g.constant(&node.input[2]).is_none();
             let (scores, fill) =
                 if fill_first { (&node.input[2], &node.input[1]) } else { (&node.input[1], &node.input[2]) };
