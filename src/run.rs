@@ -341,6 +341,8 @@ fn list_folder(input: &Path, output: &Path) -> Result<Listing> {
                 pending.push(path);
             } else if !meta.is_file() {
                 skip("not a regular file (a FIFO, socket or device)");
+            } else if dir == input && path.file_name().is_some_and(|n| n == INCOMPLETE) {
+                skip("the mark of an onnx-fuse folder run that did not finish (not carried over)");
             } else if path.extension().is_some_and(|e| e == "onnx") {
                 listing.models.push(path);
             } else {
@@ -359,6 +361,11 @@ fn list_folder(input: &Path, output: &Path) -> Result<Listing> {
 fn relative(input: &Path, path: &Path) -> String {
     path.strip_prefix(input).unwrap_or(path).to_string_lossy().into_owned()
 }
+
+/// The file a folder run keeps in its output folder while the folder is
+/// not a complete fused export: from before the first file is written
+/// until every model is written (kept, naming them, where one was not).
+pub const INCOMPLETE: &str = "ONNX_FUSE_INCOMPLETE";
 
 /// Fuses an export folder into `output` (created if missing): the models in
 /// parallel, up to `workers` at once, each file committed atomically.
@@ -411,6 +418,17 @@ pub fn fuse_folder(
             std::fs::create_dir(&made).with_context(|| format!("{}: cannot create the folder", made.display()))?;
         }
     }
+    // Marked incomplete until every model is written: a kill, a failed or
+    // unverified model leaves the mark (docs/README: what a CI step checks).
+    let mark = output.join(INCOMPLETE);
+    let marking = |why: &str| {
+        std::fs::write(&mark, format!("{why}\n")).with_context(|| format!("{}: cannot write", mark.display()))
+    };
+    marking(&format!(
+        "onnx-fuse is fusing {} into this folder; while this file is here, the folder is not a complete fused \
+         export (a run that was stopped leaves it)",
+        input.display()
+    ))?;
     // Other files first (external data among them): models refer to them.
     let mut carried = Vec::new();
     for path in &others {
@@ -475,6 +493,21 @@ pub fn fuse_folder(
     }
     files.sort_by(|a, b| a.input.cmp(&b.input));
     errors.sort();
+    let unwritten: Vec<String> = errors
+        .iter()
+        .map(|(f, _)| f.clone())
+        .chain(files.iter().filter(|f| f.verdict() == Verdict::VerificationFailed).map(|f| f.input.clone()))
+        .collect();
+    if unwritten.is_empty() {
+        std::fs::remove_file(&mark).with_context(|| format!("{}: cannot remove", mark.display()))?;
+    } else {
+        marking(&format!(
+            "onnx-fuse did not write every model of {} into this folder: the folder is not a complete fused \
+             export; not written: {}",
+            input.display(),
+            unwritten.join(", ")
+        ))?;
+    }
     let totals: Vec<report::PassCount> = settings
         .pipeline
         .iter()

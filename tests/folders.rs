@@ -246,8 +246,16 @@ fn a_model_that_panics_fails_alone_and_is_reported() {
     let fused: Vec<String> = counts(&report).into_iter().map(|(name, ..)| name).collect();
     assert_eq!(fused, ["decoder_with_past_model.onnx", "encoder_model.onnx"]);
     assert!(out.join("encoder_model.onnx").exists() && !out.join("decoder_model.onnx").exists());
+    // The output folder says plainly that it is not a complete export.
+    let mark = fs::read_to_string(out.join("ONNX_FUSE_INCOMPLETE")).expect("the folder marked incomplete");
+    assert!(mark.contains("not a complete fused export") && mark.contains("decoder_model.onnx"), "{mark}");
+    // Fused again without the fault, the folder is complete: no mark.
+    let r = bin().args(&args[1..]).output().unwrap();
+    assert_eq!(r.status.code(), Some(0), "{}", stderr(&r));
+    assert!(!out.join("ONNX_FUSE_INCOMPLETE").exists());
     // The summary counts what was written and names what was not.
     let r = bin().args(&args[1..]).env("ONNX_FUSE_PANIC_ON", "decoder_model.onnx").output().unwrap();
+    assert!(out.join("ONNX_FUSE_INCOMPLETE").exists());
     let said = stderr(&r);
     assert!(said.contains("3 models (1 failed, not written: ") && said.contains("decoder_model.onnx), fused"), "{said}");
 }
@@ -323,4 +331,43 @@ fn subfolders_are_fused_and_carried_over_and_nothing_is_left_out_unsaid() {
     }
     assert!(json(&again)["skipped"].as_array().unwrap().iter().any(|s| s[0] == "fused"));
     assert!(!inside.join("fused").exists());
+}
+
+/// A folder run that is stopped leaves its output folder marked: the mark
+/// is written before the first file and removed once every model is
+/// written. (Stopped here between the two by a pause a test build reads.)
+#[test]
+fn a_stopped_folder_run_leaves_its_output_marked_incomplete() {
+    let dir = tempdir();
+    let out = dir.path().join("fused");
+    let input = testdata("t5_optimum_folder");
+    let mut child = bin()
+        .args(["-q", s(&input), "-o", s(&out)])
+        .env("ONNX_FUSE_TEST_PAUSE_MS", "3000")
+        .spawn()
+        .unwrap();
+    let mark = out.join("ONNX_FUSE_INCOMPLETE");
+    let started = std::time::Instant::now();
+    let marked = || fs::read_to_string(&mark).is_ok_and(|t| t.ends_with('\n'));
+    while !marked() && started.elapsed() < std::time::Duration::from_secs(20) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let said = fs::read_to_string(&mark).expect("the mark is written before the first file");
+    assert!(said.contains("not a complete fused export"), "{said}");
+    // Fused into the same folder again, the run completes and the mark goes.
+    let r = run(&["-q", s(&input), "-o", s(&out)]);
+    assert_eq!(r.status.code(), Some(0), "{}", stderr(&r));
+    assert!(!mark.exists());
+    // A mark in an input folder is not carried over, and is said so.
+    let marked_input = dir.path().join("marked");
+    fs::create_dir(&marked_input).unwrap();
+    fs::copy(testdata("llama_ts_op14.onnx"), marked_input.join("model.onnx")).unwrap();
+    fs::write(marked_input.join("ONNX_FUSE_INCOMPLETE"), "from another run\n").unwrap();
+    let again = dir.path().join("again");
+    let r = run(&[s(&marked_input), "-o", s(&again)]);
+    assert_eq!(r.status.code(), Some(0), "{}", stderr(&r));
+    assert!(stderr(&r).contains("left alone: ONNX_FUSE_INCOMPLETE"), "{}", stderr(&r));
+    assert!(!again.join("ONNX_FUSE_INCOMPLETE").exists() && again.join("model.onnx").exists());
 }
