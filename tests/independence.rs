@@ -8,7 +8,7 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use common::exports;
+use common::{exports, in_parallel};
 use onnx_fuse::graph::Target;
 use onnx_fuse::{passes, report, rewrite};
 
@@ -54,30 +54,9 @@ fn lowered(name: &str) -> (usize, Vec<String>) {
 #[test]
 fn leaving_a_pass_out_never_lowers_another_pass_count() {
     let names = exports();
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let (found, runs) = std::thread::scope(|s| {
-        let workers: Vec<_> = (0..threads)
-            .map(|_| {
-                s.spawn(|| {
-                    let (mut found, mut runs) = (Vec::new(), 0);
-                    while let Some(name) = names.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) {
-                        let (r, f) = lowered(name);
-                        found.extend(f);
-                        runs += r;
-                    }
-                    (found, runs)
-                })
-            })
-            .collect();
-        let mut all = (Vec::new(), 0);
-        for w in workers {
-            let (f, r) = w.join().unwrap();
-            all.0.extend(f);
-            all.1 += r;
-        }
-        all
-    });
+    let done = in_parallel(&names, lowered);
+    let runs: usize = done.iter().map(|(r, _)| r).sum();
+    let found: Vec<String> = done.into_iter().flat_map(|(_, f)| f).collect();
     assert!(runs > 1000, "only {runs} pipelines");
     assert!(found.is_empty(), "{} counts lowered:\n{}", found.len(), found.join("\n"));
 }

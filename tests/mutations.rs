@@ -189,23 +189,8 @@ fn no_malformed_node_of_any_export_makes_the_tool_panic() {
     let pipeline = passes::pipeline(&every, &[]).unwrap();
     std::panic::set_hook(Box::new(|info| LOCATION.with(|l| *l.borrow_mut() = Some(info.to_string()))));
     let names: Vec<String> = exports().into_iter().filter(|n| only.as_ref().is_none_or(|o| o.contains(n))).collect();
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let (runs, refused) = std::thread::scope(|s| {
-        let workers: Vec<_> = (0..threads)
-            .map(|_| {
-                s.spawn(|| {
-                    let mut total = (0, 0);
-                    while let Some(name) = names.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) {
-                        let (runs, refused) = mutate_export(name, stride, &pipeline);
-                        total = (total.0 + runs, total.1 + refused);
-                    }
-                    total
-                })
-            })
-            .collect();
-        workers.into_iter().map(|w| w.join().unwrap()).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
-    });
+    let done = in_parallel(&names, |name| mutate_export(name, stride, &pipeline));
+    let (runs, refused) = done.into_iter().fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
     let _ = std::panic::take_hook();
     let panics = PANICS.lock().unwrap();
     eprintln!("mutations: {runs} loadable runs, {refused} refused as invalid, {} panics", panics.len());

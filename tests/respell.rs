@@ -178,30 +178,9 @@ fn a_constant_respelled_fuses_as_the_constant() {
     let every: Vec<String> = passes::ALL.iter().map(|p| p.name.to_string()).collect();
     let pipeline = passes::pipeline(&every, &[]).unwrap();
     let names = exports();
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let (failures, runs) = std::thread::scope(|s| {
-        let workers: Vec<_> = (0..threads)
-            .map(|_| {
-                s.spawn(|| {
-                    let (mut failures, mut runs) = (Vec::new(), 0);
-                    while let Some(name) = names.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) {
-                        let (f, r) = respell_export(name, &pipeline);
-                        failures.extend(f);
-                        runs += r;
-                    }
-                    (failures, runs)
-                })
-            })
-            .collect();
-        let mut all = (Vec::new(), 0);
-        for w in workers {
-            let (f, r) = w.join().unwrap();
-            all.0.extend(f);
-            all.1 += r;
-        }
-        all
-    });
+    let done = in_parallel(&names, |name| respell_export(name, &pipeline));
+    let runs: usize = done.iter().map(|(_, r)| r).sum();
+    let failures: Vec<String> = done.into_iter().flat_map(|(f, _)| f).collect();
     assert!(runs > 150, "only {runs} respelled models");
     assert!(failures.is_empty(), "{} of {runs} respelled models:\n{}", failures.len(), failures.join("\n"));
 }

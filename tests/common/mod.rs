@@ -40,6 +40,27 @@ pub fn exports() -> Vec<String> {
     names
 }
 
+/// `each` on every name, on as many threads as the machine has cores; the
+/// results in no particular order.
+pub fn in_parallel<T: Send>(names: &[String], each: impl Fn(&str) -> T + Sync) -> Vec<T> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut done = Vec::new();
+                    while let Some(name) = names.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) {
+                        done.push(each(name));
+                    }
+                    done
+                })
+            })
+            .collect();
+        workers.into_iter().flat_map(|w| w.join().unwrap()).collect()
+    })
+}
+
 pub fn load(name: &str) -> ModelProto {
     io::load(&testdata(name), LoadOptions::default()).unwrap_or_else(|e| panic!("{e:#}")).model
 }
