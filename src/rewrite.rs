@@ -17,7 +17,7 @@ pub use crate::graph::Portable;
 use crate::graph::{free_values, values_read_by, Check, Graph, Miss, Scope, Stop, Target};
 use crate::onnx::{
     AttributeProto, FunctionProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, StringStringEntryProto,
-    TensorProto, FUSED_KEY, MICROSOFT,
+    TensorProto, FUSED_KEY, INT64, MICROSOFT,
 };
 use crate::pattern::Weight;
 use crate::{decline, require};
@@ -221,11 +221,46 @@ pub struct Match {
     anchor: usize,
     kept: Vec<Kept>,
     constants: Vec<TensorProto>,
+    prelude: Vec<NodeProto>,
 }
 
 impl Match {
     pub fn new(anchor: usize) -> Self {
-        Match { anchor, kept: vec![], constants: vec![] }
+        Match { anchor, kept: vec![], constants: vec![], prelude: vec![] }
+    }
+
+    /// The name the replacement reads a scale of ones over the last `k`
+    /// axes of `x` (of float type `elem`) by, for a norm without weight: a
+    /// constant (named as `weight_input` names it) where those axes are known numbers, else computed at run
+    /// time from x's shape (`ConstantOfShape(Shape(x)[-k:])`, before the
+    /// replacement), which multiplies as exactly, where x's rank is proved
+    /// at least k. None where it is not, or where the opset has no such ops
+    /// for the type (below 10; bf16 below 20).
+    pub fn ones_over(&mut self, g: &Graph, x: &str, k: usize, elem: i32, what: &str) -> Option<String> {
+        if let Some(ones) = crate::pattern::ones_over(g, x, k) {
+            return Some(self.weight_input(g, Weight::Made(Box::new(ones)), what));
+        }
+        // x of a proved rank: a scalar's norm over "the last axis" runs as
+        // primitives, not as the fused op (the fuzzer's x of no declared shape).
+        let one = crate::pattern::filled_shape(elem, &[1], 1.0)?;
+        let rank = g.shapes().rank(x).filter(|&r| r >= k.max(1));
+        if rank.is_none() || g.opset < 10 || (elem == crate::onnx::BFLOAT16 && g.opset < 20) {
+            return None;
+        }
+        let named = |output: &str, n: NodeProto| NodeProto { output: vec![output.to_string()], ..n };
+        let (last, ones) = (format!("{x}/last_axes"), format!("{x}/ones"));
+        if g.opset >= 15 {
+            self.prelude.push(named(&last, node("Shape", &[x], vec![AttributeProto::int("start", -(k as i64))])));
+        } else {
+            let ints = |v: i64| TensorProto { data_type: Some(INT64), dims: vec![1], int64_data: vec![v], ..Default::default() };
+            let (shape, from, to) = (format!("{x}/shape"), format!("{x}/last_from"), format!("{x}/last_to"));
+            self.prelude.push(named(&shape, node("Shape", &[x], vec![])));
+            self.prelude.push(named(&from, node("Constant", &[], vec![AttributeProto::tensor("value", ints(-(k as i64)))])));
+            self.prelude.push(named(&to, node("Constant", &[], vec![AttributeProto::tensor("value", ints(i64::MAX))])));
+            self.prelude.push(named(&last, node("Slice", &[&shape, &from, &to], vec![])));
+        }
+        self.prelude.push(named(&ones, node("ConstantOfShape", &[&last], vec![AttributeProto::tensor("value", one)])));
+        Some(ones)
     }
 
     /// The name the replacement reads a weight by: the value itself, or a
@@ -260,7 +295,7 @@ impl Match {
             import: None,
             constants: self.constants,
             yields_to: &[],
-            prelude: vec![],
+            prelude: self.prelude,
             prelude_at: vec![],
             runs: None,
             opset: None,

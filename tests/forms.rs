@@ -816,3 +816,54 @@ fn an_inference_dropout_is_no_step_and_a_training_one_no_core() {
     let (n, _, _) = attention(&core(|_, s| s, dropout(Some(1.0))));
     assert_eq!(n, 0, "a Dropout in training mode is random");
 }
+
+/// onnxscript's norm without a scale, `x · Reciprocal(Sqrt(mean(x²) + eps))`,
+/// over a last axis no number is known of: its scale of ones is computed
+/// from x's shape at run time (`ConstantOfShape(Shape(x)[-1:])`; before
+/// opset 15 through a Slice), and the centered form becomes a LayerNorm the
+/// same way. Where x's rank is not proved (a scalar's "last axis" runs as
+/// primitives, not as the op), it stays, with its reason.
+#[test]
+fn a_norm_without_weight_over_a_symbolic_axis_gets_ones_computed_at_run_time() {
+    let weightless = |opset: i64, declared: Option<&[D]>, centered: bool| {
+        let mut b = Builder::default();
+        b.input("x", FLOAT, declared);
+        let x = if centered {
+            let mean = b.node("ReduceMean", &["x"], vec![attr_ints("axes", &[-1])]);
+            b.node("Sub", &["x", &mean], vec![])
+        } else {
+            "x".to_string()
+        };
+        let square = b.node("Mul", &[&x, &x], vec![]);
+        let mean = b.node("ReduceMean", &[&square], vec![attr_ints("axes", &[-1])]);
+        let eps = b.init("eps", tensor(FLOAT, &[], &[1e-6]));
+        let sum = b.node("Add", &[&mean, &eps], vec![]);
+        let root = b.node("Sqrt", &[&sum], vec![]);
+        let inverse = b.node("Reciprocal", &[&root], vec![]);
+        b.node_to("Mul", &[&x, &inverse], &["y"], vec![]);
+        b.output("y", FLOAT, None);
+        b.model(opset)
+    };
+    let symbolic = [sym("b"), sym("s"), sym("d")];
+    for (opset, centered, op) in
+        [(14, false, "SimplifiedLayerNormalization"), (17, false, "SimplifiedLayerNormalization"), (17, true, "LayerNormalization")]
+    {
+        let model = weightless(opset, Some(&symbolic), centered);
+        let (fused, outcome) = fuse_model(&model, &["layer-norm", "rms-norm"]);
+        assert_eq!(outcome.fused.len(), 1, "opset {opset}: {:?}", outcome.declined);
+        let nodes = &fused.graph.as_ref().unwrap().node;
+        let ops: Vec<&str> = nodes.iter().map(|n| n.op_type()).collect();
+        let ones = if opset >= 15 {
+            vec!["Shape", "ConstantOfShape", op]
+        } else {
+            vec!["Shape", "Constant", "Constant", "Slice", "ConstantOfShape", op]
+        };
+        assert_eq!(ops, ones, "opset {opset}");
+        let norm = nodes.last().unwrap();
+        assert_eq!(norm.input[1], nodes[nodes.len() - 2].output[0], "the scale is the ones");
+        assert_eq!(norm.attr_int("axis"), Some(-1));
+        assert_equivalent(&model, &fused, "forms");
+    }
+    let why = declined(&weightless(17, None, false));
+    assert!(why.iter().any(|r| r.contains("needs its rank proved")), "{why:?}");
+}

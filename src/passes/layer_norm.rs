@@ -84,15 +84,14 @@ fn without_gamma(g: &Graph, index: usize) -> Check<Rewrite> {
     let n = &last.output[0];
     let core = rms_core(g, n).or_no_candidate()?;
     let x = centered(g, core.x, core.axes).or_no_candidate()?;
-    let over = if core.axes == 1 { "last axis".to_string() } else { format!("last {} axes", core.axes) };
-    let ones = pattern::ones_over(g, x, core.axes)
-        .or_decline(|| format!("a LayerNorm without gamma: the {over} and type of {x} are not known numbers"))?;
     require!(g.elem_type(x) == Some(core.elem_type), "x and eps do not share one element type");
     if g.target == Target::Portable {
         g.require_portable(PORTABLE)?;
     }
     let mut m = Match::new(index);
-    let gamma = m.weight_input(g, pattern::Weight::Made(Box::new(ones)), "gamma");
+    let gamma = m.ones_over(g, x, core.axes, core.elem_type, "gamma").or_decline(|| {
+        format!("a LayerNorm without gamma: the last axes of {} are no known numbers, and a scale of ones computed at run time needs its rank proved and opset 10 (bf16: 20)", x)
+    })?;
     Ok(m.replace_with(node("LayerNormalization", &[x, &gamma], norm_attributes(core.eps, core.axes))))
 }
 

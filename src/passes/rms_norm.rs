@@ -90,10 +90,10 @@ fn without_weight(g: &Graph, index: usize) -> Check<Rewrite> {
     let last = g.node(index);
     candidate!(last.is("Div") || last.is("Mul"));
     let core = last_axis_core(g, &last.output[0]).or_no_candidate()?;
-    let ones = pattern::ones_over(g, core.x, 1)
-        .or_decline(|| format!("a norm without weight: the last axis and type of {} are not known numbers", core.x))?;
     let mut m = Match::new(index);
-    let weight = m.weight_input(g, pattern::Weight::Made(Box::new(ones)), "weight");
+    let weight = m.ones_over(g, core.x, 1, core.elem_type, "weight").or_decline(|| {
+        format!("a norm without weight: the last axes of {} are no known numbers, and a scale of ones computed at run time needs its rank proved and opset 10 (bf16: 20)", core.x)
+    })?;
     Ok(m.replace_with(node(op_for(g)?, &[core.x, &weight], norm_attributes(core.eps, 1))).yielding_to(&["Mul", "Cast"]))
 }
 
