@@ -579,7 +579,9 @@ pub fn rms(rng: &mut Rng) -> Case {
         // where D is a known number, else computed from x's shape at run
         // time (ConstantOfShape from opset 9, of bf16 from 20).
         c.note("no weight");
-        if !matches!(last, D::N(_)) && core_elem == BFLOAT16 && opset < 20 {
+        if !declared {
+            c.breaks("no weight on x of no declared shape");
+        } else if !matches!(last, D::N(_)) && core_elem == BFLOAT16 && opset < 20 {
             c.breaks(format!("no weight on x of last axis {last:?} in bf16 before opset 20"));
         }
         b.output(&n, core_elem, None);
@@ -657,16 +659,20 @@ pub fn layer_norm(rng: &mut Rng) -> Case {
     };
     let inner = computed_since(&b, before);
     let x_rank = declared.then_some(rank);
-    if normalized.is_some() {
+    if declared {
         // Read elsewhere too, the normalized value still fuses as
-        // LayerNormalization with a scale of ones, its Mul and Add after it.
+        // LayerNormalization with a scale of ones (a constant, or computed
+        // at run time where the axes are no known numbers), its Mul and Add
+        // after it.
         c.aside.push(n.clone());
     }
     if rng.chance(0.1) {
-        // OLMo: neither gamma nor beta; a scale of ones needs a known D.
+        // OLMo: neither gamma nor beta; a scale of ones, a constant where
+        // the axes are known numbers, else computed at run time from x's
+        // shape, which needs x's rank proved.
         c.note("neither gamma nor beta");
-        if normalized.is_none() {
-            c.breaks(format!("no gamma on x of normalized axes {dims:?}"));
+        if !declared {
+            c.breaks("no gamma on x of no declared shape");
         }
         b.output(&n, elem, None);
         leak(rng, &mut c, &mut b, &inner, elem);
@@ -677,7 +683,7 @@ pub fn layer_norm(rng: &mut Rng) -> Case {
         _ => weight_over_axes(rng, c, b, name, elem, normalized.as_deref(), x_rank),
     };
     let gamma = weight(rng, &mut c, &mut b, "gamma", false);
-    if normalized.is_some() {
+    if declared {
         c.may_stay.push(gamma.clone());
     }
     let g = commuted(rng, &mut b, "Mul", &n, &gamma);
