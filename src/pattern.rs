@@ -202,7 +202,10 @@ pub fn weight_over<'a>(g: &Graph<'a>, value: &'a str, x: &str, k: usize, what: &
         if lead == 0 {
             return Ok(Weight::Value(value));
         }
-        require!(shape[..lead].iter().all(|d| d.value() == Some(1)), "the {what} ({value}) widens the last {k} axes of {x}");
+        require!(
+            shape[..lead].iter().all(|d| d.value() == Some(1)),
+            "the {what} ({value}) widens the last {k} axes of {x}"
+        );
         let t = constant.or_decline(|| format!("the {what} ({value}) has leading axes of 1 but is not a constant"))?;
         return Ok(Weight::Made(Box::new(TensorProto { dims: t.dims[lead..].to_vec(), name: None, ..t.clone() })));
     }
@@ -212,7 +215,11 @@ pub fn weight_over<'a>(g: &Graph<'a>, value: &'a str, x: &str, k: usize, what: &
         return Ok(Weight::Made(Box::new(made)));
     }
     let shown = |dims: &[Dim]| dims.iter().map(Dim::to_string).collect::<Vec<_>>().join(", ");
-    decline!("the {what} ({value}) has shape [{}], not the last {k} axes of {x}, [{}]", shown(&shape), shown(normalized))
+    decline!(
+        "the {what} ({value}) has shape [{}], not the last {k} axes of {x}, [{}]",
+        shown(&shape),
+        shown(normalized)
+    )
 }
 
 /// A scale of ones for a norm of `x` over its last `k` axes, in x's type:

@@ -252,10 +252,16 @@ impl Match {
         if g.opset >= 15 {
             self.prelude.push(named(&last, node("Shape", &[x], vec![AttributeProto::int("start", -(k as i64))])));
         } else {
-            let ints = |v: i64| TensorProto { data_type: Some(INT64), dims: vec![1], int64_data: vec![v], ..Default::default() };
+            let ints = |v: i64| TensorProto {
+                data_type: Some(INT64),
+                dims: vec![1],
+                int64_data: vec![v],
+                ..Default::default()
+            };
             let (shape, from, to) = (format!("{x}/shape"), format!("{x}/last_from"), format!("{x}/last_to"));
             self.prelude.push(named(&shape, node("Shape", &[x], vec![])));
-            self.prelude.push(named(&from, node("Constant", &[], vec![AttributeProto::tensor("value", ints(-(k as i64)))])));
+            self.prelude
+                .push(named(&from, node("Constant", &[], vec![AttributeProto::tensor("value", ints(-(k as i64)))])));
             self.prelude.push(named(&to, node("Constant", &[], vec![AttributeProto::tensor("value", ints(i64::MAX))])));
             self.prelude.push(named(&last, node("Slice", &[&shape, &from, &to], vec![])));
         }

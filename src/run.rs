@@ -367,6 +367,24 @@ fn relative(input: &Path, path: &Path) -> String {
 /// until every model is written (kept, naming them, where one was not).
 pub const INCOMPLETE: &str = "ONNX_FUSE_INCOMPLETE";
 
+/// Writes the mark as a regular file of the output folder: never through a
+/// symbolic link (`O_NOFOLLOW`), never blocking on a FIFO (`O_NONBLOCK`),
+/// nothing but a regular file written.
+fn write_mark(path: &Path, why: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    file.set_len(0)?;
+    file.write_all(format!("{why}\n").as_bytes())
+}
+
 /// Fuses an export folder into `output` (created if missing): the models in
 /// parallel, up to `workers` at once, each file committed atomically.
 pub fn fuse_folder(
@@ -421,9 +439,7 @@ pub fn fuse_folder(
     // Marked incomplete until every model is written: a kill, a failed or
     // unverified model leaves the mark (docs/README: what a CI step checks).
     let mark = output.join(INCOMPLETE);
-    let marking = |why: &str| {
-        std::fs::write(&mark, format!("{why}\n")).with_context(|| format!("{}: cannot write", mark.display()))
-    };
+    let marking = |why: &str| write_mark(&mark, why).with_context(|| format!("{}: cannot write", mark.display()));
     marking(&format!(
         "onnx-fuse is fusing {} into this folder; while this file is here, the folder is not a complete fused \
          export (a run that was stopped leaves it)",

@@ -112,9 +112,10 @@ fn unexplained(name: &str) -> (usize, Vec<String>) {
             continue;
         }
         // A sum another norm's kernel took (its output 3) counts too.
-        let taken = index_after.producer.get(n.input[0].as_str()).is_some_and(|p| {
-            p.op_type().starts_with("Skip") && p.output.get(3).is_some_and(|o| *o == n.input[0])
-        });
+        let taken = index_after
+            .producer
+            .get(n.input[0].as_str())
+            .is_some_and(|p| p.op_type().starts_with("Skip") && p.output.get(3).is_some_and(|o| *o == n.input[0]));
         let of_a_sum = taken || index_after.through_casts(&n.input[0], "Add").is_some();
         if norm && n.domain().is_empty() && of_a_sum {
             stayed += 1;
@@ -138,5 +139,10 @@ fn every_candidate_that_stays_has_its_reason() {
     eprintln!("{stayed} candidates stay unfused, {} of them without a reason", missing.len());
     // The near-misses alone leave dozens: a test that found none would prove nothing.
     assert!(stayed >= 20, "only {stayed} candidates stay unfused in testdata");
-    assert!(missing.is_empty(), "{} of {stayed} candidates left without a reason:\n{}", missing.len(), missing.join("\n"));
+    assert!(
+        missing.is_empty(),
+        "{} of {stayed} candidates left without a reason:\n{}",
+        missing.len(),
+        missing.join("\n")
+    );
 }

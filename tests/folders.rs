@@ -257,7 +257,10 @@ fn a_model_that_panics_fails_alone_and_is_reported() {
     let r = bin().args(&args[1..]).env("ONNX_FUSE_PANIC_ON", "decoder_model.onnx").output().unwrap();
     assert!(out.join("ONNX_FUSE_INCOMPLETE").exists());
     let said = stderr(&r);
-    assert!(said.contains("3 models (1 failed, not written: ") && said.contains("decoder_model.onnx), fused"), "{said}");
+    assert!(
+        said.contains("3 models (1 failed, not written: ") && said.contains("decoder_model.onnx), fused"),
+        "{said}"
+    );
 }
 
 #[test]
@@ -341,11 +344,8 @@ fn a_stopped_folder_run_leaves_its_output_marked_incomplete() {
     let dir = tempdir();
     let out = dir.path().join("fused");
     let input = testdata("t5_optimum_folder");
-    let mut child = bin()
-        .args(["-q", s(&input), "-o", s(&out)])
-        .env("ONNX_FUSE_TEST_PAUSE_MS", "3000")
-        .spawn()
-        .unwrap();
+    let mut child =
+        bin().args(["-q", s(&input), "-o", s(&out)]).env("ONNX_FUSE_TEST_PAUSE_MS", "3000").spawn().unwrap();
     let mark = out.join("ONNX_FUSE_INCOMPLETE");
     let started = std::time::Instant::now();
     let marked = || fs::read_to_string(&mark).is_ok_and(|t| t.ends_with('\n'));
@@ -370,4 +370,29 @@ fn a_stopped_folder_run_leaves_its_output_marked_incomplete() {
     assert_eq!(r.status.code(), Some(0), "{}", stderr(&r));
     assert!(stderr(&r).contains("left alone: ONNX_FUSE_INCOMPLETE"), "{}", stderr(&r));
     assert!(!again.join("ONNX_FUSE_INCOMPLETE").exists() && again.join("model.onnx").exists());
+}
+
+/// The mark is written as a regular file of the output folder only: a
+/// symbolic link by its name (to a file outside) is not followed, a FIFO
+/// does not block the run; either is one clear error, nothing outside
+/// touched.
+#[test]
+fn the_mark_never_follows_a_link_or_blocks_on_a_fifo() {
+    let dir = tempdir();
+    let input = testdata("t5_optimum_folder");
+    let outside = dir.path().join("outside.txt");
+    fs::write(&outside, "not onnx-fuse's").unwrap();
+    let out = dir.path().join("linked");
+    fs::create_dir(&out).unwrap();
+    std::os::unix::fs::symlink(&outside, out.join("ONNX_FUSE_INCOMPLETE")).unwrap();
+    let r = run(&["-q", s(&input), "-o", s(&out)]);
+    assert_eq!(r.status.code(), Some(1), "{}", stderr(&r));
+    assert!(stderr(&r).contains("ONNX_FUSE_INCOMPLETE: cannot write"), "{}", stderr(&r));
+    assert_eq!(fs::read_to_string(&outside).unwrap(), "not onnx-fuse's");
+    let out = dir.path().join("fifo");
+    fs::create_dir(&out).unwrap();
+    let fifo = std::ffi::CString::new(out.join("ONNX_FUSE_INCOMPLETE").to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    let r = run(&["-q", s(&input), "-o", s(&out)]);
+    assert_eq!(r.status.code(), Some(1), "{}", stderr(&r));
 }

@@ -737,7 +737,10 @@ fn masked_fill_with_a_reshaped_fill_is_a_core() {
     );
     let (n, why, _) = attention(&model);
     assert_eq!(n, 0);
-    assert!(why.iter().any(|r| r.contains("neither branch of the Where") && r.contains("is a constant fill")), "{why:?}");
+    assert!(
+        why.iter().any(|r| r.contains("neither branch of the Where") && r.contains("is a constant fill")),
+        "{why:?}"
+    );
 }
 
 #[test]
@@ -845,9 +848,11 @@ fn a_norm_without_weight_over_a_symbolic_axis_gets_ones_computed_at_run_time() {
         b.model(opset)
     };
     let symbolic = [sym("b"), sym("s"), sym("d")];
-    for (opset, centered, op) in
-        [(14, false, "SimplifiedLayerNormalization"), (17, false, "SimplifiedLayerNormalization"), (17, true, "LayerNormalization")]
-    {
+    for (opset, centered, op) in [
+        (14, false, "SimplifiedLayerNormalization"),
+        (17, false, "SimplifiedLayerNormalization"),
+        (17, true, "LayerNormalization"),
+    ] {
         let model = weightless(opset, Some(&symbolic), centered);
         let (fused, outcome) = fuse_model(&model, &["layer-norm", "rms-norm"]);
         assert_eq!(outcome.fused.len(), 1, "opset {opset}: {:?}", outcome.declined);

@@ -656,9 +656,11 @@ fn convolved_and_pooled_lengths_of_a_symbolic_length_are_one_dimension() {
     let mut b = Builder::default();
     let x = b.input("x", FLOAT, Some(&[sym("b"), D::N(4), sym("len")]));
     let w = b.init("w", tensor(FLOAT, &[4, 1, 16], &vec![0.0; 64]));
-    let conv = b.node("Conv", &[&x, &w], vec![attr_ints("pads", &[8, 8]), attr_ints("strides", &[2]), attr_int("group", 4)]);
+    let conv =
+        b.node("Conv", &[&x, &w], vec![attr_ints("pads", &[8, 8]), attr_ints("strides", &[2]), attr_int("group", 4)]);
     assert_eq!(shape(&b, 17, &conv).unwrap(), ["b", "4", "floor((1·$len)/2) + 1"]);
-    let (zero, minus_one, axis) = (b.init("zero", ints(&[0])), b.init("minus_one", ints(&[-1])), b.init("axis", ints(&[2])));
+    let (zero, minus_one, axis) =
+        (b.init("zero", ints(&[0])), b.init("minus_one", ints(&[-1])), b.init("axis", ints(&[2])));
     let cut = b.node("Slice", &[&conv, &zero, &minus_one, &axis], vec![]);
     let pooled = b.node("AveragePool", &[&x], vec![attr_ints("kernel_shape", &[2]), attr_ints("strides", &[2])]);
     assert_eq!(shape(&b, 17, &cut).unwrap(), shape(&b, 17, &pooled).unwrap());

@@ -328,7 +328,11 @@ impl<'a> Graph<'a> {
             let Some(t) = own.or_else(|| outer().map(Cow::Borrowed)) else { continue };
             let Some(to) = self.elem_type(like) else { continue };
             let small = !t.is_external() && t.numel().is_some_and(|n| n <= fold::SMALL as u64);
-            let cast = if to == t.data_type() { Some(t) } else { small.then(|| fold::cast_tensor(&t, to)).flatten().map(Cow::Owned) };
+            let cast = if to == t.data_type() {
+                Some(t)
+            } else {
+                small.then(|| fold::cast_tensor(&t, to)).flatten().map(Cow::Owned)
+            };
             if let Some(t) = cast {
                 self.types.insert(out, t.data_type());
                 self.consts.insert(out, t);

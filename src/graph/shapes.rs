@@ -827,13 +827,18 @@ impl<'g, 'a> Shapes<'g, 'a> {
             // default `stretch` policy), the output has those sizes.
             "Resize" if node.input.get(3).is_some_and(|v| !v.is_empty()) => {
                 let x = input(0)?;
-                let stretched = node.attr("keep_aspect_ratio_policy").is_none_or(|a| a.s.as_deref() == Some(b"stretch"));
+                let stretched =
+                    node.attr("keep_aspect_ratio_policy").is_none_or(|a| a.s.as_deref() == Some(b"stretch"));
                 if node.attr("axes").is_some() || !stretched {
                     return Some(opaque(x.len()));
                 }
                 let sizes = self.shape_tensor(&node.input[3]).filter(|s| s.len() == x.len());
                 let Some(sizes) = sizes else { return Some(opaque(x.len())) };
-                sizes.into_iter().enumerate().map(|(i, d)| d.unwrap_or_else(|| Dim::atom(format!("{value}#{i}")))).collect()
+                sizes
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, d)| d.unwrap_or_else(|| Dim::atom(format!("{value}#{i}"))))
+                    .collect()
             }
             _ => return None,
         })

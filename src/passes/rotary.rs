@@ -130,12 +130,7 @@ fn miss(why: &str) -> crate::graph::Miss {
 }
 
 /// `a · b` where `first(a)` (`what` a is): (a, b), either order.
-fn product_with<'a>(
-    g: &Graph<'a>,
-    value: &str,
-    what: &str,
-    first: impl Fn(&str) -> bool,
-) -> Check<(&'a str, &'a str)> {
+fn product_with<'a>(g: &Graph<'a>, value: &str, what: &str, first: impl Fn(&str) -> bool) -> Check<(&'a str, &'a str)> {
     let mul = g.node(g.produced_by(value, "Mul")?);
     let (a, b) = (mul.input[0].as_str(), mul.input[1].as_str());
     match (first(a), first(b)) {

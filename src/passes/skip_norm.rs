@@ -207,10 +207,15 @@ fn kernel_accepts(input: Option<Vec<Dim>>, skip: Option<Vec<Dim>>, sum: &Option<
 fn not_a_sum(g: &Graph, s: &str) -> Check<usize> {
     let producer = g.producer(s).map(|p| g.node(p));
     let skip = producer.filter(|n| {
-        n.domain() == crate::onnx::MICROSOFT && n.op_type().starts_with("Skip") && n.output.get(3).is_some_and(|o| o == s)
+        n.domain() == crate::onnx::MICROSOFT
+            && n.op_type().starts_with("Skip")
+            && n.output.get(3).is_some_and(|o| o == s)
     });
     if let Some(skip) = skip {
-        decline!("its sum {s} is computed by {} for its own norm: one residual sum joins one kernel", display_name(skip));
+        decline!(
+            "its sum {s} is computed by {} for its own norm: one residual sum joins one kernel",
+            display_name(skip)
+        );
     }
     let mut value = s;
     while let Ok(cast) = g.produced_by(value, "Cast") {
@@ -223,4 +228,3 @@ fn not_a_sum(g: &Graph, s: &str) -> Check<usize> {
         type_text(g.elem_type(s))
     )
 }
-
