@@ -279,11 +279,18 @@ fn a_layer_norm_without_gamma_gets_a_scale_of_ones_where_d_is_known() {
     let ones = weight_read(&fused, 1);
     assert_eq!((ones.dims.as_slice(), ones.values()), (&[4][..], Some(vec![1.0; 4])));
     assert_eq!(fused.graph.as_ref().unwrap().node[0].output, [last]);
-    // A symbolic last axis: no scale can be made.
+    // A symbolic last axis: the scale is computed from x's shape at run time.
     let mut symbolic = model.clone();
     symbolic.graph.as_mut().unwrap().input[0] = value_info("x", FLOAT, Some(&[D::N(2), D::N(3), sym("d")]));
-    let why = declined(&symbolic);
-    assert!(why.iter().any(|r| r.contains("a LayerNorm without gamma: the last axis and type of x")), "{why:?}");
+    let (fused, outcome) = fuse_model(&symbolic, &["layer-norm", "rms-norm"]);
+    assert_eq!(count_op(&fused, "LayerNormalization"), 1, "{:?}", outcome.declined);
+    assert_eq!(count_op(&fused, "ConstantOfShape"), 1);
+    assert_equivalent(&symbolic, &fused, "forms");
+    // x of no declared shape: its rank is not proved, and it stays.
+    let mut undeclared = model.clone();
+    undeclared.graph.as_mut().unwrap().input[0] = value_info("x", FLOAT, None);
+    let why = declined(&undeclared);
+    assert!(why.iter().any(|r| r.contains("a LayerNorm without gamma") && r.contains("needs its rank proved")), "{why:?}");
 }
 
 /// A LayerNorm of x `[2, 3, 4]` whose first mean reduces `mean_axes` and
@@ -420,10 +427,13 @@ fn an_rms_norm_without_weight_gets_a_weight_of_ones_where_d_is_known() {
 }
 
 #[test]
-fn an_rms_norm_without_weight_whose_d_is_unknown_or_whose_scale_is_not_proved_does_not_fuse() {
-    // A symbolic last axis: no weight of ones can be made.
-    let why = declined(&rms_without_weight(&[D::N(2), D::N(3), sym("d")], None));
-    assert!(why.iter().any(|r| r.contains("a norm without weight: the last axis and type of x")), "{why:?}");
+fn an_rms_norm_without_weight_whose_rank_is_unknown_or_whose_scale_is_not_proved_does_not_fuse() {
+    // A symbolic last axis fuses (tests below); x of no declared shape, of
+    // no proved rank, does not.
+    let mut undeclared = rms_without_weight(&[D::N(2), D::N(3), sym("d")], None);
+    undeclared.graph.as_mut().unwrap().input[0] = value_info("x", FLOAT, None);
+    let why = declined(&undeclared);
+    assert!(why.iter().any(|r| r.contains("a norm without weight") && r.contains("needs its rank proved")), "{why:?}");
     // A Mul by a [2, D] weight reads it: the weighted form declines it, and
     // the core is not taken alone either.
     let model = rms_without_weight(&dims(X), Some(("Mul", tensor(FLOAT, &[2, 4], &ramp(8)))));
