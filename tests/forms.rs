@@ -290,7 +290,10 @@ fn a_layer_norm_without_gamma_gets_a_scale_of_ones_where_d_is_known() {
     let mut undeclared = model.clone();
     undeclared.graph.as_mut().unwrap().input[0] = value_info("x", FLOAT, None);
     let why = declined(&undeclared);
-    assert!(why.iter().any(|r| r.contains("a LayerNorm without gamma") && r.contains("needs its rank proved")), "{why:?}");
+    assert!(
+        why.iter().any(|r| r.contains("a LayerNorm without gamma") && r.contains("needs its rank proved")),
+        "{why:?}"
+    );
 }
 
 /// A LayerNorm of x `[2, 3, 4]` whose first mean reduces `mean_axes` and

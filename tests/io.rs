@@ -210,6 +210,76 @@ fn external_data_beside_the_input_is_referenced_not_copied() {
     assert!(v.passed, "{}", v.text());
 }
 
+/// The names created in `dir` while `f` runs (inotify: a file created and
+/// removed again is seen too).
+fn created_in<T>(dirs: &[&Path], f: impl FnOnce() -> T) -> (T, Vec<String>) {
+    use std::os::unix::ffi::OsStrExt;
+    // SAFETY: plain inotify calls on a descriptor this function owns.
+    let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+    assert!(fd >= 0, "inotify");
+    for dir in dirs {
+        let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).unwrap();
+        assert!(unsafe { libc::inotify_add_watch(fd, c.as_ptr(), libc::IN_CREATE | libc::IN_MOVED_TO) } >= 0);
+    }
+    let result = f();
+    let (mut names, mut buf) = (Vec::new(), vec![0u8; 1 << 16]);
+    loop {
+        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+        if n <= 0 {
+            break;
+        }
+        let mut at = 0;
+        while at < n as usize {
+            let event = unsafe { &*(buf.as_ptr().add(at) as *const libc::inotify_event) };
+            let name = &buf[at + std::mem::size_of::<libc::inotify_event>()..][..event.len as usize];
+            names.push(String::from_utf8_lossy(name).trim_end_matches('\0').to_string());
+            at += std::mem::size_of::<libc::inotify_event>() + event.len as usize;
+        }
+    }
+    unsafe { libc::close(fd) };
+    (result, names)
+}
+
+#[test]
+fn verification_writes_nothing_beside_the_model_nor_anywhere_else() {
+    // ONNX Runtime reads an unnamed scratch file (no kill can leave it
+    // behind), and its telemetry, which keeps an event store under
+    // ~/.cache, is off.
+    let dir = tempdir();
+    let input = external(dir.path());
+    let (home, tmp, out_dir) = (dir.path().join("home"), dir.path().join("tmp"), dir.path().join("out"));
+    for d in [&home, &tmp, &out_dir] {
+        fs::create_dir(d).unwrap();
+    }
+    let out = out_dir.join("fused.onnx");
+    let (r, created) = created_in(&[input.parent().unwrap(), &tmp], || {
+        bin()
+            .env("HOME", &home)
+            .env("TMPDIR", &tmp)
+            .env_remove("XDG_CACHE_HOME")
+            .env_remove("ORT_DISABLE_TELEMETRY")
+            .args(["-q", "--verify", input.to_str().unwrap(), "-o", out.to_str().unwrap()])
+            .output()
+            .unwrap()
+    });
+    assert!(r.status.success(), "{}", stderr(&r));
+    assert_eq!(created, Vec::<String>::new(), "created beside the model or in TMPDIR");
+    assert_eq!(fs::read_dir(&home).unwrap().count(), 0, "something was written under HOME");
+    // A model with its weights inside, read by `verify`.
+    let model = testdata("llama_ts_op14.onnx");
+    let (r, created) = created_in(&[testdata("").as_path(), &tmp], || {
+        bin()
+            .env("HOME", &home)
+            .env("TMPDIR", &tmp)
+            .args(["verify", model.to_str().unwrap(), model.to_str().unwrap()])
+            .output()
+            .unwrap()
+    });
+    assert!(r.status.success(), "{}", stderr(&r));
+    assert_eq!(created, Vec::<String>::new(), "created beside the model or in TMPDIR");
+    assert_eq!(fs::read_dir(&home).unwrap().count(), 0, "something was written under HOME");
+}
+
 #[test]
 fn external_data_is_copied_beside_an_output_elsewhere() {
     let dir = tempdir();

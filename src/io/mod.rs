@@ -224,9 +224,8 @@ pub fn encode_to(model: &ModelProto, file: &mut File) -> std::io::Result<()> {
     sink.finish()
 }
 
-/// A scratch file in `dir` for a model to be read back by path (verification
-/// gives ONNX Runtime files, not memory): removed when dropped, and on
-/// SIGINT/SIGTERM/SIGHUP.
+/// An unnamed scratch file for a model to be read back by path
+/// (verification streams ONNX Runtime a file rather than bytes in memory).
 pub use staged::Scratch;
 
 /// Writes `text` to `path` atomically (reports).

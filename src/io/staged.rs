@@ -207,23 +207,20 @@ fn named_in(dir: &Path) -> std::io::Result<(File, PathBuf)> {
     Err(std::io::Error::other("no free temporary name"))
 }
 
-/// A named scratch file (for a reader that needs a path), removed on drop
-/// and on the signals `cleanup_on_signals` handles.
+/// A scratch file for a reader that needs a path: unnamed (`O_TMPFILE`) in
+/// the system's temporary folder and reached through `/proc/self/fd`, so
+/// it takes no room beside the user's model and no kill can leave it
+/// behind. `None` where the system offers no such file; the caller then
+/// works from memory.
 pub struct Scratch {
     pub file: File,
     pub path: PathBuf,
 }
 
 impl Scratch {
-    pub fn new_in(dir: &Path) -> std::io::Result<Scratch> {
-        let (file, path) = named_in(dir)?;
-        Ok(Scratch { file, path })
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-        unregister(&self.path);
+    pub fn unnamed() -> Option<Scratch> {
+        let file = unnamed_in(&std::env::temp_dir())?;
+        let path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+        path.exists().then_some(Scratch { file, path })
     }
 }

@@ -1,4 +1,4 @@
-//! Finding ONNX Runtime's library, loading sessions from scratch files,
+//! Finding ONNX Runtime's library, loading sessions from unnamed scratch files,
 //! running them and reading their outputs back.
 
 use super::*;
@@ -106,9 +106,20 @@ pub(super) fn python_package_library() -> Option<PathBuf> {
 pub(super) fn environment(library: &Path) -> Result<&'static ort::environment::Environment> {
     static ENV: OnceLock<std::result::Result<ort::environment::Environment, String>> = OnceLock::new();
     let env = ENV.get_or_init(|| {
+        // ONNX Runtime 1.31.1 opens an event store under ~/.cache as it
+        // loads, before telemetry can be turned off through its API; its
+        // variable keeps it from starting. A verification writes nothing
+        // outside the run's files and sends nothing.
+        if std::env::var_os("ORT_DISABLE_TELEMETRY").is_none() {
+            std::env::set_var("ORT_DISABLE_TELEMETRY", "1");
+        }
         let builder =
             ort::init_from(library).map_err(|e| format!("{}: cannot load ONNX Runtime: {e}", library.display()))?;
-        builder.with_name("onnx-fuse").build().map_err(|e| format!("cannot start ONNX Runtime: {e}"))
+        builder
+            .with_name("onnx-fuse")
+            .with_telemetry(false)
+            .build()
+            .map_err(|e| format!("cannot start ONNX Runtime: {e}"))
     });
     env.as_ref().map_err(|e| anyhow!("{e}"))
 }
@@ -149,14 +160,21 @@ pub(super) fn load(
         .and_then(|b| b.with_log_level(ort::logging::LogLevel::Fatal))
         .and_then(|b| b.with_config_entry("session.model_external_initializers_file_folder_path", folder))
         .map_err(|e| anyhow!("{e}"))?;
-    // ONNX Runtime reads the model from a scratch file beside it (where its
-    // external data resolves), so the process never holds an encoded copy;
-    // from memory only where the folder cannot take the file.
+    // ONNX Runtime streams the model from an unnamed scratch file (its
+    // external data resolves in `folder`, set above), so the process never
+    // holds an encoded copy and nothing is written beside the user's model;
+    // from memory where the system offers no unnamed file or it cannot be
+    // written (a full disk).
     let scratch =
-        crate::io::Scratch::new_in(dir).and_then(|mut s| crate::io::encode_to(&copy, &mut s.file).map(|()| s)).ok();
+        crate::io::Scratch::unnamed().and_then(|mut s| crate::io::encode_to(&copy, &mut s.file).ok().map(|()| s));
     let loaded = match &scratch {
         Some(s) => builder.commit_from_file(&s.path),
         None => builder.commit_from_memory(&copy.encode_to_vec()),
+    };
+    // The scratch file's name means nothing to the user.
+    let loaded = match (&scratch, loaded) {
+        (Some(s), Err(e)) => Err(anyhow!("{}", e.to_string().replace(&*s.path.to_string_lossy(), "the model"))),
+        (_, loaded) => loaded.map_err(|e| anyhow!("{e}")),
     };
     loaded.map_err(|e| anyhow!("ONNX Runtime cannot load the {which} model: {e}"))
 }
