@@ -78,9 +78,16 @@ fn verify_models_in_testdata(original: &ModelProto, fused: &ModelProto) -> verif
 /// A tiny ViT-like model: image sides symbolic, the patch grid fixed by a
 /// position table of 9 rows and a Reshape to 3 × 3 patches.
 fn patch_grid_model() -> ModelProto {
-    use common::build::sym;
     let mut b = Builder::default();
-    let x = b.input("pixel_values", FLOAT, Some(&[sym("batch"), D::N(3), sym("height"), sym("width")]));
+    let y = patch_grid(&mut b, D::N(3));
+    b.output(&y, FLOAT, None);
+    b.model(17)
+}
+
+/// The norm of the patch grid of an image with `channels` channels.
+fn patch_grid(b: &mut Builder, channels: D) -> String {
+    use common::build::sym;
+    let x = b.input("pixel_values", FLOAT, Some(&[sym("batch"), channels, sym("height"), sym("width")]));
     let w = b.init("patch_w", tensor(FLOAT, &[8, 3, 4, 4], &vec![0.01; 8 * 3 * 16]));
     let patches = b.node("Conv", &[&x, &w], vec![attr_ints("strides", &[4, 4]), attr_ints("kernel_shape", &[4, 4])]);
     let flat_shape = b.init("flat", tensor(onnx_fuse::onnx::INT64, &[3], &[0.0, 8.0, -1.0]));
@@ -92,9 +99,56 @@ fn patch_grid_model() -> ModelProto {
     let pos_grid = b.init("pos_grid", tensor(onnx_fuse::onnx::INT64, &[4], &[1.0, 3.0, 3.0, 8.0]));
     let pos = b.node("Reshape", &[&pos, &pos_grid], vec![]);
     let x = b.node("Add", &[&x, &pos], vec![]);
-    let y = rms_norm(&mut b, &x, FLOAT, &[1.0; 8]);
+    rms_norm(b, &x, FLOAT, &[1.0; 8])
+}
+
+#[test]
+fn sizes_an_image_needs_together_are_found_run_by_run() {
+    // Channels 3 and sides of 12 (3 × 3 patches of 4) for the image, and
+    // for a second input a length of 1 or 4 (a table of 4 rows): no one
+    // size fits every symbol, and no symbol alone makes the model run.
+    // The search keeps each change that gets the run further.
+    use common::build::sym;
+    let mut b = Builder::default();
+    let y = patch_grid(&mut b, sym("num_channels"));
     b.output(&y, FLOAT, None);
-    b.model(17)
+    let t = b.input("tokens", FLOAT, Some(&[sym("sequence"), D::N(8)]));
+    let table = b.init("table", tensor(FLOAT, &[4, 8], &[0.5; 32]));
+    let t = b.node("Add", &[&t, &table], vec![]);
+    b.output(&t, FLOAT, None);
+    let original = b.model(17);
+    let (fused, outcome) = fuse_model(&original, &["default"]);
+    assert_eq!(outcome.fused.len(), 1);
+    let v = verify_models(&original, &fused);
+    assert!(v.passed, "{}", v.text());
+    assert_eq!((v.dims["num_channels"], v.dims["height"], v.dims["width"]), (3, 12, 12));
+    assert!([1, 4].contains(&v.dims["sequence"]), "{:?}", v.dims);
+}
+
+#[test]
+fn a_model_no_size_runs_names_only_the_dims_its_failure_reads_and_how_far_it_got() {
+    // The image's branch runs at channels 3 and sides 12, then a Reshape no
+    // size satisfies; an unrelated input's symbol is not named.
+    use common::build::sym;
+    let mut b = Builder::default();
+    let y = patch_grid(&mut b, sym("num_channels"));
+    let shape = b.init("odd", tensor(onnx_fuse::onnx::INT64, &[2], &[5.0, 7.0]));
+    let y = b.node("Reshape", &[&y, &shape], vec![]);
+    b.output(&y, FLOAT, None);
+    let other = b.input("other", FLOAT, Some(&[sym("other_length")]));
+    let other = b.node("Relu", &[&other], vec![]);
+    b.output(&other, FLOAT, None);
+    let model = b.model(17);
+    let dir = std::env::temp_dir();
+    let e = verify::verify((&model, &dir), (&model, &dir), &Default::default()).unwrap_err();
+    let e = format!("{e:#}");
+    assert!(e.contains("--dim NAME=VALUE for batch, num_channels, height, width ("), "{e}");
+    assert!(!e.contains("other_length"), "{e}");
+    assert!(
+        e.contains("measured: with --dim height=12 --dim num_channels=3 --dim width=12 the run gets as far as"),
+        "{e}"
+    );
+    assert_eq!(e.lines().count(), 1, "{e}");
 }
 
 #[test]

@@ -7,18 +7,30 @@ use super::*;
 /// The symbolic dimensions of the inputs the model is fed (not those an
 /// initializer gives a default).
 pub(super) fn input_symbols(model: &ModelProto) -> Vec<String> {
-    let mut found = Vec::new();
-    let Some(graph) = &model.graph else { return found };
+    let mut found: Vec<String> = Vec::new();
+    for (_, symbols) in symbols_by_input(model) {
+        for p in symbols {
+            if !found.contains(&p) {
+                found.push(p);
+            }
+        }
+    }
+    found
+}
+
+/// Each graph input (not an initializer) with the symbolic dimensions of
+/// its declared shape, in order.
+pub(super) fn symbols_by_input(model: &ModelProto) -> Vec<(String, Vec<String>)> {
+    let Some(graph) = &model.graph else { return Vec::new() };
     let initializers: std::collections::HashSet<&str> = graph.initializer.iter().map(|t| t.name()).collect();
+    let mut found = Vec::new();
     for vi in graph.input.iter().filter(|i| !initializers.contains(i.name())) {
         if let Some(TypeValue::TensorType(t)) = vi.r#type.as_ref().and_then(|t| t.value.as_ref()) {
-            for d in t.shape.iter().flat_map(|s| &s.dim) {
-                if let Some(Dim::DimParam(p)) = &d.value {
-                    if !found.contains(p) {
-                        found.push(p.clone());
-                    }
-                }
-            }
+            let symbols = t.shape.iter().flat_map(|s| &s.dim).filter_map(|d| match &d.value {
+                Some(Dim::DimParam(p)) => Some(p.clone()),
+                _ => None,
+            });
+            found.push((vi.name().to_string(), symbols.collect()));
         }
     }
     found

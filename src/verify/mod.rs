@@ -27,6 +27,7 @@ mod exact;
 mod inputs;
 mod reference;
 mod runtime;
+mod search;
 
 use compare::*;
 pub use compare::{default_tolerance, Compared, Tolerance};
@@ -280,33 +281,64 @@ fn run_original(
         Err(e) if unset.is_empty() => return Err(e),
         Err(e) => e,
     };
-    // One symbol at 0 or 1 (an empty past: Optimum's merged decoders declare
-    // the mask as long as the new tokens only), then the sizes the graph
-    // suggests for every symbol but the batch size at once.
-    let mut tries: Vec<Options> = Vec::new();
-    for s in &unset {
-        for size in [0, 1] {
-            let mut o = options.clone();
-            o.dims.insert(s.to_string(), size);
-            tries.push(o);
-        }
-    }
-    for size in candidate_sizes(original.0) {
-        let mut o = options.clone();
-        o.dims
-            .extend(unset.iter().filter(|s| !s.to_ascii_lowercase().contains("batch")).map(|s| (s.to_string(), size)));
-        tries.push(o);
-    }
-    // Every try within the budget before anything is allocated: a weight
-    // axis of 4,096 given to channels, height and width at once would
-    // be an image of 256 GiB.
+    // The search: one symbol, or two of one input, at 0 or 1 (an empty
+    // past: Optimum's merged decoders declare the mask as long as the new
+    // tokens only), then at the sizes the graph suggests (batch sizes
+    // excepted); a change is kept where the run gets further. Every try is
+    // within the budget before anything is allocated: a weight axis of
+    // 4,096 given to channels, height and width at once would be an image
+    // of 256 GiB.
+    let graph = original.0.graph.as_ref().ok_or_else(|| anyhow!("the model has no graph"))?;
+    let flow = search::Flow::new(graph);
+    let by_input = symbols_by_input(original.0);
+    let suggested = candidate_sizes(original.0);
     let available = memory_available();
-    let fits = |o: &&Options| {
+    let fits = |o: &Options| {
         check_budget(original.0, o, available).is_ok() && check_kept(original.0, o, &[], available).is_ok()
     };
-    for o in tries.iter().filter(fits).take(24) {
-        if let Ok(found) = runs(o)? {
-            return Ok(found);
+    let (mut best, mut at, mut runs_left) = (options.clone(), search::failed_node(&first), SEARCH_RUNS);
+    'search: loop {
+        let mut moved = false;
+        for change in search::moves(&unset, &by_input) {
+            let batch = change.iter().any(|s| s.to_ascii_lowercase().contains("batch"));
+            let sizes = [0, 1].into_iter().chain(suggested.iter().copied().filter(|_| !batch));
+            for size in sizes {
+                let mut o = best.clone();
+                o.dims.extend(change.iter().map(|s| (s.to_string(), size)));
+                if o.dims == best.dims || !fits(&o) {
+                    continue;
+                }
+                if runs_left == 0 {
+                    break 'search;
+                }
+                runs_left -= 1;
+                match runs(&o)? {
+                    Ok(found) => return Ok(found),
+                    Err(e) => {
+                        let now = search::failed_node(&e);
+                        // Further in ONNX Runtime's order of execution
+                        // (fixed for the session): the node it failed at
+                        // ran, as the one it fails at now reads its output,
+                        // or the one it fails at now is untouched by the
+                        // change (it failed before too, after that node).
+                        let touched: std::collections::HashSet<&str> = by_input
+                            .iter()
+                            .filter(|(_, of)| change.iter().any(|s| of.contains(s)))
+                            .map(|(i, _)| i.as_str())
+                            .collect();
+                        if let (Some(before), Some(now)) = (&at, &now) {
+                            let untouched = || flow.inputs_of(now).is_disjoint(&touched);
+                            if before != now && (flow.after(before, now) || untouched()) {
+                                (best, at, moved) = (o, Some(now.clone()), true);
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        if !moved {
+            break;
         }
     }
     // Made-up sizes were the problem only if the user's were not: with the
@@ -320,15 +352,36 @@ fn run_original(
             bail!("{first:#}; the model does not run with the sizes given ({}), and runs without them", gave.join(" "));
         }
     }
-    let tried: Vec<String> = unset.iter().map(|s| format!("{s}={}", symbol_value(s, &options.dims))).collect();
-    let names: Vec<&str> = unset.iter().map(|s| s.as_str()).collect();
+    // The symbols it needs: those of the inputs the failing node depends on.
+    let needed = at.as_deref().map(|node| flow.inputs_of(node));
+    let needs = |s: &String| {
+        needed
+            .as_ref()
+            .is_none_or(|inputs| by_input.iter().any(|(i, of)| inputs.contains(i.as_str()) && of.contains(s)))
+    };
+    let names: Vec<&str> = unset.iter().filter(|s| needs(s)).map(|s| s.as_str()).collect();
+    let tried: Vec<String> = names.iter().map(|s| format!("{s}={}", symbol_value(s, &options.dims))).collect();
+    let mut closest: Vec<String> = best
+        .dims
+        .iter()
+        .filter(|(k, v)| options.dims.get(*k) != Some(v))
+        .map(|(k, v)| format!("--dim {k}={v}"))
+        .collect();
+    closest.sort();
+    let further = match (closest.is_empty(), &at) {
+        (false, Some(node)) => format!(" (measured: with {} the run gets as far as {node})", closest.join(" ")),
+        _ => String::new(),
+    };
     bail!(
         "{first:#}; the sizes onnx-fuse chose ({}) do not fit the model, nor do the sizes its graph suggests: \
-         give the ones it needs with --dim NAME=VALUE for {}",
+         give the ones it needs with --dim NAME=VALUE for {}{further}",
         tried.join(", "),
         names.join(", ")
     )
 }
+
+/// Runs the search may take, each on inputs within the budget.
+const SEARCH_RUNS: usize = 256;
 
 /// ONNX Runtime (1.31.1, measured) aborts the process, rather than failing
 /// the run, on an Einsum whose operand has another number of axes than its
