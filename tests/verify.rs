@@ -55,6 +55,29 @@ fn a_small_but_real_error_still_fails() {
 }
 
 #[test]
+fn a_comparison_atol_decided_says_so() {
+    // x against x + 1e-6: within atol (1e-5) everywhere, within rtol (1e-4)
+    // only where |x| ≥ 0.01.
+    let model = |shift: f64| {
+        let mut b = Builder::default();
+        let x = b.input("x", FLOAT, Some(&[D::N(4096)]));
+        let c = b.init("c", tensor(FLOAT, &[], &[shift]));
+        let y = b.node("Add", &[&x, &c], vec![]);
+        b.output(&y, FLOAT, None);
+        b.model(17)
+    };
+    let v = verify_models(&model(0.0), &model(1e-6));
+    assert!(v.passed, "{}", v.text());
+    let near_zero = v.outputs[0].within_by_atol;
+    assert!(near_zero > 0 && near_zero < 200, "about 1% of 4096: {}", v.text());
+    assert!(v.text().contains(&format!("; atol decided {near_zero} of 4096 elements")), "{}", v.text());
+    // Where rtol alone decides, nothing is said.
+    let v = verify_models(&model(0.0), &model(0.0));
+    assert_eq!(v.outputs[0].within_by_atol, 0);
+    assert!(!v.text().contains("atol decided"), "{}", v.text());
+}
+
+#[test]
 fn a_model_changed_outside_the_fused_nodes_is_judged_by_its_outputs() {
     let (original, mut fused, _) = fuse("llama_ts_op14.onnx");
     // A change no fusion made: a weight no fused node reads.

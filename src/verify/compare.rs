@@ -41,6 +41,9 @@ pub struct Compared {
     /// is further from exact arithmetic.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub exact: Option<super::exact::Exact>,
+    /// Elements within tolerance only through atol: |a - b| > rtol |a|
+    /// (near zero, where a relative error means little).
+    pub within_by_atol: usize,
     /// max over elements of |a - b| / (atol + rtol |a|): above 1 fails.
     #[serde(skip)]
     pub badness: f64,
@@ -66,6 +69,7 @@ pub(super) fn compare_values(
         passed: true,
         problem: None,
         exact: None,
+        within_by_atol: 0,
         badness: 0.0,
     };
     let fail = |mut c: Compared, why: String| {
@@ -93,6 +97,7 @@ pub(super) fn compare_values(
         c.max_abs = c.max_abs.max(abs);
         c.max_rel = c.max_rel.max(abs / x.abs().max(f64::MIN_POSITIVE));
         let allowed = tolerance.atol + tolerance.rtol * x.abs();
+        c.within_by_atol += usize::from(abs > tolerance.rtol * x.abs() && abs <= allowed);
         c.badness = c.badness.max(if allowed > 0.0 { abs / allowed } else { f64::INFINITY });
     }
     if nan_mismatch > 0 {

@@ -124,6 +124,9 @@ impl Verification {
             if let Some(p) = &c.problem {
                 let _ = write!(s, ", {p}");
             }
+            if c.passed && c.within_by_atol > 0 {
+                let _ = write!(s, "; atol decided {} of {} elements", c.within_by_atol, c.elements);
+            }
             s.push('\n');
             if let Some(e) = &c.exact {
                 let _ = writeln!(s, "       {}", e.text());
