@@ -110,6 +110,10 @@ def configs():
         # layer's two norms read one sum; rotary on a quarter of each head.
         "neox": t.GPTNeoXConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                 intermediate_size=64, max_position_embeddings=64, use_parallel_residual=True),
+        # Dynamic convolution beside attention: unfolded values times a
+        # softmax over the kernel (`x · softmax`, no attention core).
+        "convbert": t.ConvBertConfig(vocab_size=64, hidden_size=32, embedding_size=32, num_hidden_layers=2,
+                                     num_attention_heads=4, intermediate_size=64, max_position_embeddings=64),
         # Soft-capped attention scores (and logits), sliding-window layers.
         "gemma2": t.Gemma2Config(**SMALL, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6,
                                  attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
@@ -159,7 +163,7 @@ def build(kind, attn="eager"):
 
 
 # Encoders built with AutoModel: no cache, no logits.
-ENCODERS = ("mpnet", "distilbert", "modernbert", "deberta", "xlnet")
+ENCODERS = ("mpnet", "distilbert", "modernbert", "deberta", "xlnet", "convbert")
 
 
 class Wrap(torch.nn.Module):
@@ -944,6 +948,7 @@ def main():
         ("hubert_ts_op17.onnx", lambda n: export_torch(n, "hubert", opset=17)),
         ("dinov2_ts_op17.onnx", lambda n: export_torch(n, "dinov2", opset=17)),
         ("neox_ts_op17.onnx", lambda n: export_torch(n, "neox", opset=17)),
+        ("convbert_ts_op14.onnx", lambda n: export_torch(n, "convbert", opset=14)),
         ("longt5_ts_op17.onnx", lambda n: export_torch(n, "longt5", opset=17)),
         # 3-D scores viewed as 4-D once, against a 4-D v.
         ("bloom_dynamo_op18.onnx", lambda n: export_torch(n, "bloom", opset=18, dynamo=True)),

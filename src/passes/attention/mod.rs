@@ -207,27 +207,36 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     let (probs, v) = (out.input[0].as_str(), out.input[1].as_str());
 
     // Back from the probabilities to the Softmax. A MatMul whose input is
-    // not a softmax is no attention core: not a candidate at all.
-    let mut after = Vec::new();
-    let (mut value, mut walked) = (probs, 0);
-    let softmax = loop {
-        let p = g.first_computing(value)?;
-        let node = g.node(p);
-        if node.is("Softmax") {
-            break p;
-        }
-        // At most 16 nodes from the Softmax to the anchor.
-        candidate!(after.len() < 6 && walked < 15);
-        walked += 1;
-        // Identity (unoptimized dynamo exports) and an inference Dropout
-        // compute nothing: no step.
-        if let Some(input) = g.identity_input(p) {
+    // not a softmax is no attention core: not a candidate at all. A softmax
+    // that is the product's second operand (ConvBERT's dynamic convolution:
+    // unfolded values times a softmax over the kernel) is one, declined.
+    let walk = || -> Check<(usize, Vec<(usize, Step)>)> {
+        let mut after = Vec::new();
+        let (mut value, mut walked) = (probs, 0);
+        loop {
+            let p = g.first_computing(value)?;
+            if g.node(p).is("Softmax") {
+                return Ok((p, after));
+            }
+            // At most 16 nodes from the Softmax to the anchor.
+            candidate!(after.len() < 6 && walked < 15);
+            walked += 1;
+            // Identity (unoptimized dynamo exports) and an inference Dropout
+            // compute nothing: no step.
+            if let Some(input) = g.identity_input(p) {
+                value = input;
+                continue;
+            }
+            let (step, input) = probs_step(g, p)?;
+            after.push((p, step));
             value = input;
-            continue;
         }
-        let (step, input) = probs_step(g, p)?;
-        after.push((p, step));
-        value = input;
+    };
+    let (softmax, mut after) = match walk() {
+        Err(Miss::NotCandidate) if g.first_computing(v).is_ok_and(|p| g.node(p).is("Softmax")) => {
+            decline!("the softmax is the product's second operand (x · softmax), not the first (softmax · v)")
+        }
+        walked => walked?,
     };
     after.reverse();
     softmax_over_last_axis(g, &shapes, softmax)?;
