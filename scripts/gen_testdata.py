@@ -114,6 +114,10 @@ def configs():
         # softmax over the kernel (`x · softmax`, no attention core).
         "convbert": t.ConvBertConfig(vocab_size=64, hidden_size=32, embedding_size=32, num_hidden_layers=2,
                                      num_attention_heads=4, intermediate_size=64, max_position_embeddings=64),
+        # Pooled residuals: each block after the first starts from
+        # avg_pool(kernel 2, stride 2, ceil_mode) over the sequence.
+        "funnel": t.FunnelConfig(vocab_size=64, d_model=32, n_head=4, d_head=8, d_inner=64, block_sizes=[1, 1, 1],
+                                 num_decoder_layers=1),
         # Soft-capped attention scores (and logits), sliding-window layers.
         "gemma2": t.Gemma2Config(**SMALL, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6,
                                  attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
@@ -155,6 +159,8 @@ def build(kind, attn="eager"):
         model = t.LongT5EncoderModel(cfg)
     elif kind == "bert":
         model = t.BertModel(cfg)
+    elif kind == "funnel":
+        model = t.FunnelBaseModel(cfg)
     elif kind in ENCODERS:
         model = t.AutoModel.from_config(cfg, attn_implementation=attn)
     else:
@@ -163,7 +169,7 @@ def build(kind, attn="eager"):
 
 
 # Encoders built with AutoModel: no cache, no logits.
-ENCODERS = ("mpnet", "distilbert", "modernbert", "deberta", "xlnet", "convbert")
+ENCODERS = ("mpnet", "distilbert", "modernbert", "deberta", "xlnet", "convbert", "funnel")
 
 
 class Wrap(torch.nn.Module):
@@ -949,6 +955,7 @@ def main():
         ("dinov2_ts_op17.onnx", lambda n: export_torch(n, "dinov2", opset=17)),
         ("neox_ts_op17.onnx", lambda n: export_torch(n, "neox", opset=17)),
         ("convbert_ts_op14.onnx", lambda n: export_torch(n, "convbert", opset=14)),
+        ("funnel_ts_op14.onnx", lambda n: export_torch(n, "funnel", opset=14)),
         ("longt5_ts_op17.onnx", lambda n: export_torch(n, "longt5", opset=17)),
         # 3-D scores viewed as 4-D once, against a 4-D v.
         ("bloom_dynamo_op18.onnx", lambda n: export_torch(n, "bloom", opset=18, dynamo=True)),

@@ -91,8 +91,11 @@ pub const EXPORTS: &[(&str, &[(&str, usize)], f32)] = &[
     ("dinov2_ts_op17.onnx", &[("attention", 2)], 1e-5),
     // The parallel residual: two norms read one sum.
     ("neox_ts_op17.onnx", &[("attention", 2)], 1e-5),
+    // Relative attention (its scores a sum of three products, no core);
+    // pooled blocks (ceil_mode) before the residual norms.
+    ("funnel_ts_op14.onnx", &[("layer-norm", 7)], 1e-9),
     // Dynamic convolution beside attention: its `x · softmax` is declined.
-    ("convbert_ts_op14.onnx", &[("layer-norm", 5), ("attention", 2)], 1e-5),
+    ("convbert_ts_op14.onnx", &[("layer-norm", 5), ("attention", 2)], 1e-12),
     // Transient-global attention (Einsums with an ellipsis, not a core):
     // the global tokens' RMSNorms read an Einsum's output.
     ("longt5_ts_op17.onnx", &[("rms-norm", 7)], 1e-6),

@@ -319,3 +319,44 @@ fn onnx_runtimes_pow_of_a_half_is_the_root_of_a_perfect_square() {
     let v = verify::verify((&sqrt, here), (&pow, here), &options).unwrap();
     assert!(!v.passed, "Pow(x, 0.5) was expected to differ from Sqrt somewhere off the squares");
 }
+
+/// The fact of ONNX Runtime's pools the shape rule for `ceil_mode` rests on
+/// (`graph/shapes.rs`, `conv_length`): rounded up, a pool's length is
+/// floor((len + pads - reach + stride - 1) / stride) + 1 where the end's pad
+/// plus the stride is at most the kernel's reach (Funnel's kernel 2, stride
+/// 2: ceil(len / 2), the length of a Conv of kernel 2, stride 2 and one
+/// leading pad); past that, ONNX Runtime drops a window that would start in
+/// the end's pad, and the formula is wrong (kernel 2, stride 3, len 3: one
+/// window, not two), which is why the rule declines there.
+#[test]
+fn onnx_runtimes_pools_rounded_up_start_every_window_inside() {
+    let here = std::path::Path::new(".");
+    let lengths = |pool: (i64, i64), conv: (i64, i64, i64), len: i64| {
+        let model = |is_pool: bool| {
+            let mut b = Builder::default();
+            let x = b.input("x", FLOAT, Some(&[D::N(1), D::N(1), sym("len"), D::N(2)]));
+            let y = if is_pool {
+                let (k, s) = pool;
+                let attributes =
+                    vec![attr_ints("kernel_shape", &[k, 1]), attr_ints("strides", &[s, 1]), attr_int("ceil_mode", 1)];
+                b.node("AveragePool", &[&x], attributes)
+            } else {
+                let (k, s, lead) = conv;
+                let w = b.init("w", tensor(FLOAT, &[1, 1, k, 1], &vec![0.5; k as usize]));
+                b.node("Conv", &[&x, &w], vec![attr_ints("strides", &[s, 1]), attr_ints("pads", &[lead, 0, 0, 0])])
+            };
+            b.node_to("Shape", &[&y], &["n"], vec![]);
+            b.output("n", INT64, None);
+            b.model(17)
+        };
+        let options = verify::Options { dims: [("len".to_string(), len)].into(), ..Default::default() };
+        let v = verify::verify((&model(true), here), (&model(false), here), &options).unwrap();
+        v.outputs.iter().all(|c| c.passed)
+    };
+    for len in 1..=9 {
+        assert!(lengths((2, 2), (2, 2, 1), len), "kernel 2, stride 2, len {len}: ceil(len / 2)");
+        // The formula's length where the stride passes the reach: kept only
+        // where no window starts in the end's pad.
+        assert_eq!(lengths((2, 3), (2, 3, 2), len), len % 3 != 0, "kernel 2, stride 3, len {len}");
+    }
+}

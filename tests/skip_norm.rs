@@ -267,6 +267,10 @@ fn exports_fuse_their_residual_norms() {
         // The parallel residual: the second norm of one sum stays (its
         // reason: tests/skip_norm.rs), reading the first's output 3.
         ("neox_ts_op17.onnx", "SkipLayerNormalization", 2),
+        // Each block after the first starts from a sequence pooled with
+        // ceil_mode (kernel 2, stride 2: ceil(len / 2)); every residual
+        // norm reads a sum of that length.
+        ("funnel_ts_op14.onnx", "SkipLayerNormalization", 6),
     ] {
         let (original, fused, outcome) = fuse(name);
         let skips = skip_nodes(&fused);

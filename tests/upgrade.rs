@@ -479,12 +479,20 @@ fn a_hint_whose_upgrade_is_refused_says_why() {
 fn provenance_after_an_upgrade_names_only_exported_nodes() {
     let every: Vec<String> = onnx_fuse::passes::ALL.iter().map(|p| p.name.to_string()).collect();
     let pipeline = onnx_fuse::passes::pipeline(&every, &[]).unwrap();
-    let mut lists = 0;
+    let (mut lists, mut refused) = (0, vec![]);
     for name in exports() {
         let model = load(&name);
         let exported: std::collections::HashSet<String> =
             all_nodes(&model).iter().map(|n| n.name().to_string()).collect();
-        let (up, upgrade) = upgrade::upgrade(&model, 23).unwrap();
+        let (up, upgrade) = match upgrade::upgrade(&model, 23) {
+            Ok(upgraded) => upgraded,
+            // Pools that round up: their output shape was redefined (above).
+            Err(e) if format!("{e:?}").contains("ceil_mode 1: its output shape was redefined") => {
+                refused.push(name);
+                continue;
+            }
+            Err(e) => panic!("{name}: {e:?}"),
+        };
         for target in [onnx_fuse::graph::Target::Ort, onnx_fuse::graph::Target::Portable] {
             let mut fused = up.clone();
             let outcome = onnx_fuse::rewrite::run_upgraded(&mut fused, &pipeline, target, upgrade.added.clone());
@@ -503,6 +511,7 @@ fn provenance_after_an_upgrade_names_only_exported_nodes() {
         }
     }
     assert!(lists > 300, "{lists} provenance lists");
+    assert_eq!(refused, ["funnel_ts_op14.onnx"], "the exports whose upgrade is refused");
 }
 
 /// A node outside its op's arity that an adapter would rewrite has no

@@ -664,11 +664,11 @@ impl<'g, 'a> Shapes<'g, 'a> {
                 [x[0].clone(), w[0].clone()].into_iter().chain(spatial).collect()
             }
             // Batch and channels kept, each spatial axis as a Conv's of the
-            // kernel_shape (ceil_mode 0).
+            // kernel_shape (with `ceil_mode`, rounded up: `conv_length`).
             "AveragePool" | "MaxPool" | "LpPool" => {
                 let x = input(0)?;
                 let kernel = node.attr_ints("kernel_shape")?;
-                if x.len() < 3 || kernel.len() != x.len() - 2 || node.attr_int("ceil_mode").unwrap_or(0) != 0 {
+                if x.len() < 3 || kernel.len() != x.len() - 2 {
                     return None;
                 }
                 let spatial = (2..x.len()).map(|i| {
@@ -822,7 +822,46 @@ impl<'g, 'a> Shapes<'g, 'a> {
                     .collect();
                 self.broadcast(value, &[input(0)?, target])
             }
-            "Pad" => opaque(input(0)?.len()),
+            "Pad" => {
+                // Each padded axis grows by its two pads (negative ones
+                // crop): `pads` an attribute before opset 11, an input from
+                // it on (computed at run time too: LongT5 pads its blocks
+                // to a multiple of their length); `axes` (opset 18) the
+                // axes they apply to, else every axis.
+                let x = input(0)?;
+                let g = self.g;
+                let axes: Vec<usize> = match node.input.get(3).filter(|v| !v.is_empty() && g.opset >= 18) {
+                    None => (0..x.len()).collect(),
+                    Some(a) => match g.constant(a).and_then(|t| t.ints()) {
+                        Some(axes) => axes.iter().map(|&a| normalize(a, x.len())).collect::<Option<_>>()?,
+                        None => return Some(opaque(x.len())),
+                    },
+                };
+                let pads: Vec<Option<Dim>> = if g.opset < 11 {
+                    node.attr_ints("pads")?.iter().map(|&p| Some(Dim::known(p))).collect()
+                } else {
+                    self.shape_tensor(node.input.get(1).filter(|v| !v.is_empty())?)
+                        .unwrap_or_else(|| vec![None; 2 * axes.len()])
+                };
+                // Repeated axes or pads of another count: the run fails.
+                if pads.len() != 2 * axes.len() || axes.iter().enumerate().any(|(i, a)| axes[..i].contains(a)) {
+                    return None;
+                }
+                let mut out = x.clone();
+                for (j, &a) in axes.iter().enumerate() {
+                    let (begin, end) = (&pads[j], &pads[j + axes.len()]);
+                    // An axis grown by pads that add up to no less than 0
+                    // is a length; cropped, only where that is proved (a
+                    // length that may be negative is none: the run fails).
+                    let grown = begin.as_ref().zip(end.as_ref()).and_then(|(b, e)| {
+                        let both = b.add(e)?;
+                        let grows = both.value().is_some_and(|n| n >= 0) || both.is_size();
+                        x[a].add(&both).filter(|d| grows || d.is_size())
+                    });
+                    out[a] = grown.unwrap_or_else(|| Dim::atom(format!("{value}#{a}")));
+                }
+                out
+            }
             // Given `sizes` (from opset 11, every axis: no `axes`, the
             // default `stretch` policy), the output has those sizes.
             "Resize" if node.input.get(3).is_some_and(|v| !v.is_empty()) => {
@@ -1122,7 +1161,40 @@ impl<'g, 'a> Shapes<'g, 'a> {
             return unknown();
         }
         let arg = |i: usize| node.input.get(i).filter(|v| !v.is_empty()).and_then(|v| self.elements(v, depth + 1));
+        // Elements are listed in row-major order, so an op that reads them
+        // by position along one axis needs that axis to be the only one:
+        // of a tensor of 2 or more axes, only the ops below that say so.
+        let rows = |i: usize| match self.shape(node.input.get(i)?)?.as_slice() {
+            [r, c] => Some((tracked(r.value()?)?, tracked(c.value()?)?)),
+            _ => None,
+        };
+        let of_rank = |v: &str| self.shape(v).map(|s| s.len());
+        let positional = ["Concat", "Gather", "Slice", "Add", "Sub", "Mul", "Div", "Equal", "Where"];
+        if positional.contains(&node.op_type()) && node.input.iter().any(|v| of_rank(v).is_some_and(|r| r >= 2)) {
+            return match (node.op_type(), rows(0)) {
+                // torch's F.pad turns its pads into ONNX's order as
+                // `Reshape(p, [-1, 2])`, reversed by rows, transposed and
+                // flattened.
+                ("Slice", Some((r, c))) => {
+                    let data = arg(0)?;
+                    match g.slice_arguments(node)? {
+                        (start, end, axes, step) if matches!(axes.as_slice(), [0 | -2]) && data.len() == r * c => {
+                            let rows = slice_indices(*start.first()?, *end.first()?, *step.first()?, r as i64);
+                            Some(rows.into_iter().flat_map(|i| data[i as usize * c..][..c].to_vec()).collect())
+                        }
+                        _ => unknown(),
+                    }
+                }
+                _ => unknown(),
+            };
+        }
         let found = match node.op_type() {
+            // A matrix transposed: element (i, j) of r × c moves to (j, i).
+            "Transpose" => {
+                let (r, c) = rows(0)?;
+                let data = arg(0).filter(|d| d.len() == r * c && node.attr_ints("perm").is_none_or(|p| p == [1, 0]))?;
+                Some((0..c).flat_map(|j| (0..r).map(move |i| (i, j))).map(|(i, j)| data[i * c + j].clone()).collect())
+            }
             "Shape" => {
                 let s = self.shape(&node.input[0])?;
                 let r = s.len() as i64;
@@ -1358,10 +1430,14 @@ pub fn slice_indices(start: i64, end: i64, step: i64, len: i64) -> Vec<i64> {
 
 /// A Conv's or pool's output spatial axis `i` (of `n`) from the input's
 /// length and the kernel's (a number): `auto_pad` SAME_* gives
-/// ceil(len / stride); otherwise floor((len + pads - dilation·(k-1) - 1) /
-/// stride) + 1 (pools with `ceil_mode` aside). A length that is no number
-/// gives a polynomial (stride 1) or `floor_of` one; a run where it is not
-/// at least 1 fails.
+/// ceil(len / stride); otherwise floor((len + pads - reach) / stride) + 1,
+/// reach = dilation·(k-1) + 1. A pool's `ceil_mode` rounds up instead,
+/// floor((len + pads - reach + stride - 1) / stride) + 1, where the end's
+/// pad plus the stride is at most the reach: then the last window starts
+/// inside the input or its leading pad, and runtimes that drop a window
+/// starting in the trailing pad (ONNX Runtime, torch) drop none. A length
+/// that is no number gives a polynomial (stride 1) or `floor_of` one; a
+/// run where it is not at least 1 fails.
 fn conv_length(node: &crate::onnx::NodeProto, i: usize, n: usize, len: &Dim, kernel: i64) -> Option<Dim> {
     let at = |name: &str, default: i64| node.attr_ints(name).map_or(Some(default), |v| v.get(i).copied());
     let (stride, dilation) = (at("strides", 1)?, at("dilations", 1)?);
@@ -1374,17 +1450,23 @@ fn conv_length(node: &crate::onnx::NodeProto, i: usize, n: usize, len: &Dim, ker
         }
     }
     let auto_pad = node.attr("auto_pad").and_then(|a| a.s.as_deref()).unwrap_or(b"NOTSET");
+    let ceil = node.attr_int("ceil_mode").unwrap_or(0) != 0;
     // floor((len + c) / stride) + plus
     let (c, plus) = match auto_pad {
-        b"SAME_UPPER" | b"SAME_LOWER" => (stride - 1, 0),
+        b"SAME_UPPER" | b"SAME_LOWER" if !ceil => (stride - 1, 0),
         b"NOTSET" | b"VALID" => {
-            let pads = match (auto_pad, node.attr_ints("pads")) {
-                (b"VALID", _) | (_, None) => 0,
-                (_, Some(p)) if p.len() == 2 * n => p[i].checked_add(p[i + n])?,
+            let (pads, tail) = match (auto_pad, node.attr_ints("pads")) {
+                (b"VALID", _) | (_, None) => (0, 0),
+                (_, Some(p)) if p.len() == 2 * n => (p[i].checked_add(p[i + n])?, p[i + n]),
                 _ => return None,
             };
             let reach = dilation.checked_mul(kernel - 1)?.checked_add(1)?;
-            (pads.checked_sub(reach)?, 1)
+            let c = pads.checked_sub(reach)?;
+            match ceil {
+                false => (c, 1),
+                true if tail.checked_add(stride)? <= reach => (c.checked_add(stride - 1)?, 1),
+                true => return None,
+            }
         }
         _ => return None,
     };
