@@ -52,6 +52,21 @@ def test_verify_uses_this_environments_onnxruntime():
     assert library is not None and Path(library).resolve().is_relative_to(Path(sys.prefix).resolve()), library
 
 
+def test_the_installed_binary_verifies_without_activation(testdata, tmp_path):
+    """CI scripts call `VENV/bin/onnx-fuse` (or `VENV/bin/python -m onnx_fuse`)
+    by path, the environment not activated: the binary still finds this
+    environment's onnxruntime, and nothing else offers one."""
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "CONDA_PREFIX", "ORT_DYLIB_PATH")}
+    env["PATH"] = str(tmp_path)  # no python3 on PATH whose onnxruntime could be found instead
+    for command in ([onnx_fuse.binary()], [sys.executable, "-m", "onnx_fuse"]):
+        out = tmp_path / "out.onnx"
+        run = subprocess.run(command + [str(testdata(LLAMA)), "-o", str(out), "--verify", "-q"],
+                             capture_output=True, text=True, env=env, cwd=tmp_path)
+        assert run.returncode == 0, (command, run.stderr)
+        assert out.exists()
+        out.unlink()
+
+
 def test_fuse_returns_the_report_and_prints_nothing(testdata, tmp_path, capfd):
     out = tmp_path / "out.onnx"
     report = onnx_fuse.fuse(testdata(LLAMA), out)
