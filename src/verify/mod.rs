@@ -284,13 +284,9 @@ fn run_original(
         Err(e) if unset.is_empty() => return Err(e),
         Err(e) => e,
     };
-    // The search: one symbol, or two of one input, at 0 or 1 (an empty
-    // past: Optimum's merged decoders declare the mask as long as the new
-    // tokens only), then at the sizes the graph suggests (batch sizes
-    // excepted); a change is kept where the run gets further. Every try is
-    // within the budget before anything is allocated: a weight axis of
-    // 4,096 given to channels, height and width at once would be an image
-    // of 256 GiB.
+    // Every try is within the budget before anything is allocated: a
+    // weight axis of 4,096 given to channels, height and width at once
+    // would be an image of 256 GiB.
     let graph = original.0.graph.as_ref().ok_or_else(|| anyhow!("the model has no graph"))?;
     let flow = search::Flow::new(graph);
     let by_input = symbols_by_input(original.0);
@@ -299,6 +295,32 @@ fn run_original(
     let fits = |o: &Options| {
         check_budget(original.0, o, available).is_ok() && check_kept(original.0, o, &[], available).is_ok()
     };
+    // First, 24 tries at most: one symbol at 0 or 1 (an empty past:
+    // Optimum's merged decoders declare the mask as long as the new tokens
+    // only), then every symbol but the batch sizes at each size the graph
+    // suggests, all at once.
+    let mut tries: Vec<Options> = Vec::new();
+    for s in &unset {
+        for size in [0, 1] {
+            let mut o = options.clone();
+            o.dims.insert(s.to_string(), size);
+            tries.push(o);
+        }
+    }
+    for &size in &suggested {
+        let mut o = options.clone();
+        let not_batch = unset.iter().filter(|s| !s.to_ascii_lowercase().contains("batch"));
+        o.dims.extend(not_batch.map(|s| (s.to_string(), size)));
+        tries.push(o);
+    }
+    for o in tries.iter().filter(|o| fits(o)).take(24) {
+        if let Ok(found) = runs(o)? {
+            return Ok(found);
+        }
+    }
+    // Then the search: one symbol, or two of one input, at 0, 1 and the
+    // sizes the graph suggests (batch sizes at 0 and 1 only); a change is
+    // kept where the run gets further.
     let (mut best, mut at, mut runs_left) = (options.clone(), search::failed_node(&first), SEARCH_RUNS);
     'search: loop {
         let mut moved = false;
@@ -329,7 +351,9 @@ fn run_original(
                             .filter(|(_, of)| change.iter().any(|s| of.contains(s)))
                             .map(|(i, _)| i.as_str())
                             .collect();
-                        if let (Some(before), Some(now)) = (&at, &now) {
+                        // An empty tensor runs past nodes that would fail
+                        // on any other size: 0 is tried, never kept.
+                        if let (Some(before), Some(now), true) = (&at, &now, size > 0) {
                             let untouched = || flow.inputs_of(now).is_disjoint(&touched);
                             if before != now && (flow.after(before, now) || untouched()) {
                                 (best, at, moved) = (o, Some(now.clone()), true);
