@@ -714,6 +714,10 @@ fn a_pool_that_rounds_up_has_the_length_of_the_windows_it_starts() {
     assert_eq!(shape(&b, 17, &sparse).unwrap()[2], format!("{sparse}#2"));
     let padded = pool(&mut b, &[2, 1], &[2, 1], &[0, 0, 1, 0]);
     assert_eq!(shape(&b, 17, &padded).unwrap()[2], format!("{padded}#2"));
+    // A Conv has no ceil_mode: one written on it changes nothing.
+    let w2 = b.init("w2", tensor(FLOAT, &[1, 1, 2, 1], &[0.0; 2]));
+    let conv = b.node("Conv", &[&x, &w2], vec![attr_ints("strides", &[2, 1]), attr_int("ceil_mode", 1)]);
+    assert_eq!(shape(&b, 17, &conv).unwrap()[2], "floor((1·$len)/2)");
     // A pad at the start moves no window into the end's pad.
     let leading = pool(&mut b, &[3, 1], &[2, 1], &[1, 0, 0, 0]);
     assert_eq!(shape(&b, 17, &leading).unwrap()[2], "floor((1·$len + 1)/2)");

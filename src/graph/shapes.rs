@@ -1450,7 +1450,8 @@ fn conv_length(node: &crate::onnx::NodeProto, i: usize, n: usize, len: &Dim, ker
         }
     }
     let auto_pad = node.attr("auto_pad").and_then(|a| a.s.as_deref()).unwrap_or(b"NOTSET");
-    let ceil = node.attr_int("ceil_mode").unwrap_or(0) != 0;
+    // Only the pools round up; a Conv ignores an attribute of that name.
+    let ceil = !node.is("Conv") && node.attr_int("ceil_mode").unwrap_or(0) != 0;
     // floor((len + c) / stride) + plus
     let (c, plus) = match auto_pad {
         b"SAME_UPPER" | b"SAME_LOWER" if !ceil => (stride - 1, 0),
