@@ -247,25 +247,18 @@ impl Match {
         if rank.is_none() || g.opset < 10 || (elem == crate::onnx::BFLOAT16 && g.opset < 20) {
             return None;
         }
-        let named = |output: &str, n: NodeProto| NodeProto { output: vec![output.to_string()], ..n };
         let (last, ones) = (format!("{x}/last_axes"), format!("{x}/ones"));
         if g.opset >= 15 {
-            self.prelude.push(named(&last, node("Shape", &[x], vec![AttributeProto::int("start", -(k as i64))])));
+            self.prelude.push(writing(&last, node("Shape", &[x], vec![AttributeProto::int("start", -(k as i64))])));
         } else {
-            let ints = |v: i64| TensorProto {
-                data_type: Some(INT64),
-                dims: vec![1],
-                int64_data: vec![v],
-                ..Default::default()
-            };
             let (shape, from, to) = (format!("{x}/shape"), format!("{x}/last_from"), format!("{x}/last_to"));
-            self.prelude.push(named(&shape, node("Shape", &[x], vec![])));
-            self.prelude
-                .push(named(&from, node("Constant", &[], vec![AttributeProto::tensor("value", ints(-(k as i64)))])));
-            self.prelude.push(named(&to, node("Constant", &[], vec![AttributeProto::tensor("value", ints(i64::MAX))])));
-            self.prelude.push(named(&last, node("Slice", &[&shape, &from, &to], vec![])));
+            self.prelude.push(writing(&shape, node("Shape", &[x], vec![])));
+            self.prelude.push(ints_constant(&from, &[-(k as i64)]));
+            self.prelude.push(ints_constant(&to, &[i64::MAX]));
+            self.prelude.push(writing(&last, node("Slice", &[&shape, &from, &to], vec![])));
         }
-        self.prelude.push(named(&ones, node("ConstantOfShape", &[&last], vec![AttributeProto::tensor("value", one)])));
+        self.prelude
+            .push(writing(&ones, node("ConstantOfShape", &[&last], vec![AttributeProto::tensor("value", one)])));
         Some(ones)
     }
 
@@ -424,6 +417,23 @@ pub fn node(op_type: &str, inputs: &[&str], attributes: Vec<AttributeProto>) -> 
 /// Builds a replacement node in `domain` (`transmuter`, say).
 pub fn node_in(domain: &str, op_type: &str, inputs: &[&str], attributes: Vec<AttributeProto>) -> NodeProto {
     NodeProto { domain: Some(domain.into()), ..node(op_type, inputs, attributes) }
+}
+
+/// `n` writing its one output as `name` (the nodes a replacement adds
+/// before itself).
+pub fn writing(name: &str, n: NodeProto) -> NodeProto {
+    NodeProto { output: vec![name.to_string()], ..n }
+}
+
+/// A `Constant` node writing the 1-D int64 tensor `values` as `name`.
+pub fn ints_constant(name: &str, values: &[i64]) -> NodeProto {
+    let t = TensorProto {
+        data_type: Some(INT64),
+        dims: vec![values.len() as i64],
+        int64_data: values.to_vec(),
+        ..Default::default()
+    };
+    writing(name, node("Constant", &[], vec![AttributeProto::tensor("value", t)]))
 }
 
 /// One replacement the pipeline made.

@@ -19,9 +19,9 @@
 //! another rotary reads them.
 
 use crate::graph::{Check, Graph};
-use crate::onnx::{type_text, AttributeProto, NodeProto, TensorProto, BFLOAT16, FLOAT, FLOAT16, INT64};
+use crate::onnx::{type_text, AttributeProto, NodeProto, BFLOAT16, FLOAT, FLOAT16};
 use crate::pattern;
-use crate::rewrite::{node, Kept, Match, Pass, Portable, Rewrite};
+use crate::rewrite::{ints_constant, node, writing, Kept, Match, Pass, Portable, Rewrite};
 use crate::{decline, no_candidate, require};
 
 pub const PASS: Pass = Pass {
@@ -90,33 +90,22 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     // The first half of a table; repeated over x's batch where it has one
     // row of sequences (ONNX Runtime's kernel takes caches of x's batch).
     let cache = |prelude: &mut Vec<NodeProto>, t: &str, one: bool| -> String {
-        let ints = |name: &str, v: &[i64]| {
-            let t = TensorProto {
-                data_type: Some(INT64),
-                dims: vec![v.len() as i64],
-                int64_data: v.to_vec(),
-                ..Default::default()
-            };
-            let constant = node("Constant", &[], vec![AttributeProto::tensor("value", t)]);
-            NodeProto { output: vec![name.to_string()], ..constant }
-        };
         let (start, end, axis, half) =
             (format!("{t}/half_start"), format!("{t}/half_end"), format!("{t}/half_axis"), format!("{t}/half"));
-        prelude.push(ints(&start, &[0]));
-        prelude.push(ints(&end, &[d / 2]));
-        prelude.push(ints(&axis, &[-1]));
-        prelude.push(NodeProto { output: vec![half.clone()], ..node("Slice", &[t, &start, &end, &axis], vec![]) });
+        prelude.push(ints_constant(&start, &[0]));
+        prelude.push(ints_constant(&end, &[d / 2]));
+        prelude.push(ints_constant(&axis, &[-1]));
+        prelude.push(writing(&half, node("Slice", &[t, &start, &end, &axis], vec![])));
         if !one {
             return half;
         }
         let (batch, ones, shape, out) =
             (format!("{x}/batch"), format!("{t}/ones"), format!("{x}/batch_shape"), format!("{half}_per_batch"));
         let first = vec![AttributeProto::int("start", 0), AttributeProto::int("end", 1)];
-        prelude.push(NodeProto { output: vec![batch.clone()], ..node("Shape", &[x], first) });
-        prelude.push(ints(&ones, &[1, 1]));
-        let concat = node("Concat", &[&batch, &ones], vec![AttributeProto::int("axis", 0)]);
-        prelude.push(NodeProto { output: vec![shape.clone()], ..concat });
-        prelude.push(NodeProto { output: vec![out.clone()], ..node("Expand", &[&half, &shape], vec![]) });
+        prelude.push(writing(&batch, node("Shape", &[x], first)));
+        prelude.push(ints_constant(&ones, &[1, 1]));
+        prelude.push(writing(&shape, node("Concat", &[&batch, &ones], vec![AttributeProto::int("axis", 0)])));
+        prelude.push(writing(&out, node("Expand", &[&half, &shape], vec![])));
         out
     };
     let (cos_cache, sin_cache) = (cache(&mut prelude, &cos, cos_one), cache(&mut prelude, &sin, sin_one));

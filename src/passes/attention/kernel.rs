@@ -30,7 +30,7 @@ use super::{Scores, Step};
 use crate::graph::fold::fold;
 use crate::graph::{Check, Graph, Stop};
 use crate::onnx::{type_text, AttributeProto, GraphProto, NodeProto, TensorProto, FLOAT, INT64};
-use crate::rewrite::{node, original_ops, value_info, Match, Rewrite};
+use crate::rewrite::{ints_constant, node, original_ops, value_info, writing, Match, Rewrite};
 use crate::shapes::{Dim, Shapes};
 use crate::{decline, require};
 
@@ -172,19 +172,19 @@ pub(super) fn attention(
     if !empty.is_empty() {
         let sizes: Vec<String> = empty.iter().map(|x| name(&format!("size_{}", short(x)))).collect();
         for (x, size) in empty.iter().zip(&sizes) {
-            prelude.push(out_of(size, node("Size", &[x], vec![])));
+            prelude.push(writing(size, node("Size", &[x], vec![])));
         }
         let fewest = if sizes.len() == 1 {
             sizes[0].clone()
         } else {
             let min = name("fewest");
-            prelude.push(out_of(&min, node("Min", &refs(&sizes), vec![])));
+            prelude.push(writing(&min, node("Min", &refs(&sizes), vec![])));
             min
         };
         let zero = name("zero");
         prelude.push(constant(&zero, scalar_tensor(INT64, 0.0)));
         let ok = name("nonempty");
-        prelude.push(out_of(&ok, node("Greater", &[&fewest, &zero], vec![])));
+        prelude.push(writing(&ok, node("Greater", &[&fewest, &zero], vec![])));
         conditions.push(ok);
     }
 
@@ -192,7 +192,7 @@ pub(super) fn attention(
         key.to_string()
     } else {
         let transposed = name("key");
-        then.push(out_of(&transposed, node("Transpose", &[key], vec![AttributeProto::ints("perm", &key_perm)])));
+        then.push(writing(&transposed, node("Transpose", &[key], vec![AttributeProto::ints("perm", &key_perm)])));
         transposed
     };
     let mut inputs = vec![q.clone(), key, value.to_string()];
@@ -226,12 +226,12 @@ pub(super) fn attention(
             None => {
                 let (axes, rows, lowest, ok) = (name("last_axis"), name("row_max"), name("lowest"), name("visible"));
                 let fewest = name("least_row_max");
-                prelude.push(constant(&axes, TensorProto { dims: vec![1], ..ints_tensor(vec![-1]) }));
+                prelude.push(ints_constant(&axes, &[-1]));
                 let keepdims = || vec![AttributeProto::int("keepdims", 0)];
-                prelude.push(out_of(&rows, node("ReduceMax", &[mask, &axes], keepdims())));
-                prelude.push(out_of(&fewest, node("ReduceMin", &[&rows], keepdims())));
+                prelude.push(writing(&rows, node("ReduceMax", &[mask, &axes], keepdims())));
+                prelude.push(writing(&fewest, node("ReduceMin", &[&rows], keepdims())));
                 prelude.push(constant(&lowest, scalar_tensor(elem, f64::from(f32::MIN))));
-                prelude.push(out_of(&ok, node("Greater", &[&fewest, &lowest], vec![])));
+                prelude.push(writing(&ok, node("Greater", &[&fewest, &lowest], vec![])));
                 conditions.push(ok);
             }
         }
@@ -241,12 +241,12 @@ pub(super) fn attention(
             // Attention takes a mask of the scores' query axis: the one
             // row broadcast over the queries.
             let (rows, ones, shape, expanded) = (name("queries"), name("ones"), name("mask_shape"), name("mask"));
-            then.push(out_of(&rows, node("Shape", &[&q], vec![AttributeProto::int("start", 2), int("end", 3)])));
-            then.push(constant(&ones, ints_tensor(vec![1; r - 2])));
+            then.push(writing(&rows, node("Shape", &[&q], vec![AttributeProto::int("start", 2), int("end", 3)])));
+            then.push(ints_constant(&ones, &vec![1; r - 2]));
             let one = name("one");
-            then.push(constant(&one, ints_tensor(vec![1])));
-            then.push(out_of(&shape, node("Concat", &[&ones, &rows, &one], vec![int("axis", 0)])));
-            then.push(out_of(&expanded, node("Expand", &[mask, &shape], vec![])));
+            then.push(ints_constant(&one, &[1]));
+            then.push(writing(&shape, node("Concat", &[&ones, &rows, &one], vec![int("axis", 0)])));
+            then.push(writing(&expanded, node("Expand", &[mask, &shape], vec![])));
             inputs.push(expanded);
         }
     }
@@ -257,13 +257,13 @@ pub(super) fn attention(
         // Where the kernel's result holds a NaN, the original's NaN rows
         // became zeros: the original ops run.
         let (y, sum, bad) = (name("attention"), name("sum"), name("has_nan"));
-        then.push(out_of(&y, attention));
-        then.push(out_of(&sum, node("ReduceSum", &[&y], vec![int("keepdims", 0)])));
-        then.push(out_of(&bad, node("IsNaN", &[&sum], vec![])));
-        let kept = branch("the kernel's result", vec![out_of(a, node("Identity", &[&y], vec![]))], a, elem);
-        then.push(out_of(a, guard(&bad, original_ops(), kept)));
+        then.push(writing(&y, attention));
+        then.push(writing(&sum, node("ReduceSum", &[&y], vec![int("keepdims", 0)])));
+        then.push(writing(&bad, node("IsNaN", &[&sum], vec![])));
+        let kept = branch("the kernel's result", vec![writing(a, node("Identity", &[&y], vec![]))], a, elem);
+        then.push(writing(a, guard(&bad, original_ops(), kept)));
     } else {
-        then.push(out_of(a, attention));
+        then.push(writing(a, attention));
     }
     let kernel = branch("ONNX Attention", then, a, elem);
     let replacement = match conditions.as_slice() {
@@ -281,7 +281,7 @@ pub(super) fn attention(
         [ok] => guard(ok, kernel, original_ops()),
         [a_ok, b_ok] => {
             let ok = name("ok");
-            prelude.push(out_of(&ok, node("And", &[a_ok, b_ok], vec![])));
+            prelude.push(writing(&ok, node("And", &[a_ok, b_ok], vec![])));
             guard(&ok, kernel, original_ops())
         }
         _ => unreachable!("at most two conditions"),
@@ -402,16 +402,8 @@ fn branch(name: &str, nodes: Vec<NodeProto>, out: &str, elem: i32) -> GraphProto
     GraphProto { name: Some(name.into()), node: nodes, output: vec![value_info(out, elem)], ..Default::default() }
 }
 
-fn out_of(name: &str, n: NodeProto) -> NodeProto {
-    NodeProto { output: vec![name.to_string()], ..n }
-}
-
 fn constant(name: &str, t: TensorProto) -> NodeProto {
-    out_of(name, node("Constant", &[], vec![AttributeProto::tensor("value", t)]))
-}
-
-fn ints_tensor(values: Vec<i64>) -> TensorProto {
-    TensorProto { data_type: Some(INT64), dims: vec![values.len() as i64], int64_data: values, ..Default::default() }
+    writing(name, node("Constant", &[], vec![AttributeProto::tensor("value", t)]))
 }
 
 fn scalar_tensor(elem: i32, value: f64) -> TensorProto {
