@@ -239,13 +239,18 @@ pub(super) fn symbol_value(symbol: &str, given: &HashMap<String, i64>) -> i64 {
     default_dim(symbol)
 }
 
+/// Whether a symbol names a batch size (`batch`, `batch_size`,
+/// `text_batch_size` …): 2 by default, and not varied as other sizes are.
+pub(super) fn is_batch(symbol: &str) -> bool {
+    symbol.to_ascii_lowercase().contains("batch")
+}
+
 /// A symbol's value when the user gave none: sequence-like names get a
 /// length that exercises masks and softmax, everything else a small size.
 pub(super) fn default_dim(symbol: &str) -> i64 {
-    let s = symbol.to_ascii_lowercase();
-    if s.contains("batch") {
+    if is_batch(symbol) {
         2
-    } else if s.contains("past") {
+    } else if symbol.to_ascii_lowercase().contains("past") {
         3
     } else {
         7

@@ -309,7 +309,7 @@ fn run_original(
     }
     for &size in &suggested {
         let mut o = options.clone();
-        let not_batch = unset.iter().filter(|s| !s.to_ascii_lowercase().contains("batch"));
+        let not_batch = unset.iter().filter(|s| !is_batch(s));
         o.dims.extend(not_batch.map(|s| (s.to_string(), size)));
         tries.push(o);
     }
@@ -322,10 +322,16 @@ fn run_original(
     // sizes the graph suggests (batch sizes at 0 and 1 only); a change is
     // kept where the run gets further.
     let (mut best, mut at, mut runs_left) = (options.clone(), search::failed_node(&first), SEARCH_RUNS);
+    let moves = search::moves(&unset, &by_input);
     'search: loop {
         let mut moved = false;
-        for change in search::moves(&unset, &by_input) {
-            let batch = change.iter().any(|s| s.to_ascii_lowercase().contains("batch"));
+        for change in &moves {
+            let batch = change.iter().any(|s| is_batch(s));
+            let touched: std::collections::HashSet<&str> = by_input
+                .iter()
+                .filter(|(_, of)| change.iter().any(|s| of.contains(s)))
+                .map(|(i, _)| i.as_str())
+                .collect();
             let sizes = [0, 1].into_iter().chain(suggested.iter().copied().filter(|_| !batch));
             for size in sizes {
                 let mut o = best.clone();
@@ -337,29 +343,17 @@ fn run_original(
                     break 'search;
                 }
                 runs_left -= 1;
-                match runs(&o)? {
+                let e = match runs(&o)? {
                     Ok(found) => return Ok(found),
-                    Err(e) => {
-                        let now = search::failed_node(&e);
-                        // Further in ONNX Runtime's order of execution
-                        // (fixed for the session): the node it failed at
-                        // ran, as the one it fails at now reads its output,
-                        // or the one it fails at now is untouched by the
-                        // change (it failed before too, after that node).
-                        let touched: std::collections::HashSet<&str> = by_input
-                            .iter()
-                            .filter(|(_, of)| change.iter().any(|s| of.contains(s)))
-                            .map(|(i, _)| i.as_str())
-                            .collect();
-                        // An empty tensor runs past nodes that would fail
-                        // on any other size: 0 is tried, never kept.
-                        if let (Some(before), Some(now), true) = (&at, &now, size > 0) {
-                            let untouched = || flow.inputs_of(now).is_disjoint(&touched);
-                            if before != now && (flow.after(before, now) || untouched()) {
-                                (best, at, moved) = (o, Some(now.clone()), true);
-                                break;
-                            }
-                        }
+                    Err(e) => e,
+                };
+                // An empty tensor runs past nodes that would fail on any
+                // other size: 0 is tried, never kept.
+                let now = search::failed_node(&e);
+                if let (Some(before), Some(now), true) = (&at, now, size > 0) {
+                    if flow.further(before, &now, &touched) {
+                        (best, at, moved) = (o, Some(now), true);
+                        break;
                     }
                 }
             }

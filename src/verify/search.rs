@@ -9,7 +9,8 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::onnx::{GraphProto, NodeProto};
+use crate::graph::values_read_by;
+use crate::onnx::GraphProto;
 
 /// The node an ONNX Runtime run failed at, as its message names it
 /// (`… while running Conv node. Name:'/embeddings/Conv' …`).
@@ -19,43 +20,42 @@ pub(super) fn failed_node(e: &anyhow::Error) -> Option<String> {
     text[at..].split('\'').next().map(str::to_string)
 }
 
-/// Every name a node reads, its bodies' included.
-fn reads(n: &NodeProto) -> Vec<&str> {
-    let mut found: Vec<&str> = n.input.iter().map(String::as_str).collect();
-    let mut bodies: Vec<&GraphProto> = n.subgraphs().collect();
-    while let Some(g) = bodies.pop() {
-        for inner in &g.node {
-            found.extend(inner.input.iter().map(String::as_str));
-            bodies.extend(inner.subgraphs());
-        }
-    }
-    found
-}
-
-/// The main graph's data flow, by node name.
+/// The main graph's data flow, by node name: each node's reads (its
+/// bodies' free values included) taken once.
 pub(super) struct Flow<'a> {
     graph: &'a GraphProto,
     by_name: HashMap<&'a str, usize>,
     producer: HashMap<&'a str, usize>,
-    readers: HashMap<&'a str, Vec<usize>>,
+    reads: Vec<Vec<String>>,
+    readers: HashMap<String, Vec<usize>>,
 }
 
 impl<'a> Flow<'a> {
     pub(super) fn new(graph: &'a GraphProto) -> Self {
         let (mut by_name, mut producer, mut readers) = (HashMap::new(), HashMap::new(), HashMap::<_, Vec<_>>::new());
+        let reads: Vec<Vec<String>> = graph.node.iter().map(values_read_by).collect();
         for (i, n) in graph.node.iter().enumerate() {
             by_name.entry(n.name()).or_insert(i);
             producer.extend(n.output.iter().map(|o| (o.as_str(), i)));
-            for r in reads(n) {
-                readers.entry(r).or_default().push(i);
+            for r in &reads[i] {
+                readers.entry(r.clone()).or_default().push(i);
             }
         }
-        Flow { graph, by_name, producer, readers }
+        Flow { graph, by_name, producer, reads, readers }
+    }
+
+    /// Whether a run that failed at node `before` and now, after a change
+    /// of the sizes of the inputs `touched`, fails at node `now` got
+    /// further in ONNX Runtime's order of execution (fixed for the
+    /// session): `now` reads what `before` writes (so `before` ran), or the
+    /// change does not reach `now` (it failed before too, after `before`).
+    pub(super) fn further(&self, before: &str, now: &str, touched: &HashSet<&str>) -> bool {
+        before != now && (self.after(before, now) || self.inputs_of(now).is_disjoint(touched))
     }
 
     /// Whether node `later` reads what node `earlier` writes, directly or
     /// through others.
-    pub(super) fn after(&self, earlier: &str, later: &str) -> bool {
+    fn after(&self, earlier: &str, later: &str) -> bool {
         let (Some(&from), Some(&to)) = (self.by_name.get(earlier), self.by_name.get(later)) else { return false };
         let (mut seen, mut stack) = (HashSet::from([from]), vec![from]);
         while let Some(i) = stack.pop() {
@@ -81,12 +81,12 @@ impl<'a> Flow<'a> {
         let inputs: HashSet<&str> = inputs.collect();
         let (mut found, mut seen, mut stack) = (HashSet::new(), HashSet::from([start]), vec![start]);
         while let Some(i) = stack.pop() {
-            for r in reads(&self.graph.node[i]) {
-                if let Some(&p) = self.producer.get(r) {
+            for r in &self.reads[i] {
+                if let Some(&p) = self.producer.get(r.as_str()) {
                     if seen.insert(p) {
                         stack.push(p);
                     }
-                } else if let Some(&input) = inputs.get(r) {
+                } else if let Some(&input) = inputs.get(r.as_str()) {
                     found.insert(input);
                 }
             }
