@@ -1461,11 +1461,11 @@ fn conv_length(node: &crate::onnx::NodeProto, i: usize, n: usize, len: &Dim, ker
                 (_, Some(p)) if p.len() == 2 * n => (p[i].checked_add(p[i + n])?, p[i + n]),
                 _ => return None,
             };
-            let reach = dilation.checked_mul(kernel - 1)?.checked_add(1)?;
+            let reach = ops::window_reach(dilation, kernel)?;
             let c = pads.checked_sub(reach)?;
             match ceil {
                 false => (c, 1),
-                true if tail.checked_add(stride)? <= reach => (c.checked_add(stride - 1)?, 1),
+                true if ops::windows_start_inside(stride, reach, tail) => (c.checked_add(stride - 1)?, 1),
                 true => return None,
             }
         }

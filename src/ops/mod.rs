@@ -224,3 +224,18 @@ mod tests {
         assert!(super::arity("", "Zzz", 26).is_none() && super::arity("", "Abs", 26).is_some());
     }
 }
+
+/// How far a Conv's or pool's window reaches along one axis:
+/// dilation·(kernel − 1) + 1 (none where that overflows).
+pub fn window_reach(dilation: i64, kernel: i64) -> Option<i64> {
+    dilation.checked_mul(kernel.checked_sub(1)?)?.checked_add(1)
+}
+
+/// Rounded up (`ceil_mode`), a pool's last window may start in the end's
+/// pad, which ONNX Runtime drops (and ONNX from opset 19, MaxPool 22;
+/// `tests/kernel.rs`). None can where the end's pad plus the stride is at
+/// most the window's reach: then every runtime and every version keeps the
+/// same windows.
+pub fn windows_start_inside(stride: i64, reach: i64, end_pad: i64) -> bool {
+    stride > 0 && end_pad.checked_add(stride).is_some_and(|end| end <= reach)
+}

@@ -342,11 +342,9 @@ fn no_same_padding(site: &Site) -> Result<(), String> {
 }
 
 /// Rounded up (`ceil_mode`), a pool's windows were redefined: from opset 19
-/// (MaxPool 22) a window that would start in the end's pad is dropped. No
-/// window can start there where, on every axis, the end's pad plus the
-/// stride is at most the kernel's reach (Funnel's kernel 2, stride 2): the
-/// same windows at every version, as ONNX Runtime computes them at each
-/// (tests/kernel.rs pins the drop it makes otherwise).
+/// (MaxPool 22) a window that would start in the end's pad is dropped. It
+/// is the same function where no window can start there on any axis
+/// (`ops::windows_start_inside`; Funnel's kernel 2, stride 2).
 fn pool_floor_explicit(site: &Site) -> Result<(), String> {
     match site.string_attr("auto_pad").as_deref() {
         None | Some("NOTSET" | "VALID") => {}
@@ -369,8 +367,8 @@ fn pool_floor_explicit(site: &Site) -> Result<(), String> {
         _ => ints("pads", 0, 2 * n).ok_or_else(refused)?,
     };
     let inside = (0..n).all(|i| {
-        let reach = dilations[i].checked_mul(kernel[i] - 1).and_then(|r| r.checked_add(1));
-        reach.zip(pads[n + i].checked_add(strides[i])).is_some_and(|(reach, end)| strides[i] > 0 && end <= reach)
+        let reach = crate::ops::window_reach(dilations[i], kernel[i]);
+        reach.is_some_and(|reach| crate::ops::windows_start_inside(strides[i], reach, pads[n + i]))
     });
     if inside {
         Ok(())
