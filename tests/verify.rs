@@ -14,6 +14,12 @@ fn verify_models(original: &ModelProto, fused: &ModelProto) -> verify::Verificat
     verify::verify((original, dir), (fused, dir), &verify::Options::default()).unwrap()
 }
 
+/// Why `model` cannot be verified against itself (it must not run).
+fn cannot_verify(model: &ModelProto) -> String {
+    let dir = std::env::temp_dir();
+    format!("{:#}", verify::verify((model, &dir), (model, &dir), &verify::Options::default()).unwrap_err())
+}
+
 /// An fp16 RMSNorm between f32 inputs and outputs (onnxconverter-common's
 /// keep_io_types), the output scaled up in f32.
 fn fp16_with_f32_io() -> ModelProto {
@@ -161,10 +167,7 @@ fn a_model_no_size_runs_names_only_the_dims_its_failure_reads_and_how_far_it_got
     let other = b.input("other", FLOAT, Some(&[sym("other_length")]));
     let other = b.node("Relu", &[&other], vec![]);
     b.output(&other, FLOAT, None);
-    let model = b.model(17);
-    let dir = std::env::temp_dir();
-    let e = verify::verify((&model, &dir), (&model, &dir), &Default::default()).unwrap_err();
-    let e = format!("{e:#}");
+    let e = cannot_verify(&b.model(17));
     assert!(e.contains("--dim NAME=VALUE for batch, num_channels, height, width ("), "{e}");
     assert!(!e.contains("other_length"), "{e}");
     assert!(
@@ -191,11 +194,7 @@ fn sizes_nothing_suggests_are_asked_for_by_name() {
     let shape = b.init("shape", tensor(onnx_fuse::onnx::INT64, &[2], &[5.0, 7.0]));
     let y = b.node("Reshape", &[&x, &shape], vec![]);
     b.output(&y, FLOAT, None);
-    let model = b.model(17);
-    let dir = std::env::temp_dir();
-    let dir = dir.as_path();
-    let e = verify::verify((&model, dir), (&model, dir), &Default::default()).unwrap_err();
-    let e = format!("{e:#}");
+    let e = cannot_verify(&b.model(17));
     assert!(e.contains("--dim NAME=VALUE for seq") && e.contains("seq=7"), "{e}");
 }
 
@@ -224,10 +223,7 @@ fn an_einsum_that_onnx_runtime_would_abort_on_is_an_error_not_an_abort() {
             einsum(&mut b)
         };
         b.output(&s, FLOAT, None);
-        let model = b.model(14);
-        let dir = std::env::temp_dir();
-        let e = verify::verify((&model, &dir), (&model, &dir), &Default::default()).unwrap_err();
-        let e = format!("{e:#}");
+        let e = cannot_verify(&b.model(14));
         assert!(e.contains("Einsum n0_Einsum reads q of rank 0 where its equation has 4 letters"), "{e}");
     }
 }
