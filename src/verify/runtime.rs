@@ -168,13 +168,11 @@ pub(super) fn load(
     let scratch =
         crate::io::Scratch::unnamed().and_then(|mut s| crate::io::encode_to(&copy, &mut s.file).ok().map(|()| s));
     let loaded = match &scratch {
-        Some(s) => builder.commit_from_file(&s.path),
-        None => builder.commit_from_memory(&copy.encode_to_vec()),
-    };
-    // The scratch file's name means nothing to the user.
-    let loaded = match (&scratch, loaded) {
-        (Some(s), Err(e)) => Err(anyhow!("{}", e.to_string().replace(&*s.path.to_string_lossy(), "the model"))),
-        (_, loaded) => loaded.map_err(|e| anyhow!("{e}")),
+        // The scratch file's name means nothing to the user.
+        Some(s) => builder
+            .commit_from_file(&s.path)
+            .map_err(|e| e.to_string().replace(&*s.path.to_string_lossy(), "the model")),
+        None => builder.commit_from_memory(&copy.encode_to_vec()).map_err(|e| e.to_string()),
     };
     loaded.map_err(|e| anyhow!("ONNX Runtime cannot load the {which} model: {e}"))
 }
