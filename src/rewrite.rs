@@ -390,10 +390,13 @@ fn joins(g: &Graph, nodes: &BTreeSet<usize>, kept: &Kept) -> bool {
 
 /// Adds `from` and every node they depend on to `nodes`, through values
 /// that are neither `stops` nor constants, down to position `floor`.
+/// A `Shape` (or `Size`) depends on no value, only on its shape: what it
+/// reads joins through another reader, or stays (a hidden state whose
+/// shape sizes a Reshape of the match).
 fn walk_back(g: &Graph, nodes: &mut BTreeSet<usize>, from: Vec<usize>, stops: &HashSet<&str>, floor: usize) {
     let mut todo = from;
     while let Some(n) = todo.pop() {
-        if g.position(n) < floor || !nodes.insert(n) {
+        if g.position(n) < floor || !nodes.insert(n) || reads_only_shape(g, n) {
             continue;
         }
         for value in g.node(n).input.iter().filter(|v| !v.is_empty() && !stops.contains(v.as_str())) {

@@ -268,6 +268,47 @@ fn left_padded_batches_compute_what_the_export_computes() {
     assert!(!v.passed, "the left-padded rows are expected to be fully masked in this export");
 }
 
+/// An encoder's cores (BERT: no cache, no grouped heads) become the 3-D
+/// `Attention`, reading the projections `[b, s, h·d]` the heads are split
+/// from and writing the merged output, guarded as the 4-D form is: a batch
+/// row padded whole masks every key of its queries, where ONNX Runtime's
+/// kernel gives zeros (pinned here for the 3-D form too: unguarded, it
+/// differs) and the export the mean of v.
+#[test]
+fn encoder_cores_read_and_write_merged_heads_and_a_padded_row_runs_the_original_ops() {
+    let dir = tempdir();
+    let inputs = dir.path().join("padded.npz");
+    let ids: Vec<i64> = (0..14).map(|i| (i * 7 + 3) % 64).collect();
+    let mask = vec![0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 0, 0];
+    npz(&inputs, &[], &[("input_ids", vec![2, 7], ids), ("attention_mask", vec![2, 7], mask)]);
+    let original = load("bert_ts_op14.onnx");
+    let (mut fused, upgrade) = upgrade::upgrade(&original, 23).unwrap();
+    let outcome = rewrite::run_upgraded(
+        &mut fused,
+        &onnx_fuse::passes::pipeline(&["attention".into()], &[]).unwrap(),
+        Default::default(),
+        upgrade.added,
+    );
+    assert_eq!(outcome.fused.iter().filter(|f| f.op_type == "Attention").count(), 2);
+    let guard = guards(&fused);
+    assert_eq!(guard.len(), 2);
+    let then = guard[0].attribute.iter().find(|a| a.name() == "then_branch").unwrap().g.as_ref().unwrap();
+    let attention = then.node.iter().find(|n| n.op_type() == "Attention").expect("the kernel");
+    let projections: Vec<String> = ["query", "key", "value"]
+        .iter()
+        .map(|p| format!("/model/encoder/layer.0/attention/self/{p}/Add_output_0"))
+        .collect();
+    assert_eq!(attention.input[..3], projections[..], "the kernel reads the projections, not their heads");
+    assert_eq!((attention.attr_int("q_num_heads"), attention.attr_int("kv_num_heads")), (Some(4), Some(4)));
+    assert_eq!(guard[0].output, ["/model/encoder/layer.0/attention/self/Reshape_3_output_0"], "the merged output");
+    let main = &fused.graph.as_ref().unwrap().node;
+    assert!(!main.iter().any(|n| n.op_type() == "Transpose"), "no head is transposed outside the guard");
+    let v = compare(&original, &fused, &inputs).unwrap();
+    assert!(v.passed, "{}", v.text());
+    let v = compare(&original, &unguarded(&fused), &inputs).unwrap();
+    assert!(!v.passed, "a row padded whole is expected to be fully masked: the kernel gives zeros there");
+}
+
 /// The one fact of ONNX Runtime's `Pow` the folding rests on
 /// (`graph/fold.rs`): `Pow(x, 0.5)` in f32 is the square root exactly where
 /// x is the square of an integer of at most 4096 (DINOv2's position grid,

@@ -1781,8 +1781,54 @@ pub fn decoder_attention(rng: &mut Rng) -> Case {
     let d = D::N(HIDDEN);
     let cache = rng.chance(0.6);
     let new_len = if cache { sym("s") } else { sym("t") };
-    let q = b.input("q", elem, Some(&[sym("b"), D::N(heads), sym("s"), d.clone()]));
-    let source = |b: &mut Builder, name: &str| -> String {
+    // An encoder's core: the heads split from [b, s, h·d] projections and
+    // merged back (the kernel's 3-D form reads and writes those).
+    let merged = !cache && n == 1 && rng.chance(0.5);
+    let mut key_split_transposed = false;
+    if merged {
+        c.note("heads split from [b, s, h·d] and merged back");
+        key_split_transposed = rng.chance(0.5);
+    }
+    let split = |b: &mut Builder, c: &mut Ctx, rng: &mut Rng, name: &str, len: D, perm: &[i64]| -> String {
+        let x = b.input(name, elem, Some(&[sym("b"), len, D::N(heads * HIDDEN)]));
+        let shape = b.node("Shape", &[&x], vec![]);
+        let ints = |b: &mut Builder, v: &[i64]| {
+            let f: Vec<f64> = v.iter().map(|&i| i as f64).collect();
+            b.constant(tensor(INT64, &[v.len() as i64], &f))
+        };
+        let (zero, two) = (ints(b, &[0]), ints(b, &[2]));
+        let lead = b.node("Slice", &[&shape, &zero, &two], vec![]);
+        if heads > 1 && rng.chance(0.1) {
+            // [b, s, d, h] brought to [b, h, s, d]: the same shapes, the
+            // elements of another head.
+            c.note(format!("{name}'s heads split as [d, h]"));
+            let dh = ints(b, &[HIDDEN, heads]);
+            let target = b.node("Concat", &[&lead, &dh], vec![attr_int("axis", 0)]);
+            let r = b.node("Reshape", &[&x, &target], vec![]);
+            let perm: Vec<i64> = if perm == [0, 2, 3, 1] {
+                // --target portable reads a key whose Transpose swaps the last two axes alone.
+                c.unsure("the key's Transpose [0, 3, 2, 1]");
+                vec![0, 3, 2, 1]
+            } else {
+                vec![0, 3, 1, 2]
+            };
+            return b.node("Transpose", &[&r], vec![attr_ints("perm", &perm)]);
+        }
+        let hd = ints(b, &[heads, HIDDEN]);
+        let target = b.node("Concat", &[&lead, &hd], vec![attr_int("axis", 0)]);
+        let r = b.node("Reshape", &[&x, &target], vec![]);
+        b.node("Transpose", &[&r], vec![attr_ints("perm", perm)])
+    };
+    let q = if merged {
+        split(&mut b, &mut c, rng, "q", sym("s"), &[0, 2, 1, 3])
+    } else {
+        b.input("q", elem, Some(&[sym("b"), D::N(heads), sym("s"), d.clone()]))
+    };
+    let source = |b: &mut Builder, c: &mut Ctx, rng: &mut Rng, name: &str| -> String {
+        if merged {
+            let perm: &[i64] = if name == "key" && key_split_transposed { &[0, 2, 3, 1] } else { &[0, 2, 1, 3] };
+            return split(b, c, rng, name, new_len.clone(), perm);
+        }
         let x = b.input(name, elem, Some(&[sym("b"), D::N(kv), new_len.clone(), d.clone()]));
         if !cache {
             return x;
@@ -1790,7 +1836,7 @@ pub fn decoder_attention(rng: &mut Rng) -> Case {
         let past = b.input(&format!("past_{name}"), elem, Some(&[sym("b"), D::N(kv), sym("t"), d.clone()]));
         b.node("Concat", &[&past, &x], vec![attr_int("axis", 2)])
     };
-    let (mut key, mut value) = (source(&mut b, "key"), source(&mut b, "value"));
+    let (mut key, mut value) = (source(&mut b, &mut c, rng, "key"), source(&mut b, &mut c, rng, "value"));
     if cache && rng.chance(0.08) {
         c.unsure("the key's cache concatenated on the head axis");
         let past = b.input("past_key_heads", elem, Some(&[sym("b"), D::N(kv), sym("s"), d.clone()]));
@@ -1858,7 +1904,11 @@ pub fn decoder_attention(rng: &mut Rng) -> Case {
     } else {
         (q, Some(one_value(rng, &mut b, "scale", elem, 0, 0.5)))
     };
-    let mut k = b.node("Transpose", &[&key], vec![attr_ints("perm", &[0, 1, 3, 2])]);
+    let mut k = if key_split_transposed {
+        key.clone()
+    } else {
+        b.node("Transpose", &[&key], vec![attr_ints("perm", &[0, 1, 3, 2])])
+    };
     if sdpa {
         let c_k = one_value(rng, &mut b, "sqrt_scale_k", elem, 0, 0.7071067811865476);
         k = b.node("Mul", &[&k, &c_k], vec![]);
@@ -1911,7 +1961,26 @@ pub fn decoder_attention(rng: &mut Rng) -> Case {
         p = b.node("Where", &[&nan, &z, &p], vec![]);
     }
     let inner = computed_since(&b, before);
-    let out = b.node("MatMul", &[&p, &value], vec![]);
+    let mut out = b.node("MatMul", &[&p, &value], vec![]);
+    if merged && rng.chance(0.8) {
+        let perm: &[i64] = if heads > 1 && rng.chance(0.1) {
+            c.note("the output merged as [d, h]");
+            &[0, 2, 3, 1]
+        } else {
+            &[0, 2, 1, 3]
+        };
+        let t = b.node("Transpose", &[&out], vec![attr_ints("perm", perm)]);
+        if rng.chance(0.1) {
+            c.note("the output's Transpose is also a graph output");
+            b.output(&t, elem, None);
+        }
+        let shape = b.node("Shape", &[&t], vec![]);
+        let (zero, two) = (b.constant(tensor(INT64, &[1], &[0.0])), b.constant(tensor(INT64, &[1], &[2.0])));
+        let lead = b.node("Slice", &[&shape, &zero, &two], vec![]);
+        let width = b.constant(tensor(INT64, &[1], &[(heads * HIDDEN) as f64]));
+        let target = b.node("Concat", &[&lead, &width], vec![attr_int("axis", 0)]);
+        out = b.node("Reshape", &[&t, &target], vec![]);
+    }
     b.output(&out, elem, None);
     if cache {
         // The present values are the model's outputs.

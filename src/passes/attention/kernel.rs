@@ -28,7 +28,7 @@
 
 use super::{Scores, Step};
 use crate::graph::fold::fold;
-use crate::graph::{Check, Graph, Stop};
+use crate::graph::{Check, Graph, Miss, Stop};
 use crate::onnx::{type_text, AttributeProto, GraphProto, NodeProto, TensorProto, FLOAT, INT64};
 use crate::rewrite::{ints_constant, node, original_ops, value_info, writing, Match, Rewrite};
 use crate::shapes::{Dim, Shapes};
@@ -125,13 +125,27 @@ pub(super) fn attention(
     // Where the kernel gains: a key and value read from a cache (which the
     // written-out core scales and transposes whole at every step) or
     // repeated for grouped heads (copied n times). A core without either
-    // (an encoder's) runs faster as its MatMuls and Softmax on ONNX
-    // Runtime 1.31.1's CPU provider (BERT-base heads, 512 tokens: 12.0 ms
-    // for the kernel against 9.8 ms, docs/benchmarks.md).
-    require!(
-        n > 1 || (cached(g, key) && cached(g, value)),
-        "neither a KV cache nor grouped heads: ONNX Runtime's Attention is slower than the MatMuls it replaces here"
-    );
+    // (an encoder's) gains where the kernel reads and writes the heads
+    // merged, `[b, s, h·d]`, as the model computes them: no Transpose of
+    // q, k, v or the output is left (ONNX Runtime 1.31.1, BERT-base heads:
+    // 0.7–0.8× the ops it replaces). On 4-D heads it is slower there than
+    // the MatMuls and Softmax (12.0 ms against 9.8 ms at 512 tokens,
+    // docs/benchmarks.md).
+    let merged = if n > 1 || (cached(g, key) && cached(g, value)) {
+        None
+    } else {
+        let found = merged_heads(g, shapes, anchor, &q, x, key_perm, v);
+        Some(found.map_err(|miss| {
+            let why = match miss {
+                Miss::Declined(why) => why,
+                Miss::NotCandidate => String::new(),
+            };
+            Miss::Declined(format!(
+                "neither a KV cache nor grouped heads, and {why}: ONNX Runtime's Attention on 4-D heads is \
+                 slower than the MatMuls it replaces here"
+            ))
+        })?)
+    };
 
     let (Some(sq), Some(sx), Some(sv)) = (shapes.shape(&q), shapes.shape(key), shapes.shape(value)) else {
         decline!("the shapes of q, the key and the value are not proved");
@@ -150,6 +164,11 @@ pub(super) fn attention(
     );
     require!(sq[3] == sk[3], "q's and the key's head sizes are not proved equal ({}, {})", sq[3], sk[3]);
 
+    // The 3-D form reads the merged values and writes the merged output.
+    let (anchor, q, key, value) = match &merged {
+        Some(m) => (m.anchor, m.q.to_string(), m.key, m.value),
+        None => (anchor, q, key, value),
+    };
     let a = &g.node(anchor).output[0];
     let name = |what: &str| format!("{a}/{what}");
     let mut prelude: Vec<NodeProto> = Vec::new();
@@ -188,7 +207,7 @@ pub(super) fn attention(
         conditions.push(ok);
     }
 
-    let key = if key_perm == [0, 1, 2, 3] {
+    let key = if merged.is_some() || key_perm == [0, 1, 2, 3] {
         key.to_string()
     } else {
         let transposed = name("key");
@@ -239,9 +258,11 @@ pub(super) fn attention(
             inputs.push(mask.to_string());
         } else {
             // Attention takes a mask of the scores' query axis: the one
-            // row broadcast over the queries.
+            // row broadcast over the queries (q's axis 2 of [b, h, s, d],
+            // 1 of [b, s, h·d]).
             let (rows, ones, shape, expanded) = (name("queries"), name("ones"), name("mask_shape"), name("mask"));
-            then.push(writing(&rows, node("Shape", &[&q], vec![AttributeProto::int("start", 2), int("end", 3)])));
+            let at = if merged.is_some() { 1 } else { 2 };
+            then.push(writing(&rows, node("Shape", &[&q], vec![int("start", at), int("end", at + 1)])));
             then.push(ints_constant(&ones, &vec![1; r - 2]));
             let one = name("one");
             then.push(ints_constant(&one, &[1]));
@@ -251,6 +272,9 @@ pub(super) fn attention(
         }
     }
     let mut attributes = vec![AttributeProto::float("scale", scale as f32)];
+    if let Some(m) = &merged {
+        attributes.extend([int("q_num_heads", m.heads), int("kv_num_heads", m.heads)]);
+    }
     attributes.extend(softcap.map(|cap| AttributeProto::float("softcap", cap as f32)));
     let attention = node("Attention", &refs(&inputs), attributes);
     if nan_guard {
@@ -324,6 +348,95 @@ fn mask_values(g: &Graph, shapes: &Shapes, value: &str, depth: usize) -> Option<
 fn cached(g: &Graph, value: &str) -> bool {
     g.produced_by(unchanged(g, value), "Concat")
         .is_ok_and(|c| matches!(g.node(c).attr_int("axis"), Some(2 | -2)) && g.node(c).input.len() == 2)
+}
+
+/// A core whose heads are split from `[b, s, h·d]` values and merged back
+/// into one: what ONNX's `Attention` reads and writes in its 3-D form.
+struct Merged<'a> {
+    /// The values q, the key and the value are split from.
+    q: &'a str,
+    key: &'a str,
+    value: &'a str,
+    /// The Reshape that merges the output's heads.
+    anchor: usize,
+    heads: i64,
+}
+
+/// The merged form of a core (`Merged`): q and v are
+/// `Transpose(Reshape(x, [b, s, h, d]), [0, 2, 1, 3])` of an `x`
+/// `[b, s, h·d]`; the key is `x_k`'s heads the same way (the Transpose that
+/// swaps its last two axes folded into it: `key_perm` takes the key
+/// Transpose's input `x` to `[b, h, t, d]`); and the output is read only by
+/// `Reshape(Transpose(out, [0, 2, 1, 3]), [b, s, h·dv])`. Each Reshape is
+/// proved on shapes to split or merge the last axis as `[h, d]`, row-major,
+/// which is how ONNX's `Attention` splits a 3-D input's heads.
+fn merged_heads<'a>(
+    g: &Graph<'a>,
+    shapes: &Shapes,
+    anchor: usize,
+    q: &str,
+    x: &'a str,
+    key_perm: [i64; 4],
+    v: &'a str,
+) -> Check<Merged<'a>> {
+    let not = || Miss::Declined("the heads are not split from and merged into [b, s, h·d] values".into());
+    let transposed_heads = |value: &str| -> Option<(&'a str, i64, i64)> {
+        let t = g.node(g.produced_by(value, "Transpose").ok()?);
+        require_some(t.attr_ints("perm").as_deref() == Some(&[0, 2, 1, 3]))?;
+        split_heads(g, shapes, &t.input[0])
+    };
+    let (q, h, d) = transposed_heads(q).ok_or_else(not)?;
+    let key = match key_perm {
+        [0, 2, 1, 3] => split_heads(g, shapes, x),
+        [0, 1, 2, 3] => transposed_heads(x),
+        _ => None,
+    };
+    let (key, hk, dk) = key.ok_or_else(not)?;
+    let (value, hv, dv) = transposed_heads(v).ok_or_else(not)?;
+    require!(h == hk && h == hv && d == dk, "the heads of q, the key and the value are not split alike");
+
+    // out [b, h, s, dv] → Transpose [b, s, h, dv] → Reshape [b, s, h·dv],
+    // read by nothing else but their shapes (from which exports compute
+    // the Reshape's target; the driver keeps what else reads them).
+    let only_reader = |value: &str, op: &str| -> Option<usize> {
+        let mut readers = g.consumers(value).iter().filter(|&&r| !g.node(r).is("Shape"));
+        let (Some(&reader), None) = (readers.next(), readers.next()) else { return None };
+        (g.node(reader).is(op) && !g.is_graph_output(value)).then_some(reader)
+    };
+    let out = &g.node(anchor).output[0];
+    let merge = || -> Option<usize> {
+        let t = only_reader(out, "Transpose")?;
+        require_some(g.node(t).attr_ints("perm").as_deref() == Some(&[0, 2, 1, 3]))?;
+        let r = only_reader(&g.node(t).output[0], "Reshape")?;
+        let (so, sr) = (shapes.shape(out)?, shapes.shape(&g.node(r).output[0])?);
+        let merged = so.len() == 4
+            && sr.len() == 3
+            && sr[0] == so[0]
+            && sr[1] == so[2]
+            && so[1].value() == Some(h)
+            && so[3].value() == Some(dv)
+            && sr[2].value() == Some(h * dv);
+        merged.then_some(r)
+    };
+    let anchor = merge().or_decline(|| "the output's heads are not merged into [b, s, h·d] alone".to_string())?;
+    Ok(Merged { q, key, value, anchor, heads: h })
+}
+
+/// `x4 = Reshape(x, …)` splitting the last axis of `x` `[b, s, h·d]` into
+/// `[b, s, h, d]`, h and d known positive numbers: `(x, h, d)`.
+fn split_heads<'a>(g: &Graph<'a>, shapes: &Shapes, x4: &str) -> Option<(&'a str, i64, i64)> {
+    let reshape = g.node(g.produced_by(x4, "Reshape").ok()?);
+    let x = reshape.input.first()?.as_str();
+    let (s3, s4) = (shapes.shape(x)?, shapes.shape(x4)?);
+    let (h, d) = (s4.get(2)?.value()?, s4.get(3)?.value()?);
+    let split = s3.len() == 3
+        && s4.len() == 4
+        && h > 0
+        && d > 0
+        && s3[0] == s4[0]
+        && s3[1] == s4[1]
+        && s3[2].value() == h.checked_mul(d);
+    split.then_some((x, h, d))
 }
 
 /// `x` repeated `n` times per head in place, and n: a Reshape to
