@@ -128,9 +128,8 @@ pub(super) fn attention(
     // (an encoder's) gains where the kernel reads and writes the heads
     // merged, `[b, s, h·d]`, as the model computes them: no Transpose of
     // q, k, v or the output is left (ONNX Runtime 1.31.1, BERT-base heads:
-    // 0.7–0.8× the ops it replaces). On 4-D heads it is slower there than
-    // the MatMuls and Softmax (12.0 ms against 9.8 ms at 512 tokens,
-    // docs/benchmarks.md).
+    // 0.62–0.79× the ops it replaces). On 4-D heads its gain is within the
+    // guard's cost and the machine's spread (docs/benchmarks.md).
     let merged = if n > 1 || (cached(g, key) && cached(g, value)) {
         None
     } else {
