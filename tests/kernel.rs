@@ -309,6 +309,36 @@ fn encoder_cores_read_and_write_merged_heads_and_a_padded_row_runs_the_original_
     assert!(!v.passed, "a row padded whole is expected to be fully masked: the kernel gives zeros there");
 }
 
+/// A cross-attention's encoder key and value, which the caller passes back
+/// in at every step (T5's decoder with past), are read by the kernel as
+/// they are, where the export transposes the key whole at every step.
+#[test]
+fn a_cross_attention_reads_the_encoder_key_and_value_the_caller_passes() {
+    let original = load("t5_optimum_decoder_past.onnx");
+    let (mut fused, upgrade) = upgrade::upgrade(&original, 23).unwrap();
+    let outcome = rewrite::run_upgraded(
+        &mut fused,
+        &onnx_fuse::passes::pipeline(&["attention".into()], &[]).unwrap(),
+        Default::default(),
+        upgrade.added,
+    );
+    assert_eq!(outcome.fused.iter().filter(|f| f.op_type == "Attention").count(), 4);
+    let kernels: Vec<NodeProto> = guards(&fused)
+        .iter()
+        .flat_map(|g| g.attribute.iter().filter(|a| a.name() == "then_branch"))
+        .flat_map(|a| a.g.as_ref().unwrap().node.iter().filter(|n| n.op_type() == "Attention").cloned())
+        .collect();
+    let cross = |l: usize| ["key", "value"].map(|kv| format!("past_key_values.{l}.encoder.{kv}"));
+    for l in 0..2 {
+        let reads = kernels.iter().any(|k| k.input[1..3] == cross(l)[..]);
+        assert!(reads, "layer {l}'s cross-attention reads {:?}", cross(l));
+    }
+    let options = verify::Options::default();
+    let dir = std::path::Path::new(".");
+    let v = verify::verify((&original, dir), (&fused, dir), &options).unwrap();
+    assert!(v.passed, "{}", v.text());
+}
+
 /// The one fact of ONNX Runtime's `Pow` the folding rests on
 /// (`graph/fold.rs`): `Pow(x, 0.5)` in f32 is the square root exactly where
 /// x is the square of an integer of at most 4096 (DINOv2's position grid,

@@ -130,7 +130,7 @@ pub(super) fn attention(
     // q, k, v or the output is left (ONNX Runtime 1.31.1, BERT-base heads:
     // 0.62–0.79× the ops it replaces). On 4-D heads its gain is within the
     // guard's cost and the machine's spread (docs/benchmarks.md).
-    let merged = if n > 1 || (cached(g, key) && cached(g, value)) {
+    let merged = if n > 1 || (kept_whole(g, key) && kept_whole(g, value)) {
         None
     } else {
         let found = merged_heads(g, shapes, anchor, &q, x, key_perm, v);
@@ -342,11 +342,16 @@ fn mask_values(g: &Graph, shapes: &Shapes, value: &str, depth: usize) -> Option<
     }
 }
 
-/// Whether `value` is a cache: `Concat(past, new)` on the sequence axis
-/// (2 of 4).
-fn cached(g: &Graph, value: &str) -> bool {
-    g.produced_by(unchanged(g, value), "Concat")
-        .is_ok_and(|c| matches!(g.node(c).attr_int("axis"), Some(2 | -2)) && g.node(c).input.len() == 2)
+/// Whether `value` is a key or value the model keeps whole from call to
+/// call, which the written-out core transposes (or repeats) whole at every
+/// step and the kernel reads as it is: a cache, `Concat(past, new)` on the
+/// sequence axis (2 of 4), or a graph input (a cross-attention's encoder
+/// key and value, passed back in by the caller).
+fn kept_whole(g: &Graph, value: &str) -> bool {
+    let value = unchanged(g, value);
+    let concat = g.produced_by(value, "Concat");
+    let cache = concat.is_ok_and(|c| matches!(g.node(c).attr_int("axis"), Some(2 | -2)) && g.node(c).input.len() == 2);
+    cache || g.proto.input.iter().any(|i| i.name() == value)
 }
 
 /// A core whose heads are split from `[b, s, h·d]` values and merged back
