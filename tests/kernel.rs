@@ -268,6 +268,96 @@ fn left_padded_batches_compute_what_the_export_computes() {
     assert!(!v.passed, "the left-padded rows are expected to be fully masked in this export");
 }
 
+/// `softmax(Where(keep, q·kᵀ·scale, fill))·v` (or masked_fill's
+/// `Where(hide, fill, s)` with `hides`), q [b, 4, 3, 8], a cache's key and
+/// value [b, 4, 3, 8]; the condition is the f32 input `mask` of 0 and 1
+/// cast to bool ([b, 1, 3, 3]).
+fn where_core(fill: f64, hides: bool) -> ModelProto {
+    let mut m = core(4);
+    let g = m.graph.as_mut().unwrap();
+    let add = g.node.iter().position(|n| n.op_type() == "Add").unwrap();
+    let scores = g.node[add].input[0].clone();
+    let out = g.node[add].output[0].clone();
+    let mut b = Builder::default();
+    let condition = b.node("Cast", &["mask"], vec![attr_int("to", 9)]);
+    let fill = b.constant(tensor(FLOAT, &[], &[fill]));
+    let inputs = if hides { [condition.as_str(), &fill, &scores] } else { [condition.as_str(), &scores, &fill] };
+    b.node_to("Where", &inputs, &[&out], vec![]);
+    g.node.splice(add..=add, b.graph.node);
+    m
+}
+
+/// The kernel alone with the Where's kept keys as its boolean mask.
+fn where_kernel(hides: bool) -> ModelProto {
+    let mut m = kernel(4);
+    let g = m.graph.as_mut().unwrap();
+    let mut b = Builder::default();
+    let keep = b.node("Cast", &["mask"], vec![attr_int("to", 9)]);
+    let keep = if hides { b.node("Not", &[&keep], vec![]) } else { keep };
+    let attention = g.node.len() - 1;
+    g.node[attention].input[3] = keep;
+    g.node.splice(attention..attention, b.graph.node);
+    m
+}
+
+/// Feeds for `where_core`: q and k times `qk`, mask row 1 of batch 0 as
+/// `row` (1 keeps a key), every other row keeping all keys but its last.
+fn where_feeds(dir: &std::path::Path, qk: f32, row: [f32; 3], hides: bool) -> std::path::PathBuf {
+    let path = dir.join(format!("where_{qk}_{row:?}_{hides}.npz"));
+    let n = 2 * 4 * 3 * 8;
+    let scaled = |seed: u64, by: f32| values(n, seed).into_iter().map(|x| x * by).collect::<Vec<f32>>();
+    let (keep, hide) = if hides { (0.0, 1.0) } else { (1.0, 0.0) };
+    let mut mask: Vec<f32> = (0..18).map(|i| if i % 3 == 2 { hide } else { keep }).collect();
+    mask[3..6].copy_from_slice(&row.map(|x| if hides { 1.0 - x } else { x }));
+    npz(
+        &path,
+        &[
+            ("q", vec![2, 4, 3, 8], scaled(1, qk)),
+            ("k", vec![2, 4, 3, 8], scaled(2, qk)),
+            ("v", vec![2, 4, 3, 8], scaled(3, 1.0)),
+            ("mask", vec![2, 1, 3, 3], mask),
+            ("past_k", vec![2, 4, 0, 8], vec![]),
+            ("past_v", vec![2, 4, 0, 8], vec![]),
+        ],
+        &[],
+    );
+    path
+}
+
+/// The facts of ONNX Runtime's `Attention` with a boolean mask that the
+/// Where form's guard rests on: where every kept score is more than 128
+/// above the fill, the kernel computes the Where core (a hidden key gets
+/// no weight in either); with scores beyond
+/// the fill, or a row that keeps no key (the kernel gives zeros), it does
+/// not. The guarded output is the core's on every one of these.
+#[test]
+fn onnx_runtimes_attention_with_the_kept_keys_is_a_where_core_while_scores_stay_above_the_fill() {
+    let dir = tempdir();
+    let some = [1.0, 1.0, 0.0];
+    for hides in [false, true] {
+        for fill in [f64::from(f32::MIN), -1e9, -1e4] {
+            let (core, kernel) = (where_core(fill, hides), where_kernel(hides));
+            let fused = fused(&core);
+            assert_eq!(guards(&fused).len(), 1, "fill {fill}: a guarded kernel");
+            let v = compare(&core, &kernel, &where_feeds(dir.path(), 1.0, some, hides)).unwrap();
+            assert!(v.passed, "fill {fill}, hides {hides}:\n{}", v.text());
+            let none = compare(&core, &kernel, &where_feeds(dir.path(), 1.0, [0.0; 3], hides)).unwrap();
+            assert!(!none.passed, "fill {fill}: a row that keeps no key is expected to differ");
+            let huge = where_feeds(dir.path(), 1e3, some, hides);
+            if fill == -1e4 {
+                let beyond = compare(&core, &kernel, &huge).unwrap();
+                assert!(!beyond.passed, "scores beyond the fill -1e4 are expected to differ");
+            }
+            for feeds in
+                [where_feeds(dir.path(), 1.0, some, hides), where_feeds(dir.path(), 1.0, [0.0; 3], hides), huge]
+            {
+                let v = compare(&core, &fused, &feeds).unwrap();
+                assert!(v.passed, "guarded, fill {fill}, hides {hides}:\n{}", v.text());
+            }
+        }
+    }
+}
+
 /// An encoder's cores (BERT: no cache, no grouped heads) become the 3-D
 /// `Attention`, reading the projections `[b, s, h·d]` the heads are split
 /// from and writing the merged output, guarded as the 4-D form is: a batch
@@ -337,6 +427,33 @@ fn a_cross_attention_reads_the_encoder_key_and_value_the_caller_passes() {
     let dir = std::path::Path::new(".");
     let v = verify::verify((&original, dir), (&fused, dir), &options).unwrap();
     assert!(v.passed, "{}", v.text());
+}
+
+/// DistilBERT hides padded keys by `masked_fill` (a Where of the float
+/// lowest): its cores become the 3-D `Attention` with the kept keys as a
+/// boolean mask, and a row padded whole runs the original ops.
+#[test]
+fn a_masked_fill_encoder_hands_its_kept_keys_over_and_a_padded_row_runs_the_original_ops() {
+    let dir = tempdir();
+    let inputs = dir.path().join("padded.npz");
+    let ids: Vec<i64> = (0..14).map(|i| (i * 5 + 1) % 64).collect();
+    let mask = vec![0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0];
+    npz(&inputs, &[], &[("input_ids", vec![2, 7], ids), ("attention_mask", vec![2, 7], mask)]);
+    let original = load("distilbert_ts_op14.onnx");
+    let (mut fused, upgrade) = upgrade::upgrade(&original, 23).unwrap();
+    let outcome = rewrite::run_upgraded(
+        &mut fused,
+        &onnx_fuse::passes::pipeline(&["attention".into()], &[]).unwrap(),
+        Default::default(),
+        upgrade.added,
+    );
+    assert_eq!(outcome.fused.iter().filter(|f| f.op_type == "Attention").count(), 2);
+    let main = &fused.graph.as_ref().unwrap().node;
+    assert!(main.iter().any(|n| n.op_type() == "Not"), "masked_fill names the hidden keys: the kernel takes the kept");
+    let v = compare(&original, &fused, &inputs).unwrap();
+    assert!(v.passed, "{}", v.text());
+    let v = compare(&original, &unguarded(&fused), &inputs).unwrap();
+    assert!(!v.passed, "a row padded whole is expected to keep no key: the kernel gives zeros there");
 }
 
 /// The one fact of ONNX Runtime's `Pow` the folding rests on

@@ -1915,6 +1915,7 @@ pub fn decoder_attention(rng: &mut Rng) -> Case {
     }
     // The mask, computed before the core (which reads it as an input).
     let mut mask = None;
+    let mut replaced: Option<(String, String, bool)> = None;
     if rng.chance(0.8) {
         let keys = if cache { vec![sym("t"), sym("s")] } else { vec![sym("t")] };
         let parts: Vec<String> = keys
@@ -1936,15 +1937,30 @@ pub fn decoder_attention(rng: &mut Rng) -> Case {
             }
             _ => f64::from(f32::MIN),
         };
-        c.ort_only(format!("mask Where(keep, 0, {fill})"));
-        let zero = one_value(rng, &mut b, "visible", elem, 0, 0.0);
         let hidden = one_value(rng, &mut b, "hidden", elem, 0, fill);
-        mask = Some(b.node("Where", &[&keep, &zero, &hidden], vec![]));
+        if rng.chance(0.4) {
+            // The mask replaces the hidden scores (masked_fill names them).
+            if fill > -1e4 {
+                c.breaks("a Where fill above -1e4");
+            }
+            let hides = rng.chance(0.5);
+            c.ort_only(format!("scores Where, fill {fill}{}", if hides { ", masked_fill" } else { "" }));
+            let condition = if hides { b.node("Not", &[&keep], vec![]) } else { keep };
+            replaced = Some((condition, hidden, hides));
+        } else {
+            c.ort_only(format!("mask Where(keep, 0, {fill})"));
+            let zero = one_value(rng, &mut b, "visible", elem, 0, 0.0);
+            mask = Some(b.node("Where", &[&keep, &zero, &hidden], vec![]));
+        }
     }
     // What the core reads is computed by now: a second definition of one
     // of its constants, or another reader of the q and key it reads, leaves
     // the core as it is (the kernel falls back to it).
-    c.aside.extend(["visible", "hidden", "sqrt_scale_q", "sqrt_scale_k"].map(String::from));
+    c.aside.extend(["visible", "sqrt_scale_q", "sqrt_scale_k"].map(String::from));
+    if replaced.is_none() {
+        // (A fill the core's own Where reads is the core's.)
+        c.aside.push("hidden".into());
+    }
     let before = b.graph.node.len();
     let mut s = b.node("MatMul", &[&q, &k], vec![]);
     if let Some(scale) = s_scale {
@@ -1952,6 +1968,10 @@ pub fn decoder_attention(rng: &mut Rng) -> Case {
     }
     if let Some(mask) = mask {
         s = commuted(rng, &mut b, "Add", &s, &mask);
+    }
+    if let Some((condition, fill, hides)) = replaced {
+        let inputs = if hides { [&condition, &fill, &s] } else { [&condition, &s, &fill] };
+        s = b.node("Where", &inputs.map(String::as_str), vec![]);
     }
     let mut p = b.node("Softmax", &[&s], vec![attr_int("axis", -1)]);
     if rng.chance(0.5) {

@@ -11,6 +11,12 @@
 //! → If(ok) { Attention(q0, k0, v0, mask) } else { the original ops }
 //! ```
 //!
+//! An encoder's core (neither cache nor grouped heads) is written in the
+//! kernel's 3-D form, reading the `[b, s, h·d]` values its heads are split
+//! from and writing the merged output (`merged_heads`). A `Where` mask is
+//! the kernel's boolean mask, the keys kept, where a bound on the scores
+//! proves the fill gives hidden keys no weight.
+//!
 //! `k0` and `v0` are the model's own key and value: with a KV cache, the
 //! present values its `Concat`s compute, which stay as they are. ONNX's
 //! grouped heads read KV head `h / n` for query head `h`, which is what
@@ -53,32 +59,37 @@ pub(super) fn attention(
 
     let mut scale = 1.0;
     let mut mask: Option<&str> = None;
+    // A Where mask: (the condition, the fill, whether it names the hidden keys).
+    let mut kept: Option<(&str, f64, bool)> = None;
     let mut nan_guard = false;
     let mut softcap = None;
     for step in steps {
         match step {
             Step::Softmax => {}
             Step::Scale(op, c) => {
-                require!(mask.is_none(), "the scale is applied after the mask");
+                require!(mask.is_none() && kept.is_none(), "the scale is applied after the mask");
                 let c = c.scalar().unwrap_or(f64::NAN);
                 scale *= if *op == "Div" { 1.0 / c } else { c };
             }
             Step::Cast(to) => require!(*to == elem, "a Cast between the MatMuls changes the type"),
             Step::Mask(value) if mask.is_none() => {
+                require!(kept.is_none(), "a Where and an additive mask: Attention takes one mask");
                 require!(g.elem_type(value) == Some(elem), "the mask {value} is not of q's type");
                 mask = Some(value);
             }
             Step::Mask(_) => decline!("more than one additive mask"),
             Step::NanGuard(_) => nan_guard = true,
-            Step::Where { .. } | Step::Megatron { .. } => {
-                decline!("the mask replaces scores (Where): Attention adds its mask to them")
+            Step::Where { keep, fill, fill_first } if kept.is_none() && mask.is_none() && softcap.is_none() => {
+                kept = Some((keep.as_str(), fill.scalar().unwrap_or(f64::NAN), *fill_first));
             }
+            Step::Where { .. } => decline!("a Where with another mask or a soft-cap: Attention takes one mask"),
+            Step::Megatron { .. } => decline!("Megatron's mask (s·m − penalty·(1 − m)) is no mask Attention takes"),
             Step::Subtract(d) => decline!("a term subtracted ({d}): Attention only adds its mask"),
             Step::Divisor(d) | Step::Multiplier(d) => {
                 // A divisor computed from the head size is a constant.
                 let c = fold(g, shapes, d).filter(|c| c.elem == elem && c.dims.len() <= 4).and_then(|c| c.scalar());
                 let c = c.or_decline(|| format!("the scale {d} is computed at run time"))?;
-                require!(mask.is_none(), "the scale is applied after the mask");
+                require!(mask.is_none() && kept.is_none(), "the scale is applied after the mask");
                 scale *= if matches!(step, Step::Divisor(_)) { 1.0 / c } else { c };
             }
             Step::Softcap(op, by, cap) => {
@@ -96,16 +107,22 @@ pub(super) fn attention(
     // exports scale each by √scale) is part of Attention's scale.
     // (A scale computed from the head size, as SDPA exports write it, is
     // a constant too.)
+    // (DistilBERT divides q by √d: Div(q, c) is a scale of 1/c.)
     let mut scaled = |value: &'_ str| -> Check<String> {
-        let Ok(mul) = g.produced_by(value, "Mul") else { return Ok(value.to_string()) };
-        let node = g.node(mul);
+        let found = g.produced_by(value, "Mul").or_else(|_| g.produced_by(value, "Div"));
+        let Ok(op) = found else { return Ok(value.to_string()) };
+        let node = g.node(op);
+        let divides = node.is("Div");
         let one_value = |i: usize| {
             let c = fold(g, shapes, &node.input[i])?;
             let rank = shapes.rank(&node.input[1 - i]).unwrap_or(0);
             (c.elem == elem && c.dims.len() <= rank.max(1)).then(|| c.scalar()).flatten()
         };
-        let Some((at, c)) = (0..2).find_map(|i| Some((i, one_value(i)?))) else { return Ok(value.to_string()) };
-        scale *= c;
+        let sides = if divides { 1..2 } else { 0..2 };
+        let Some((at, c)) = sides.into_iter().find_map(|i| Some((i, one_value(i)?))) else {
+            return Ok(value.to_string());
+        };
+        scale *= if divides { 1.0 / c } else { c };
         Ok(node.input[1 - at].clone())
     };
     let q = scaled(q)?;
@@ -206,16 +223,18 @@ pub(super) fn attention(
         conditions.push(ok);
     }
 
-    let key = if merged.is_some() || key_perm == [0, 1, 2, 3] {
+    let kernel_key = if merged.is_some() || key_perm == [0, 1, 2, 3] {
         key.to_string()
     } else {
         let transposed = name("key");
         then.push(writing(&transposed, node("Transpose", &[key], vec![AttributeProto::ints("perm", &key_perm)])));
         transposed
     };
-    let mut inputs = vec![q.clone(), key, value.to_string()];
-    if let Some(mask) = mask {
-        let sm = shapes.shape(mask).or_decline(|| format!("the shape of the mask {mask} is not proved"))?;
+    let mut inputs = vec![q.clone(), kernel_key, value.to_string()];
+    // What the mask is read from: the additive mask, or a Where's condition
+    // (handed over as Attention's boolean mask, the keys kept).
+    if let Some(source) = mask.or(kept.map(|(condition, _, _)| condition)) {
+        let sm = shapes.shape(source).or_decline(|| format!("the shape of the mask {source} is not proved"))?;
         let (r, (s, t)) = (sm.len(), (&sq[2], &sk[2]));
         require!(
             (2..=4).contains(&r) && &sm[r - 1] == t && (&sm[r - 2] == s || sm[r - 2].value() == Some(1)),
@@ -228,33 +247,75 @@ pub(super) fn attention(
             _ => true,
         };
         require!(leading_fit, "the mask's leading axes ({}) are not 1, the batch or the heads", dims(&sm));
-        match g.constant(mask) {
-            Some(t) => require!(
-                every_row_visible(t),
-                "the constant mask hides every key of a row: ONNX Runtime's Attention gives zeros there"
-            ),
-            // A mask of 0 and −∞ alone (SDPA exports' Where(keep, 0, −inf))
-            // before a NaN guard: a row all −∞ is zeros in both, the
-            // original's NaN turned to 0 by its guard, and no value is the
-            // finite lowest.
-            None if nan_guard
-                && mask_values(g, shapes, mask, 8).is_some_and(|v| {
-                    v.iter().all(|&x| x == f64::NEG_INFINITY || (x.is_finite() && x > f64::from(f32::MIN)))
-                }) => {}
+        let keepdims = || vec![AttributeProto::int("keepdims", 0)];
+        let mask = match kept {
             None => {
-                let (axes, rows, lowest, ok) = (name("last_axis"), name("row_max"), name("lowest"), name("visible"));
-                let fewest = name("least_row_max");
-                prelude.push(ints_constant(&axes, &[-1]));
-                let keepdims = || vec![AttributeProto::int("keepdims", 0)];
-                prelude.push(writing(&rows, node("ReduceMax", &[mask, &axes], keepdims())));
-                prelude.push(writing(&fewest, node("ReduceMin", &[&rows], keepdims())));
-                prelude.push(constant(&lowest, scalar_tensor(elem, f64::from(f32::MIN))));
-                prelude.push(writing(&ok, node("Greater", &[&fewest, &lowest], vec![])));
-                conditions.push(ok);
+                visible_rows(g, shapes, source, nan_guard, &name, &mut prelude, &mut conditions)?;
+                source.to_string()
             }
-        }
+            Some((condition, fill, hides)) => {
+                let keep = if hides {
+                    let keep = name("kept");
+                    prelude.push(writing(&keep, node("Not", &[condition], vec![])));
+                    keep
+                } else {
+                    condition.to_string()
+                };
+                // A row that keeps no key: the kernel gives zeros, the
+                // core the mean of v (a finite fill) or NaN (-inf).
+                let every_row = g.constant(condition).is_some_and(|t| every_row_keeps(t, hides));
+                if !every_row {
+                    let (axes, flags, rows, fewest, zero, ok) = (
+                        name("last_axis"),
+                        name("kept_flags"),
+                        name("row_kept"),
+                        name("least_row_kept"),
+                        name("no"),
+                        name("kept_rows"),
+                    );
+                    prelude.push(ints_constant(&axes, &[-1]));
+                    prelude.push(writing(&flags, node("Cast", &[&keep], vec![int("to", i64::from(elem))])));
+                    prelude.push(writing(&rows, node("ReduceMax", &[&flags, &axes], keepdims())));
+                    prelude.push(writing(&fewest, node("ReduceMin", &[&rows], keepdims())));
+                    prelude.push(constant(&zero, scalar_tensor(elem, 0.0)));
+                    prelude.push(writing(&ok, node("Greater", &[&fewest, &zero], vec![])));
+                    conditions.push(ok);
+                }
+                // The core replaces a hidden score by the fill, the kernel
+                // drops it: the same where every kept score is more than 128
+                // above the fill (its weight is then exp(< -128), which f32
+                // has as 0, in both). |scale · q·k| ≤ scale · d · max|q| · max|k|,
+                // held to half the distance (the rounding of the scores).
+                let d = sq[3].value().filter(|&d| d > 0).or_decline(|| {
+                    format!("the head size {} is no known number: the bound on the scores a Where mask needs", sq[3])
+                })?;
+                let room = (fill.abs().min(f64::from(f32::MAX)) - 128.0) / 2.0;
+                require!(room > 0.0, "the Where fill {fill} leaves the scores no room");
+                let mut largest = |x: &str, what: &str| {
+                    let (abs, max) = (name(&format!("abs_{what}")), name(&format!("largest_{what}")));
+                    prelude.push(writing(&abs, node("Abs", &[x], vec![])));
+                    prelude.push(writing(&max, node("ReduceMax", &[&abs], keepdims())));
+                    max
+                };
+                let (mq, mk) = (largest(&q, "q"), largest(key, "key"));
+                let (product, per, bound, limit, ok) = (
+                    name("largest_qk"),
+                    name("scale_times_d"),
+                    name("score_bound"),
+                    name("score_room"),
+                    name("scores_bounded"),
+                );
+                prelude.push(writing(&product, node("Mul", &[&mq, &mk], vec![])));
+                prelude.push(constant(&per, scalar_tensor(elem, scale * d as f64)));
+                prelude.push(writing(&bound, node("Mul", &[&product, &per], vec![])));
+                prelude.push(constant(&limit, scalar_tensor(elem, room)));
+                prelude.push(writing(&ok, node("Less", &[&bound, &limit], vec![])));
+                conditions.push(ok);
+                keep
+            }
+        };
         if &sm[r - 2] == s {
-            inputs.push(mask.to_string());
+            inputs.push(mask);
         } else {
             // Attention takes a mask of the scores' query axis: the one
             // row broadcast over the queries (q's axis 2 of [b, h, s, d],
@@ -266,7 +327,7 @@ pub(super) fn attention(
             let one = name("one");
             then.push(ints_constant(&one, &[1]));
             then.push(writing(&shape, node("Concat", &[&ones, &rows, &one], vec![int("axis", 0)])));
-            then.push(writing(&expanded, node("Expand", &[mask, &shape], vec![])));
+            then.push(writing(&expanded, node("Expand", &[&mask, &shape], vec![])));
             inputs.push(expanded);
         }
     }
@@ -302,12 +363,15 @@ pub(super) fn attention(
             nan_guard
         }
         [ok] => guard(ok, kernel, original_ops()),
-        [a_ok, b_ok] => {
-            let ok = name("ok");
-            prelude.push(writing(&ok, node("And", &[a_ok, b_ok], vec![])));
+        [first, rest @ ..] => {
+            let mut ok = first.clone();
+            for (i, next) in rest.iter().enumerate() {
+                let both = if i + 1 == rest.len() { name("ok") } else { name(&format!("ok_{i}")) };
+                prelude.push(writing(&both, node("And", &[&ok, next], vec![])));
+                ok = both;
+            }
             guard(&ok, kernel, original_ops())
         }
-        _ => unreachable!("at most two conditions"),
     };
     Ok(replace(anchor, replacement).after(prelude).running("Attention").needing_opset(23))
 }
@@ -492,6 +556,51 @@ fn unchanged<'a>(g: &Graph<'a>, mut value: &'a str) -> &'a str {
 
 fn require_some(cond: bool) -> Option<()> {
     cond.then_some(())
+}
+
+/// The condition that no row of an additive mask hides every key (its
+/// maximum above the type's lowest), pushed where it is not proved: by a
+/// constant mask, or by SDPA's masks of 0 and -inf alone before a NaN
+/// guard (a row all -inf is zeros in both, the original's NaN turned to 0
+/// by its guard, and no value is the finite lowest).
+fn visible_rows(
+    g: &Graph,
+    shapes: &Shapes,
+    mask: &str,
+    nan_guard: bool,
+    name: &dyn Fn(&str) -> String,
+    prelude: &mut Vec<NodeProto>,
+    conditions: &mut Vec<String>,
+) -> Check<()> {
+    if let Some(t) = g.constant(mask) {
+        require!(
+            every_row_visible(t),
+            "the constant mask hides every key of a row: ONNX Runtime's Attention gives zeros there"
+        );
+        return Ok(());
+    }
+    let sdpa = mask_values(g, shapes, mask, 8)
+        .is_some_and(|v| v.iter().all(|&x| x == f64::NEG_INFINITY || (x.is_finite() && x > f64::from(f32::MIN))));
+    if nan_guard && sdpa {
+        return Ok(());
+    }
+    let (axes, rows, lowest, ok) = (name("last_axis"), name("row_max"), name("lowest"), name("visible"));
+    let fewest = name("least_row_max");
+    prelude.push(ints_constant(&axes, &[-1]));
+    let keepdims = || vec![AttributeProto::int("keepdims", 0)];
+    prelude.push(writing(&rows, node("ReduceMax", &[mask, &axes], keepdims())));
+    prelude.push(writing(&fewest, node("ReduceMin", &[&rows], keepdims())));
+    prelude.push(constant(&lowest, scalar_tensor(FLOAT, f64::from(f32::MIN))));
+    prelude.push(writing(&ok, node("Greater", &[&fewest, &lowest], vec![])));
+    conditions.push(ok);
+    Ok(())
+}
+
+/// Whether every row (last axis) of a constant Where condition keeps a key
+/// (holds a true, or with `hides` a false).
+fn every_row_keeps(t: &TensorProto, hides: bool) -> bool {
+    let (Some(values), Some(&last)) = (t.values(), t.dims.last()) else { return false };
+    last > 0 && values.chunks(last as usize).all(|row| row.iter().any(|&x| (x != 0.0) != hides))
 }
 
 /// A mask axis that broadcasts as ONNX Runtime's kernel reads it: 1, or
