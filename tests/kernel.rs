@@ -242,25 +242,41 @@ fn a_second_run_leaves_the_guards_original_ops_as_they_are() {
     assert_eq!(once, twice);
 }
 
+/// `name`'s export and the same upgraded to opset 23 and fused by
+/// `passes`.
+fn fused_at_23(name: &str, passes: &str) -> (ModelProto, ModelProto) {
+    let original = load(name);
+    let (mut fused, upgrade) = upgrade::upgrade(&original, 23).unwrap();
+    let pipeline = onnx_fuse::passes::pipeline(&[passes.into()], &[]).unwrap();
+    rewrite::run_upgraded(&mut fused, &pipeline, Default::default(), upgrade.added);
+    (original, fused)
+}
+
+/// Token feeds of two rows of 7 (`input_ids`, `attention_mask`).
+fn token_feeds(dir: &std::path::Path, mask: [i64; 14]) -> std::path::PathBuf {
+    let inputs = dir.join(format!("tokens_{mask:?}.npz"));
+    let ids: Vec<i64> = (0..14).map(|i| (i * 7 + 3) % 64).collect();
+    npz(&inputs, &[], &[("input_ids", vec![2, 7], ids), ("attention_mask", vec![2, 7], mask.to_vec())]);
+    inputs
+}
+
+/// The nodes of the `If`s' kernel branches that are `Attention`.
+fn kernels(model: &ModelProto) -> Vec<NodeProto> {
+    guards(model)
+        .iter()
+        .flat_map(|g| g.attribute.iter().filter(|a| a.name() == "then_branch"))
+        .flat_map(|a| a.g.as_ref().unwrap().node.iter().filter(|n| n.op_type() == "Attention").cloned())
+        .collect()
+}
+
 /// A left-padded batch: the first row's first three tokens are padding,
 /// so their query rows see no key at all in an eager export's mask.
 #[test]
 fn left_padded_batches_compute_what_the_export_computes() {
     let dir = tempdir();
-    let inputs = dir.path().join("left_padded.npz");
-    let ids: Vec<i64> = (0..14).map(|i| (i * 7 + 3) % 64).collect();
-    let mask = vec![0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1];
-    npz(&inputs, &[], &[("input_ids", vec![2, 7], ids), ("attention_mask", vec![2, 7], mask)]);
-    let original = load("llama_ts_op14.onnx");
-    let (mut fused, upgrade) = upgrade::upgrade(&original, 23).unwrap();
-    let outcome = rewrite::run_upgraded(
-        &mut fused,
-        &onnx_fuse::passes::pipeline(&["default".into()], &[]).unwrap(),
-        Default::default(),
-        upgrade.added,
-    );
-    assert_eq!(outcome.fused.iter().filter(|f| f.op_type == "Attention").count(), 2);
-    assert_eq!(guards(&fused).len(), 2);
+    let inputs = token_feeds(dir.path(), [0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]);
+    let (original, fused) = fused_at_23("llama_ts_op14.onnx", "default");
+    assert_eq!(kernels(&fused).len(), 2);
     let v = compare(&original, &fused, &inputs).unwrap();
     assert!(v.passed, "{}", v.text());
     // The feed reaches rows the kernel computes otherwise: unguarded, it differs.
@@ -367,30 +383,17 @@ fn onnx_runtimes_attention_with_the_kept_keys_is_a_where_core_while_scores_stay_
 #[test]
 fn encoder_cores_read_and_write_merged_heads_and_a_padded_row_runs_the_original_ops() {
     let dir = tempdir();
-    let inputs = dir.path().join("padded.npz");
-    let ids: Vec<i64> = (0..14).map(|i| (i * 7 + 3) % 64).collect();
-    let mask = vec![0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 0, 0];
-    npz(&inputs, &[], &[("input_ids", vec![2, 7], ids), ("attention_mask", vec![2, 7], mask)]);
-    let original = load("bert_ts_op14.onnx");
-    let (mut fused, upgrade) = upgrade::upgrade(&original, 23).unwrap();
-    let outcome = rewrite::run_upgraded(
-        &mut fused,
-        &onnx_fuse::passes::pipeline(&["attention".into()], &[]).unwrap(),
-        Default::default(),
-        upgrade.added,
-    );
-    assert_eq!(outcome.fused.iter().filter(|f| f.op_type == "Attention").count(), 2);
-    let guard = guards(&fused);
-    assert_eq!(guard.len(), 2);
-    let then = guard[0].attribute.iter().find(|a| a.name() == "then_branch").unwrap().g.as_ref().unwrap();
-    let attention = then.node.iter().find(|n| n.op_type() == "Attention").expect("the kernel");
+    let inputs = token_feeds(dir.path(), [0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 0, 0]);
+    let (original, fused) = fused_at_23("bert_ts_op14.onnx", "attention");
+    let kernels = kernels(&fused);
+    assert_eq!(kernels.len(), 2);
     let projections: Vec<String> = ["query", "key", "value"]
         .iter()
         .map(|p| format!("/model/encoder/layer.0/attention/self/{p}/Add_output_0"))
         .collect();
-    assert_eq!(attention.input[..3], projections[..], "the kernel reads the projections, not their heads");
-    assert_eq!((attention.attr_int("q_num_heads"), attention.attr_int("kv_num_heads")), (Some(4), Some(4)));
-    assert_eq!(guard[0].output, ["/model/encoder/layer.0/attention/self/Reshape_3_output_0"], "the merged output");
+    assert_eq!(kernels[0].input[..3], projections[..], "the kernel reads the projections, not their heads");
+    assert_eq!((kernels[0].attr_int("q_num_heads"), kernels[0].attr_int("kv_num_heads")), (Some(4), Some(4)));
+    assert_eq!(guards(&fused)[0].output, ["/model/encoder/layer.0/attention/self/Reshape_3_output_0"], "merged");
     let main = &fused.graph.as_ref().unwrap().node;
     assert!(!main.iter().any(|n| n.op_type() == "Transpose"), "no head is transposed outside the guard");
     let v = compare(&original, &fused, &inputs).unwrap();
@@ -404,28 +407,16 @@ fn encoder_cores_read_and_write_merged_heads_and_a_padded_row_runs_the_original_
 /// they are, where the export transposes the key whole at every step.
 #[test]
 fn a_cross_attention_reads_the_encoder_key_and_value_the_caller_passes() {
-    let original = load("t5_optimum_decoder_past.onnx");
-    let (mut fused, upgrade) = upgrade::upgrade(&original, 23).unwrap();
-    let outcome = rewrite::run_upgraded(
-        &mut fused,
-        &onnx_fuse::passes::pipeline(&["attention".into()], &[]).unwrap(),
-        Default::default(),
-        upgrade.added,
-    );
-    assert_eq!(outcome.fused.iter().filter(|f| f.op_type == "Attention").count(), 4);
-    let kernels: Vec<NodeProto> = guards(&fused)
-        .iter()
-        .flat_map(|g| g.attribute.iter().filter(|a| a.name() == "then_branch"))
-        .flat_map(|a| a.g.as_ref().unwrap().node.iter().filter(|n| n.op_type() == "Attention").cloned())
-        .collect();
+    let (original, fused) = fused_at_23("t5_optimum_decoder_past.onnx", "attention");
+    let kernels = kernels(&fused);
+    assert_eq!(kernels.len(), 4);
     let cross = |l: usize| ["key", "value"].map(|kv| format!("past_key_values.{l}.encoder.{kv}"));
     for l in 0..2 {
         let reads = kernels.iter().any(|k| k.input[1..3] == cross(l)[..]);
         assert!(reads, "layer {l}'s cross-attention reads {:?}", cross(l));
     }
-    let options = verify::Options::default();
     let dir = std::path::Path::new(".");
-    let v = verify::verify((&original, dir), (&fused, dir), &options).unwrap();
+    let v = verify::verify((&original, dir), (&fused, dir), &verify::Options::default()).unwrap();
     assert!(v.passed, "{}", v.text());
 }
 
@@ -435,19 +426,9 @@ fn a_cross_attention_reads_the_encoder_key_and_value_the_caller_passes() {
 #[test]
 fn a_masked_fill_encoder_hands_its_kept_keys_over_and_a_padded_row_runs_the_original_ops() {
     let dir = tempdir();
-    let inputs = dir.path().join("padded.npz");
-    let ids: Vec<i64> = (0..14).map(|i| (i * 5 + 1) % 64).collect();
-    let mask = vec![0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0];
-    npz(&inputs, &[], &[("input_ids", vec![2, 7], ids), ("attention_mask", vec![2, 7], mask)]);
-    let original = load("distilbert_ts_op14.onnx");
-    let (mut fused, upgrade) = upgrade::upgrade(&original, 23).unwrap();
-    let outcome = rewrite::run_upgraded(
-        &mut fused,
-        &onnx_fuse::passes::pipeline(&["attention".into()], &[]).unwrap(),
-        Default::default(),
-        upgrade.added,
-    );
-    assert_eq!(outcome.fused.iter().filter(|f| f.op_type == "Attention").count(), 2);
+    let inputs = token_feeds(dir.path(), [0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0]);
+    let (original, fused) = fused_at_23("distilbert_ts_op14.onnx", "attention");
+    assert_eq!(kernels(&fused).len(), 2);
     let main = &fused.graph.as_ref().unwrap().node;
     assert!(main.iter().any(|n| n.op_type() == "Not"), "masked_fill names the hidden keys: the kernel takes the kept");
     let v = compare(&original, &fused, &inputs).unwrap();

@@ -450,7 +450,7 @@ fn merged_heads<'a>(
     let not = || Miss::Declined("the heads are not split from and merged into [b, s, h·d] values".into());
     let transposed_heads = |value: &str| -> Option<(&'a str, i64, i64)> {
         let t = g.node(g.produced_by(value, "Transpose").ok()?);
-        require_some(t.attr_ints("perm").as_deref() == Some(&[0, 2, 1, 3]))?;
+        require_some(t.attr_ints("perm") == Some(&[0, 2, 1, 3][..]))?;
         split_heads(g, shapes, &t.input[0])
     };
     let (q, h, d) = transposed_heads(q).ok_or_else(not)?;
@@ -474,7 +474,7 @@ fn merged_heads<'a>(
     let out = &g.node(anchor).output[0];
     let merge = || -> Option<usize> {
         let t = only_reader(out, "Transpose")?;
-        require_some(g.node(t).attr_ints("perm").as_deref() == Some(&[0, 2, 1, 3]))?;
+        require_some(g.node(t).attr_ints("perm") == Some(&[0, 2, 1, 3][..]))?;
         let r = only_reader(&g.node(t).output[0], "Reshape")?;
         let (so, sr) = (shapes.shape(out)?, shapes.shape(&g.node(r).output[0])?);
         let merged = so.len() == 4
