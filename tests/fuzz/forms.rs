@@ -1817,7 +1817,12 @@ pub fn decoder_attention(rng: &mut Rng) -> Case {
         let hd = ints(b, &[heads, HIDDEN]);
         let target = b.node("Concat", &[&lead, &hd], vec![attr_int("axis", 0)]);
         let r = b.node("Reshape", &[&x, &target], vec![]);
-        b.node("Transpose", &[&r], vec![attr_ints("perm", perm)])
+        let t = b.node("Transpose", &[&r], vec![attr_ints("perm", perm)]);
+        if rng.chance(0.2) {
+            c.note(format!("an Identity after {name}'s heads (dynamo)"));
+            return b.node("Identity", &[&t], vec![]);
+        }
+        t
     };
     let q = if merged {
         split(&mut b, &mut c, rng, "q", sym("s"), &[0, 2, 1, 3])
@@ -1989,7 +1994,11 @@ pub fn decoder_attention(rng: &mut Rng) -> Case {
         } else {
             &[0, 2, 1, 3]
         };
-        let t = b.node("Transpose", &[&out], vec![attr_ints("perm", perm)]);
+        let mut t = b.node("Transpose", &[&out], vec![attr_ints("perm", perm)]);
+        if rng.chance(0.2) {
+            c.note("an Identity after the output's Transpose (dynamo)");
+            t = b.node("Identity", &[&t], vec![]);
+        }
         if rng.chance(0.1) {
             c.note("the output's Transpose is also a graph output");
             b.output(&t, elem, None);

@@ -449,7 +449,8 @@ fn merged_heads<'a>(
 ) -> Check<Merged<'a>> {
     let not = || Miss::Declined("the heads are not split from and merged into [b, s, h·d] values".into());
     let transposed_heads = |value: &str| -> Option<(&'a str, i64, i64)> {
-        let t = g.node(g.produced_by(value, "Transpose").ok()?);
+        let through = g.producer(value).and_then(|p| g.identity_input(p)).map(|v| unchanged(g, v));
+        let t = g.node(g.produced_by(through.unwrap_or(value), "Transpose").ok()?);
         require_some(t.attr_ints("perm") == Some(&[0, 2, 1, 3][..]))?;
         split_heads(g, shapes, &t.input[0])
     };
@@ -466,10 +467,20 @@ fn merged_heads<'a>(
     // out [b, h, s, dv] → Transpose [b, s, h, dv] → Reshape [b, s, h·dv],
     // read by nothing else but their shapes (from which exports compute
     // the Reshape's target; the driver keeps what else reads them).
+    // (Through Identity nodes, which dynamo exports write between.)
     let only_reader = |value: &str, op: &str| -> Option<usize> {
-        let mut readers = g.consumers(value).iter().filter(|&&r| !g.node(r).is("Shape"));
-        let (Some(&reader), None) = (readers.next(), readers.next()) else { return None };
-        (g.node(reader).is(op) && !g.is_graph_output(value)).then_some(reader)
+        let mut value = value.to_string();
+        loop {
+            let mut readers = g.consumers(&value).iter().filter(|&&r| !g.node(r).is("Shape"));
+            let (Some(&reader), None) = (readers.next(), readers.next()) else { return None };
+            if g.is_graph_output(&value) {
+                return None;
+            }
+            match g.identity_input(reader) {
+                Some(_) => value = g.node(reader).output.first()?.clone(),
+                None => return g.node(reader).is(op).then_some(reader),
+            }
+        }
     };
     let out = &g.node(anchor).output[0];
     let merge = || -> Option<usize> {
