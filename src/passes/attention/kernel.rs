@@ -265,21 +265,11 @@ pub(super) fn attention(
                 // core the mean of v (a finite fill) or NaN (-inf).
                 let every_row = g.constant(condition).is_some_and(|t| every_row_keeps(t, hides));
                 if !every_row {
-                    let (axes, flags, rows, fewest, zero, ok) = (
-                        name("last_axis"),
-                        name("kept_flags"),
-                        name("row_kept"),
-                        name("least_row_kept"),
-                        name("no"),
-                        name("kept_rows"),
-                    );
+                    let (axes, flags) = (name("last_axis"), name("kept_flags"));
                     prelude.push(ints_constant(&axes, &[-1]));
                     prelude.push(writing(&flags, node("Cast", &[&keep], vec![int("to", i64::from(elem))])));
-                    prelude.push(writing(&rows, node("ReduceMax", &[&flags, &axes], keepdims())));
-                    prelude.push(writing(&fewest, node("ReduceMin", &[&rows], keepdims())));
-                    prelude.push(constant(&zero, scalar_tensor(elem, 0.0)));
-                    prelude.push(writing(&ok, node("Greater", &[&fewest, &zero], vec![])));
-                    conditions.push(ok);
+                    let names = ["row_kept", "least_row_kept", "no", "kept_rows"].map(|n| name(n));
+                    conditions.push(rows_above(&flags, &axes, 0.0, names, &mut prelude));
                 }
                 // The core replaces a hidden score by the fill, the kernel
                 // drops it: the same where every kept score is more than 128
@@ -595,16 +585,25 @@ fn visible_rows(
     if nan_guard && sdpa {
         return Ok(());
     }
-    let (axes, rows, lowest, ok) = (name("last_axis"), name("row_max"), name("lowest"), name("visible"));
-    let fewest = name("least_row_max");
+    let axes = name("last_axis");
     prelude.push(ints_constant(&axes, &[-1]));
-    let keepdims = || vec![AttributeProto::int("keepdims", 0)];
-    prelude.push(writing(&rows, node("ReduceMax", &[mask, &axes], keepdims())));
-    prelude.push(writing(&fewest, node("ReduceMin", &[&rows], keepdims())));
-    prelude.push(constant(&lowest, scalar_tensor(FLOAT, f64::from(f32::MIN))));
-    prelude.push(writing(&ok, node("Greater", &[&fewest, &lowest], vec![])));
-    conditions.push(ok);
+    let names = ["row_max", "least_row_max", "lowest", "visible"].map(|n| name(n));
+    conditions.push(rows_above(mask, &axes, f64::from(f32::MIN), names, prelude));
     Ok(())
+}
+
+/// The condition that every row (along `axes`, the last) of the f32 `x`
+/// has a value above `floor`: `ReduceMin(ReduceMax(x, axes)) > floor`,
+/// its nodes pushed to `prelude`, named the rows' maxima, their least, the
+/// floor and the condition.
+fn rows_above(x: &str, axes: &str, floor: f64, names: [String; 4], prelude: &mut Vec<NodeProto>) -> String {
+    let [rows, fewest, floor_value, ok] = names;
+    let keepdims = || vec![AttributeProto::int("keepdims", 0)];
+    prelude.push(writing(&rows, node("ReduceMax", &[x, axes], keepdims())));
+    prelude.push(writing(&fewest, node("ReduceMin", &[&rows], keepdims())));
+    prelude.push(constant(&floor_value, scalar_tensor(FLOAT, floor)));
+    prelude.push(writing(&ok, node("Greater", &[&fewest, &floor_value], vec![])));
+    ok
 }
 
 /// Whether every row (last axis) of a constant Where condition keeps a key
