@@ -35,7 +35,7 @@ fn core(kv: i64) -> ModelProto {
             let axes = b.constant(tensor(INT64, &[1], &[2.0]));
             let u = b.node("Unsqueeze", &[x, &axes], vec![]);
             let shape = b.node("Shape", &[x], vec![]);
-            let (start, end) = (b_const(b, &[0]), b_const(b, &[1]));
+            let (start, end) = (b.ints(&[0]), b.ints(&[1]));
             let lead = b.node("Slice", &[&shape, &start, &end], vec![]);
             let spread = b.constant(tensor(INT64, &[4], &[2.0, 2.0, 3.0, 8.0]));
             let target = b.node("Concat", &[&lead, &spread], vec![attr_int("axis", 0)]);
@@ -55,11 +55,6 @@ fn core(kv: i64) -> ModelProto {
     b.node_to("MatMul", &[&p, &v], &["out"], vec![]);
     b.output("out", FLOAT, None);
     b.model(23)
-}
-
-fn b_const(b: &mut Builder, values: &[i64]) -> String {
-    let values: Vec<f64> = values.iter().map(|&v| v as f64).collect();
-    b.constant(tensor(INT64, &[values.len() as i64], &values))
 }
 
 /// The kernel alone, computing what `core` writes out.
@@ -269,6 +264,16 @@ fn kernels(model: &ModelProto) -> Vec<NodeProto> {
         .collect()
 }
 
+/// On `inputs` the fused model computes the original, and the feed reaches
+/// rows where the kernel computes otherwise: unguarded, it differs (`why`
+/// it is expected to; the kernel gives zeros there).
+fn the_guard_decides(original: &ModelProto, fused: &ModelProto, inputs: &std::path::Path, why: &str) {
+    let v = compare(original, fused, inputs).unwrap();
+    assert!(v.passed, "{}", v.text());
+    let v = compare(original, &unguarded(fused), inputs).unwrap();
+    assert!(!v.passed, "{why}: the kernel gives zeros there");
+}
+
 /// A left-padded batch: the first row's first three tokens are padding,
 /// so their query rows see no key at all in an eager export's mask.
 #[test]
@@ -277,11 +282,12 @@ fn left_padded_batches_compute_what_the_export_computes() {
     let inputs = token_feeds(dir.path(), [0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]);
     let (original, fused) = fused_at_23("llama_ts_op14.onnx", "default");
     assert_eq!(kernels(&fused).len(), 2);
-    let v = compare(&original, &fused, &inputs).unwrap();
-    assert!(v.passed, "{}", v.text());
-    // The feed reaches rows the kernel computes otherwise: unguarded, it differs.
-    let v = compare(&original, &unguarded(&fused), &inputs).unwrap();
-    assert!(!v.passed, "the left-padded rows are expected to be fully masked in this export");
+    the_guard_decides(
+        &original,
+        &fused,
+        &inputs,
+        "the left-padded rows are expected to be fully masked in this export",
+    );
 }
 
 /// `softmax(Where(keep, q·kᵀ·scale, fill))·v` (or masked_fill's
@@ -396,10 +402,7 @@ fn encoder_cores_read_and_write_merged_heads_and_a_padded_row_runs_the_original_
     assert_eq!(guards(&fused)[0].output, ["/model/encoder/layer.0/attention/self/Reshape_3_output_0"], "merged");
     let main = &fused.graph.as_ref().unwrap().node;
     assert!(!main.iter().any(|n| n.op_type() == "Transpose"), "no head is transposed outside the guard");
-    let v = compare(&original, &fused, &inputs).unwrap();
-    assert!(v.passed, "{}", v.text());
-    let v = compare(&original, &unguarded(&fused), &inputs).unwrap();
-    assert!(!v.passed, "a row padded whole is expected to be fully masked: the kernel gives zeros there");
+    the_guard_decides(&original, &fused, &inputs, "a row padded whole is expected to be fully masked");
 }
 
 /// A cross-attention's encoder key and value, which the caller passes back
@@ -431,10 +434,7 @@ fn a_masked_fill_encoder_hands_its_kept_keys_over_and_a_padded_row_runs_the_orig
     assert_eq!(kernels(&fused).len(), 2);
     let main = &fused.graph.as_ref().unwrap().node;
     assert!(main.iter().any(|n| n.op_type() == "Not"), "masked_fill names the hidden keys: the kernel takes the kept");
-    let v = compare(&original, &fused, &inputs).unwrap();
-    assert!(v.passed, "{}", v.text());
-    let v = compare(&original, &unguarded(&fused), &inputs).unwrap();
-    assert!(!v.passed, "a row padded whole is expected to keep no key: the kernel gives zeros there");
+    the_guard_decides(&original, &fused, &inputs, "a row padded whole is expected to keep no key");
 }
 
 /// The one fact of ONNX Runtime's `Pow` the folding rests on

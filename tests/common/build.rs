@@ -137,6 +137,12 @@ impl Builder {
         self.node("Constant", &[], vec![attr_tensor("value", t)])
     }
 
+    /// A `Constant` node holding the 1-D int64 tensor `values`.
+    pub fn ints(&mut self, values: &[i64]) -> String {
+        let f: Vec<f64> = values.iter().map(|&v| v as f64).collect();
+        self.constant(tensor(onnx_fuse::onnx::INT64, &[values.len() as i64], &f))
+    }
+
     /// A default-domain node with one fresh output, returned.
     pub fn node(&mut self, op: &str, inputs: &[&str], attributes: Vec<AttributeProto>) -> String {
         self.count += 1;

@@ -1792,17 +1792,13 @@ pub fn decoder_attention(rng: &mut Rng) -> Case {
     let split = |b: &mut Builder, c: &mut Ctx, rng: &mut Rng, name: &str, len: D, perm: &[i64]| -> String {
         let x = b.input(name, elem, Some(&[sym("b"), len, D::N(heads * HIDDEN)]));
         let shape = b.node("Shape", &[&x], vec![]);
-        let ints = |b: &mut Builder, v: &[i64]| {
-            let f: Vec<f64> = v.iter().map(|&i| i as f64).collect();
-            b.constant(tensor(INT64, &[v.len() as i64], &f))
-        };
-        let (zero, two) = (ints(b, &[0]), ints(b, &[2]));
+        let (zero, two) = (b.ints(&[0]), b.ints(&[2]));
         let lead = b.node("Slice", &[&shape, &zero, &two], vec![]);
         if heads > 1 && rng.chance(0.1) {
             // [b, s, d, h] brought to [b, h, s, d]: the same shapes, the
             // elements of another head.
             c.note(format!("{name}'s heads split as [d, h]"));
-            let dh = ints(b, &[HIDDEN, heads]);
+            let dh = b.ints(&[HIDDEN, heads]);
             let target = b.node("Concat", &[&lead, &dh], vec![attr_int("axis", 0)]);
             let r = b.node("Reshape", &[&x, &target], vec![]);
             let perm: Vec<i64> = if perm == [0, 2, 3, 1] {
@@ -1814,7 +1810,7 @@ pub fn decoder_attention(rng: &mut Rng) -> Case {
             };
             return b.node("Transpose", &[&r], vec![attr_ints("perm", &perm)]);
         }
-        let hd = ints(b, &[heads, HIDDEN]);
+        let hd = b.ints(&[heads, HIDDEN]);
         let target = b.node("Concat", &[&lead, &hd], vec![attr_int("axis", 0)]);
         let r = b.node("Reshape", &[&x, &target], vec![]);
         let t = b.node("Transpose", &[&r], vec![attr_ints("perm", perm)]);
@@ -1850,27 +1846,23 @@ pub fn decoder_attention(rng: &mut Rng) -> Case {
     }
     if n > 1 {
         let repeat = |b: &mut Builder, c: &mut Ctx, rng: &mut Rng, x: &str, times: i64| -> String {
-            let ints = |b: &mut Builder, v: &[i64]| {
-                let f: Vec<f64> = v.iter().map(|&i| i as f64).collect();
-                b.constant(tensor(INT64, &[v.len() as i64], &f))
-            };
             let shape = b.node("Shape", &[x], vec![]);
-            let (zero, two, four) = (ints(b, &[0]), ints(b, &[2]), ints(b, &[4]));
+            let (zero, two, four) = (b.ints(&[0]), b.ints(&[2]), b.ints(&[4]));
             let lead = b.node("Slice", &[&shape, &zero, &two], vec![]);
             let rows = b.node("Slice", &[&shape, &two, &four], vec![]);
-            let copies = ints(b, &[times]);
-            let merged_heads = ints(b, &[-1]);
-            let one = ints(b, &[1]);
+            let copies = b.ints(&[times]);
+            let merged_heads = b.ints(&[-1]);
+            let one = b.ints(&[1]);
             let batch = b.node("Slice", &[&shape, &zero, &one], vec![]);
             match rng.below(12) {
                 0 if kv > 1 => {
                     c.unsure("heads repeated whole (h0, h1, h0, h1): a Tile of the head axis");
-                    let reps = ints(b, &[1, times, 1, 1]);
+                    let reps = b.ints(&[1, times, 1, 1]);
                     b.node("Tile", &[x, &reps], vec![])
                 }
                 1 if kv > 1 => {
                     c.unsure("heads repeated whole: the new axis before the heads");
-                    let heads = ints(b, &[kv]);
+                    let heads = b.ints(&[kv]);
                     let u = b.node("Unsqueeze", &[x, &one], vec![]);
                     let target = b.node("Concat", &[&batch, &copies, &heads, &rows], vec![attr_int("axis", 0)]);
                     let e = b.node("Expand", &[&u, &target], vec![]);
@@ -1881,7 +1873,7 @@ pub fn decoder_attention(rng: &mut Rng) -> Case {
                     let u = b.node("Unsqueeze", &[x, &two], vec![]);
                     let e = if k % 3 == 0 {
                         c.note("the repeat as a Tile of the new axis");
-                        let reps = ints(b, &[1, 1, times, 1, 1]);
+                        let reps = b.ints(&[1, 1, times, 1, 1]);
                         b.node("Tile", &[&u, &reps], vec![])
                     } else {
                         let target = b.node("Concat", &[&lead, &copies, &rows], vec![attr_int("axis", 0)]);
@@ -2004,9 +1996,9 @@ pub fn decoder_attention(rng: &mut Rng) -> Case {
             b.output(&t, elem, None);
         }
         let shape = b.node("Shape", &[&t], vec![]);
-        let (zero, two) = (b.constant(tensor(INT64, &[1], &[0.0])), b.constant(tensor(INT64, &[1], &[2.0])));
+        let (zero, two) = (b.ints(&[0]), b.ints(&[2]));
         let lead = b.node("Slice", &[&shape, &zero, &two], vec![]);
-        let width = b.constant(tensor(INT64, &[1], &[(heads * HIDDEN) as f64]));
+        let width = b.ints(&[heads * HIDDEN]);
         let target = b.node("Concat", &[&lead, &width], vec![attr_int("axis", 0)]);
         out = b.node("Reshape", &[&t, &target], vec![]);
     }
