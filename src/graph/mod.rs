@@ -503,6 +503,15 @@ impl<'a> Graph<'a> {
             .then_some(x)
     }
 
+    /// The value `value` is computed from unchanged, through Identity and
+    /// inference Dropout nodes (`identity_input`), which compute nothing.
+    pub fn unchanged<'s>(&'s self, mut value: &'s str) -> &'s str {
+        while let Some(input) = self.producer(value).and_then(|p| self.identity_input(p)) {
+            value = input;
+        }
+        value
+    }
+
     /// The node indices in dependency order: producers before readers.
     pub fn order(&self) -> &[usize] {
         &self.order

@@ -131,7 +131,7 @@ pub(super) fn attention(
 
     // k = Transpose(x, perm), the key [b, h, d, t]: Attention reads
     // [b, h, t, d], x itself where the perm only swaps the last two axes.
-    let transpose = g.produced_by(&k, "Transpose")?;
+    let transpose = g.produced_by(g.unchanged(&k), "Transpose")?;
     let perm = g.node(transpose).attr_ints("perm").unwrap_or_default();
     require!(perm.len() == 4, "the key's Transpose has no perm of 4 axes");
     let key_perm = [perm[0], perm[1], perm[3], perm[2]];
@@ -402,7 +402,7 @@ fn mask_values(g: &Graph, shapes: &Shapes, value: &str, depth: usize) -> Option<
 /// sequence axis (2 of 4), or a graph input (a cross-attention's encoder
 /// key and value, passed back in by the caller).
 fn kept_whole(g: &Graph, value: &str) -> bool {
-    let value = unchanged(g, value);
+    let value = g.unchanged(value);
     let concat = g.produced_by(value, "Concat");
     let cache = concat.is_ok_and(|c| matches!(g.node(c).attr_int("axis"), Some(2 | -2)) && g.node(c).input.len() == 2);
     cache || g.proto.input.iter().any(|i| i.name() == value)
@@ -439,8 +439,7 @@ fn merged_heads<'a>(
 ) -> Check<Merged<'a>> {
     let not = || Miss::Declined("the heads are not split from and merged into [b, s, h·d] values".into());
     let transposed_heads = |value: &str| -> Option<(&'a str, i64, i64)> {
-        let through = g.producer(value).and_then(|p| g.identity_input(p)).map(|v| unchanged(g, v));
-        let t = g.node(g.produced_by(through.unwrap_or(value), "Transpose").ok()?);
+        let t = g.node(g.produced_by(g.unchanged(value), "Transpose").ok()?);
         require_some(t.attr_ints("perm") == Some(&[0, 2, 1, 3][..]))?;
         split_heads(g, shapes, &t.input[0])
     };
@@ -514,9 +513,9 @@ fn split_heads<'a>(g: &Graph<'a>, shapes: &Shapes, x4: &str) -> Option<(&'a str,
 fn repeated<'a>(g: &Graph<'a>, shapes: &Shapes, value: &'a str) -> (&'a str, i64) {
     let found = || -> Option<(&'a str, i64)> {
         let reshape = g.node(g.produced_by(value, "Reshape").ok()?);
-        let spread = g.node(g.producer(unchanged(g, &reshape.input[0]))?);
+        let spread = g.node(g.producer(g.unchanged(&reshape.input[0]))?);
         require_some(spread.is("Expand") || spread.is("Tile"))?;
-        let unsqueeze = g.node(g.produced_by(unchanged(g, &spread.input[0]), "Unsqueeze").ok()?);
+        let unsqueeze = g.node(g.produced_by(g.unchanged(&spread.input[0]), "Unsqueeze").ok()?);
         // The new axis is 2 (of 5): each head's rows are then repeated in place.
         let axes = g.ints_argument(unsqueeze, "axes", 1, 13);
         require_some(matches!(axes, crate::graph::IntsArgument::Known(ref a) if a[..] == [2] || a[..] == [-3]))?;
@@ -544,15 +543,6 @@ fn repeated<'a>(g: &Graph<'a>, shapes: &Shapes, value: &'a str) -> (&'a str, i64
         proved.then_some((x, n))
     };
     found().unwrap_or((value, 1))
-}
-
-/// The value `value` is computed from unchanged (through Identity and
-/// inference Dropout, which compute nothing).
-fn unchanged<'a>(g: &Graph<'a>, mut value: &'a str) -> &'a str {
-    while let Some(input) = g.producer(value).and_then(|p| g.identity_input(p)) {
-        value = input;
-    }
-    value
 }
 
 fn require_some(cond: bool) -> Option<()> {

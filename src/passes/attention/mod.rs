@@ -494,7 +494,7 @@ fn onnx_attention(g: &Graph, shapes: &Shapes, mut m: Match, [q, k, v]: [&str; 3]
     let rank = shapes.rank(q);
     require!(matches!(rank, Some(3 | 4)), "q is not proved to have rank 3 or 4 (rank {})", known(rank));
     let rank = rank.unwrap_or_default();
-    let Ok(transpose) = g.produced_by(k, "Transpose") else {
+    let Ok(transpose) = g.produced_by(g.unchanged(k), "Transpose") else {
         decline!("the key {k} is not a Transpose: Attention reads the key before its transpose")
     };
     let swap_last: Vec<i64> = (0..rank as i64 - 2).chain([rank as i64 - 1, rank as i64 - 2]).collect();
