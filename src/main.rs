@@ -242,6 +242,12 @@ struct FuseArgs {
     /// across filesystems, where no link can be, they are copied.
     #[arg(long)]
     link_external_data: bool,
+    /// Write the output's weights (every initializer of 1 KiB or more) to OUTPUT.data beside it,
+    /// page-aligned, so that ONNX Runtime maps them at load instead of copying them: peak memory
+    /// falls by about the weights' size (docs/benchmarks.md). A model that keeps external data of
+    /// its own keeps its files.
+    #[arg(long)]
+    external_data: bool,
     /// Before writing, run the original and the fused model through ONNX Runtime and compare them.
     #[arg(long)]
     verify: bool,
@@ -430,6 +436,7 @@ fn fuse(args: FuseArgs) -> Result<Done> {
         explain: args.explain,
         load: LoadOptions { allow_unknown_fields: args.allow_unknown_fields },
         external: if args.link_external_data { ExternalData::HardLink } else { ExternalData::Copy },
+        weights_apart: args.external_data,
         verify: args.verify.then(|| args.verify_args.options()),
         expectations,
     };

@@ -56,6 +56,9 @@ pub struct Report {
     pub expectations: Vec<Checked>,
     /// Whether the output was written (not after a failed verification).
     pub written: bool,
+    /// `--external-data`: the file beside the output that holds its weights.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub weights: Option<String>,
 }
 
 /// How many nodes of one op type (`domain.OpType` outside the default
@@ -272,6 +275,7 @@ impl Report {
             ops: Vec::new(),
             expectations: Vec::new(),
             written: false,
+            weights: None,
         }
     }
 
@@ -289,6 +293,9 @@ impl Report {
             counts_text(&self.passes),
             self.output
         );
+        if let Some(w) = &self.weights {
+            s.push_str(&format!(" (weights in {w})"));
+        }
         match &self.needs_opset {
             Some(NeedsOpset { refused: Some(why), opset, .. }) => {
                 s.push_str(&format!("; candidates need opset {opset}, and the model cannot be upgraded to it: {why}"))

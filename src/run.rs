@@ -56,6 +56,8 @@ pub struct Settings {
     pub explain: bool,
     pub load: LoadOptions,
     pub external: ExternalData,
+    /// `--external-data`: a model's weights go to a file beside it.
+    pub weights_apart: bool,
     /// `--verify`, with its options.
     pub verify: Option<verify::Options>,
     pub expectations: Vec<Expectation>,
@@ -90,11 +92,11 @@ pub fn fuse_file(input: &Path, output: &Path, settings: &Settings, progress: &dy
     progress(format!("loading {}", input.display()));
     let loaded = io::load(input, settings.load)?;
     // Every file the run will write, against every file it reads or writes.
-    let mut writes = io::writes(&loaded, output);
+    let mut writes = io::writes(&loaded, output, settings.weights_apart);
     writes.extend(settings.reports.iter().cloned());
     io::check_run(&io::reads(&loaded), &writes).map_err(usage)?;
     io::check_writable(&writes).map_err(|e| anyhow::anyhow!(e))?;
-    if let Some(foreign) = io::foreign_data_files(&loaded, output).first() {
+    if let Some(foreign) = io::foreign_data_files(&loaded, output, settings.weights_apart).first() {
         return Err(usage(format!(
             "{} exists and is not the external data of an earlier output at {}; writing would replace it \
              (remove it, or choose another output directory)",
@@ -173,7 +175,8 @@ fn fuse_loaded(
     drop(original);
     if report.verdict() != Verdict::VerificationFailed {
         progress(format!("writing {}", output.display()));
-        io::save(&loaded, unchanged, output, external)?;
+        let weights = io::save(&loaded, unchanged, output, external, settings.weights_apart)?;
+        report.weights = weights.map(|w| w.display().to_string());
         report.written = true;
     }
     Ok(report)
@@ -385,6 +388,22 @@ fn write_mark(path: &Path, why: &str) -> std::io::Result<()> {
     file.write_all(format!("{why}\n").as_bytes())
 }
 
+/// In a folder, where `--external-data` gives a model a weights file: that
+/// the file is no file of the input and none another run placed (a file
+/// carried over from the input folder by that name included).
+fn weights_file_free(loaded: &io::Loaded, output: &Path, settings: &Settings) -> Result<()> {
+    let Some(path) = io::weights_file(loaded, output, settings.weights_apart) else { return Ok(()) };
+    io::check_run(&io::reads(loaded), &[Role::new(&path, "the weights of the output")]).map_err(anyhow::Error::msg)?;
+    if io::foreign_data_files(loaded, output, true).contains(&path) {
+        anyhow::bail!(
+            "{} exists and is not the external data of an earlier output at {}; --external-data would replace it",
+            path.display(),
+            output.display()
+        );
+    }
+    Ok(())
+}
+
 /// Fuses an export folder into `output` (created if missing): the models in
 /// parallel, up to `workers` at once, each file committed atomically.
 pub fn fuse_folder(
@@ -474,6 +493,7 @@ pub fn fuse_folder(
                         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                             fault_for_tests(&name);
                             io::load(path, settings.load).and_then(|loaded| {
+                                weights_file_free(&loaded, &target(path), settings)?;
                                 fuse_loaded(
                                     loaded,
                                     &target(path),

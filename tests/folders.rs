@@ -396,3 +396,42 @@ fn the_mark_never_follows_a_link_or_blocks_on_a_fifo() {
     let r = run(&["-q", s(&input), "-o", s(&out)]);
     assert_eq!(r.status.code(), Some(1), "{}", stderr(&r));
 }
+
+#[test]
+fn with_external_data_each_model_of_a_folder_gets_its_weights_file() {
+    let dir = tempdir();
+    let out = dir.path().join("fused");
+    let export = testdata("llama_optimum_merged_folder");
+    let r = run(&["-q", "--external-data", s(&export), "-o", s(&out)]);
+    assert!(r.status.success(), "{}", stderr(&r));
+    let mut names: Vec<String> =
+        fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    let models = ["decoder_model.onnx", "decoder_model_merged.onnx", "decoder_with_past_model.onnx"];
+    let mut expected: Vec<String> = models.iter().flat_map(|m| [m.to_string(), format!("{m}.data")]).collect();
+    expected.extend(["config.json".to_string(), "generation_config.json".to_string()]);
+    expected.sort();
+    assert_eq!(names, expected);
+    // Read from their files by ONNX Runtime: the originals' function.
+    for m in models {
+        let fused = onnx_fuse::io::load(&out.join(m), Default::default()).unwrap().model;
+        assert_eq!(onnx_fuse::io::external_locations(&fused).into_iter().collect::<Vec<_>>(), [format!("{m}.data")]);
+        let original = onnx_fuse::io::load(&export.join(m), Default::default()).unwrap().model;
+        let v = onnx_fuse::verify::verify((&original, &export), (&fused, &out), &Default::default()).unwrap();
+        assert!(v.passed, "{m}: {}", v.text());
+    }
+    // A file of the input folder by a weights file's name is carried over,
+    // not replaced: that model fails, alone, and says why.
+    let copy = dir.path().join("export");
+    fs::create_dir(&copy).unwrap();
+    for m in models {
+        fs::copy(export.join(m), copy.join(m)).unwrap();
+    }
+    fs::write(copy.join("decoder_model.onnx.data"), b"notes").unwrap();
+    let again = dir.path().join("again");
+    let r = run(&["-q", "--external-data", s(&copy), "-o", s(&again)]);
+    assert_eq!(r.status.code(), Some(1), "{}", stderr(&r));
+    assert!(stderr(&r).contains("decoder_model.onnx.data"), "{}", stderr(&r));
+    assert_eq!(fs::read(again.join("decoder_model.onnx.data")).unwrap(), b"notes");
+    assert!(again.join("decoder_model_merged.onnx.data").exists() && !again.join("decoder_model.onnx").exists());
+}

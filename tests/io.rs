@@ -451,3 +451,127 @@ fn no_node_cut_short_makes_a_rule_panic() {
         assert!(cut_count > 20, "{name}: {cut_count} cuts");
     }
 }
+
+/// The tensors of a model by name: (inside bytes, or (location, offset, length)).
+fn placement(model: &ModelProto) -> Vec<(String, Option<usize>, Option<(String, u64, u64)>)> {
+    model
+        .graph
+        .as_ref()
+        .unwrap()
+        .initializer
+        .iter()
+        .map(|t| {
+            let entry = |key: &str| t.external_data.iter().find(|e| e.key() == key).map(|e| e.value().to_string());
+            let external = t.is_external().then(|| {
+                let number = |key: &str| entry(key).unwrap().parse::<u64>().unwrap();
+                (entry("location").unwrap(), number("offset"), number("length"))
+            });
+            (t.name().to_string(), t.raw_data.as_ref().map(|d| d.len()), external)
+        })
+        .collect()
+}
+
+#[test]
+fn external_data_moves_the_weights_beside_the_output_page_aligned() {
+    let dir = tempdir();
+    let out_dir = dir.path().join("out");
+    fs::create_dir(&out_dir).unwrap();
+    let input = testdata("llama_ts_op14.onnx");
+    let (inside, apart) = (dir.path().join("inside.onnx"), out_dir.join("m.onnx"));
+    for (out, flag) in [(&inside, None), (&apart, Some("--external-data"))] {
+        let mut args = vec!["-q", input.to_str().unwrap(), "-o", out.to_str().unwrap()];
+        args.extend(flag);
+        let r = run(&args);
+        assert!(r.status.success(), "{}", stderr(&r));
+    }
+    let mut names: Vec<_> = fs::read_dir(&out_dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    names.sort();
+    assert_eq!(names, ["m.onnx", "m.onnx.data"]);
+    // Every tensor of 1 KiB or more moved, each to an aligned offset, its
+    // bytes those of the output written whole; the small ones stayed.
+    let whole = onnx_fuse::io::load(&inside, Default::default()).unwrap().model;
+    let fused = onnx_fuse::io::load(&apart, Default::default()).unwrap().model;
+    let data = fs::read(out_dir.join("m.onnx.data")).unwrap();
+    let bytes: std::collections::HashMap<&str, &[u8]> = whole
+        .graph
+        .as_ref()
+        .unwrap()
+        .initializer
+        .iter()
+        .map(|t| (t.name(), t.raw_data.as_deref().unwrap_or_default()))
+        .collect();
+    let (mut moved, mut kept) = (0, 0);
+    for (name, inside_len, external) in placement(&fused) {
+        let original = bytes[name.as_str()];
+        match external {
+            Some((location, offset, length)) => {
+                assert_eq!(location, "m.onnx.data");
+                assert!(original.len() >= 1024 && inside_len.is_none(), "{name}");
+                let align = if length >= 64 << 10 { 64 << 10 } else { 4 << 10 };
+                assert_eq!(offset % align, 0, "{name} at {offset}");
+                assert!(&data[offset as usize..][..length as usize] == original, "{name}: other bytes");
+                moved += 1;
+            }
+            None => {
+                assert!(original.len() < 1024 && inside_len == Some(original.len()), "{name}");
+                kept += 1;
+            }
+        }
+    }
+    assert!(moved > 10 && kept > 0, "{moved} moved, {kept} kept");
+    // ONNX Runtime reads it: the same function as the original.
+    let v = onnx_fuse::verify::verify(
+        (&load("llama_ts_op14.onnx"), &testdata("")),
+        (&fused, &out_dir),
+        &Default::default(),
+    )
+    .unwrap();
+    assert!(v.passed, "{}", v.text());
+    // Run again over its own output: the data file is replaced, the same bytes.
+    let report = dir.path().join("r.json");
+    let r = run(&[
+        "--external-data",
+        input.to_str().unwrap(),
+        "-o",
+        apart.to_str().unwrap(),
+        "--report-json",
+        report.to_str().unwrap(),
+    ]);
+    assert!(r.status.success(), "{}", stderr(&r));
+    assert!(fs::read(out_dir.join("m.onnx.data")).unwrap() == data, "not deterministic");
+    // The report and the summary say where the weights are.
+    let weights = out_dir.join("m.onnx.data").display().to_string();
+    let report: serde_json::Value = serde_json::from_slice(&fs::read(&report).unwrap()).unwrap();
+    assert_eq!(report["weights"], weights.as_str());
+    assert!(stderr(&r).contains(&format!("(weights in {weights})")), "{}", stderr(&r));
+}
+
+#[test]
+fn external_data_never_replaces_a_file_it_does_not_own() {
+    let dir = tempdir();
+    let input = testdata("llama_ts_op14.onnx");
+    // Another file by the name the weights would take: refused, untouched.
+    let foreign = dir.path().join("x.onnx.data");
+    fs::write(&foreign, b"somebody's weights").unwrap();
+    let out = dir.path().join("x.onnx");
+    let r = run(&["-q", "--external-data", input.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    assert_eq!(r.status.code(), Some(2), "{}", stderr(&r));
+    assert!(stderr(&r).contains("x.onnx.data"), "{}", stderr(&r));
+    assert_eq!(fs::read(&foreign).unwrap(), b"somebody's weights");
+    assert!(!out.exists());
+    // The input itself by that name: refused, untouched.
+    let named = dir.path().join("w.onnx.data");
+    fs::copy(&input, &named).unwrap();
+    let r = run(&["-q", "--external-data", named.to_str().unwrap(), "-o", dir.path().join("w.onnx").to_str().unwrap()]);
+    assert_eq!(r.status.code(), Some(2), "{}", stderr(&r));
+    assert!(fs::read(&named).unwrap() == fs::read(&input).unwrap(), "the input was written");
+    // A model with external data of its own keeps its files.
+    let src = external(dir.path());
+    let out_dir = dir.path().join("out");
+    fs::create_dir(&out_dir).unwrap();
+    let r = run(&["-q", "--external-data", src.to_str().unwrap(), "-o", out_dir.join("e.onnx").to_str().unwrap()]);
+    assert!(r.status.success(), "{}", stderr(&r));
+    let mut names: Vec<_> = fs::read_dir(&out_dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    names.sort();
+    assert_eq!(names, ["e.onnx", "model.weights"]);
+}

@@ -23,6 +23,7 @@ use crate::onnx::{unknown, GraphProto, ModelProto, TensorProto};
 mod maps;
 mod paths;
 mod staged;
+mod weights;
 
 pub use paths::{check_run, check_writable, Role};
 
@@ -112,30 +113,46 @@ pub fn reads(loaded: &Loaded) -> Vec<Role> {
     std::iter::once(Role::new(&loaded.path, "the input")).chain(data).collect()
 }
 
-/// The files `save` writes for `loaded` at `out`: the model, and the
-/// external data files when `out` is in another directory.
-pub fn writes(loaded: &Loaded, out: &Path) -> Vec<Role> {
-    let (in_dir, out_dir) = (parent(&loaded.path), parent(out));
+/// The files `save` writes for `loaded` at `out`: the model, the external
+/// data files when `out` is in another directory, and with `apart` the file
+/// of its weights.
+pub fn writes(loaded: &Loaded, out: &Path, apart: bool) -> Vec<Role> {
     let mut roles = vec![Role::new(out, "-o")];
-    if !same_file(&in_dir, &out_dir) {
-        for location in external_locations(&loaded.model) {
-            roles.push(Role::new(out_dir.join(&location), format!("external data of the output, {location:?}")));
-        }
+    for location in output_locations(loaded, out, apart) {
+        roles.push(Role::new(parent(out).join(&location), format!("external data of the output, {location:?}")));
     }
     roles
+}
+
+/// `--external-data`: the file beside `out` that takes the weights, where
+/// the model keeps them inside. A model with external data of its own
+/// keeps its files (their weights are mapped already).
+pub fn weights_file(loaded: &Loaded, out: &Path, apart: bool) -> Option<PathBuf> {
+    (apart && external_locations(&loaded.model).is_empty()).then(|| parent(out).join(weights::file_name(out)))
+}
+
+/// The external data files the output at `out` refers to that `save` writes.
+fn output_locations(loaded: &Loaded, out: &Path, apart: bool) -> BTreeSet<String> {
+    if weights_file(loaded, out, apart).is_some() {
+        return BTreeSet::from([weights::file_name(out)]);
+    }
+    if same_file(&parent(&loaded.path), &parent(out)) {
+        return BTreeSet::new();
+    }
+    external_locations(&loaded.model)
 }
 
 /// The external data files `save` would place beside `out` that already
 /// exist and belong to no earlier output at `out`: replacing them could
 /// destroy another model's weights.
-pub fn foreign_data_files(loaded: &Loaded, out: &Path) -> Vec<PathBuf> {
-    let (in_dir, out_dir) = (parent(&loaded.path), parent(out));
-    let locations = external_locations(&loaded.model);
+pub fn foreign_data_files(loaded: &Loaded, out: &Path, apart: bool) -> Vec<PathBuf> {
+    let locations = output_locations(loaded, out, apart);
     // A model with its data inside places no file beside it: the earlier
     // output at `out` need not be read.
-    if locations.is_empty() || same_file(&in_dir, &out_dir) {
+    if locations.is_empty() {
         return vec![];
     }
+    let out_dir = parent(out);
     let previous: BTreeSet<String> =
         load(out, LoadOptions { allow_unknown_fields: true }).map(|l| external_locations(&l.model)).unwrap_or_default();
     locations
@@ -163,7 +180,16 @@ pub enum ExternalData {
 
 /// Writes the (rewritten) model to `out`. When `unchanged`, the loaded bytes
 /// are written as they are, so the output is byte-identical to the input.
-pub fn save(loaded: &Loaded, unchanged: bool, out: &Path, external: ExternalData) -> Result<()> {
+/// With `apart` (`--external-data`), the weights of a model that keeps them
+/// inside go to the file `weights_file` names; that file, where it was
+/// written, is returned.
+pub fn save(
+    loaded: &Loaded,
+    unchanged: bool,
+    out: &Path,
+    external: ExternalData,
+    apart: bool,
+) -> Result<Option<PathBuf>> {
     let shown = out.display();
     if same_file(&loaded.path, out) {
         bail!("{shown}: the output would overwrite the input; choose another path");
@@ -177,6 +203,18 @@ pub fn save(loaded: &Loaded, unchanged: bool, out: &Path, external: ExternalData
     // leaves the target directory as it was.
     let in_dir = parent(&loaded.path);
     let mut staged = Vec::new();
+    let split =
+        weights_file(loaded, out, apart).map(|path| (path, weights::split(&loaded.model, &weights::file_name(out))));
+    let (model, weights) = match &split {
+        Some((path, (model, payloads))) if !payloads.is_empty() => {
+            let file = Staged::write(path, |file| weights::write(payloads, file))
+                .with_context(|| format!("{shown}: cannot write its weights to {}", path.display()))?;
+            staged.push((file, weights::file_name(out)));
+            (model, Some(path.clone()))
+        }
+        _ => (&loaded.model, None),
+    };
+    let unchanged = unchanged && std::ptr::eq(model, &loaded.model);
     if !same_file(&in_dir, &out_dir) && external != ExternalData::InPlace {
         for location in external_locations(&loaded.model) {
             let (src, dst) = (in_dir.join(&location), out_dir.join(&location));
@@ -195,7 +233,7 @@ pub fn save(loaded: &Loaded, unchanged: bool, out: &Path, external: ExternalData
             sink.finish()
         } else {
             let mut sink = FileSink::new(file);
-            loaded.model.encode(&mut sink).map_err(std::io::Error::other)?;
+            model.encode(&mut sink).map_err(std::io::Error::other)?;
             sink.finish()
         }
     })
@@ -213,7 +251,7 @@ pub fn save(loaded: &Loaded, unchanged: bool, out: &Path, external: ExternalData
             let _ = d.sync_all();
         }
     }
-    Ok(())
+    Ok(weights)
 }
 
 /// Encodes `model` into `file` (streamed: tensor payloads go from the input's
