@@ -108,7 +108,7 @@ def main():
                 times[m].append(min(timed(s, fed[m]) for _ in range(CALLS)))
         row = {"what": what, "past": past, "tokens": seq,
                "ms": {m: 1000 * statistics.median(t) for m, t in times.items()}}
-        for x, y in [("fused", "export"), ("fused", "builder"), ("builder", "export")]:
+        for x, y in [("fused", "export"), ("fused", "builder"), ("fused-apart", "builder"), ("builder", "export")]:
             if x in times and y in times:
                 row[f"{x}/{y}"] = statistics.median(u / v for u, v in zip(times[x], times[y]))
         if a.memory and what == "prefill":

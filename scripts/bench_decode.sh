@@ -40,12 +40,15 @@ fi
 fuse="${BENCH_BINARY:-$root/target/release/onnx-fuse}"
 [ -n "${BENCH_BINARY:-}" ] || (cd "$root" && cargo build --release --quiet)
 for kind in llama gpt2 bert; do
-  rm -rf "$bench/$kind/fused"
+  rm -rf "$bench/$kind/fused" "$bench/$kind/fused-apart"
   "$fuse" "$bench/$kind/export" -o "$bench/$kind/fused" -q
+  # The same with its weights beside it (--external-data): what ONNX
+  # Runtime maps rather than copies (peak memory).
+  "$fuse" "$bench/$kind/export" -o "$bench/$kind/fused-apart" -q --external-data
 done
 run() { "$venv/bin/python" "$root/scripts/bench_decode.py" "$bench" "$@" --rounds "$rounds" --memory; }
 kinds="${*:2}"
-case " ${kinds:-llama gpt2 bert} " in *" llama "*) run llama --past 128,1024,2048,4096 --prefill 128,2048 ;; esac
+case " ${kinds:-llama gpt2 bert} " in *" llama "*) run llama --past 128,1024,2048,4096 --prefill 128,2048 --models export,fused,fused-apart,builder ;; esac
 # GPT-2 has 4,096 positions: a past of 4,096 leaves none for the new token.
 case " ${kinds:-llama gpt2 bert} " in *" gpt2 "*) run gpt2 --past 128,1024,2048 --prefill 128,2048 --models export,fused ;; esac
 case " ${kinds:-llama gpt2 bert} " in *" bert "*) run bert --past "" --prefill 128,512 --models export,fused ;; esac

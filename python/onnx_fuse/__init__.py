@@ -187,6 +187,7 @@ def fuse(
     explain: bool = False,
     allow_unknown_fields: bool = False,
     link_external_data: bool = False,
+    external_data: bool = False,
     return_model: bool = False,
 ) -> Union[Report, Tuple["onnx.ModelProto", Report]]:
     """Fuse ``model`` into ``output`` and return the JSON report.
@@ -235,6 +236,8 @@ def fuse(
             args.append("--allow-unknown-fields")
         if link_external_data:
             args.append("--link-external-data")
+        if external_data:
+            args.append("--external-data")
         if verify:
             args.append("--verify")
         args += _verify_args(dims, inputs, rtol, atol, seed, ort_lib, scratch_dir)

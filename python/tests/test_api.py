@@ -101,6 +101,9 @@ def test_options_reach_the_command_line(testdata, tmp_path):
     assert (report["upgrade"]["from"], report["upgrade"]["to"]) == (14, 23) and "needs_opset" not in report
     assert sorted(f["op_type"] for f in report["fused"]) == ["RMSNormalization"] * 5 + ["RotaryEmbedding"] * 4
     assert report["verification"]["passed"] is True
+    report = onnx_fuse.fuse(testdata(LLAMA), tmp_path / "apart.onnx", external_data=True)
+    assert report["weights"] == str(tmp_path / "apart.onnx.data")
+    assert (tmp_path / "apart.onnx.data").stat().st_size > (tmp_path / "apart.onnx").stat().st_size
 
 
 def test_verify_with_dims_and_arrays(testdata, tmp_path):
