@@ -141,13 +141,17 @@ fn fuse_loaded(
     // For portable, what an upgrade would add is counted on this model.
     let unfused = (settings.target == crate::graph::Target::Portable).then(|| loaded.model.clone());
     let (outcome, upgrade) = match kernel_upgrade(&loaded.model, settings, upgrade.is_some()) {
-        Some((model, kernel_upgrade, outcome)) => {
+        Some(KernelTrial::Taken(model, kernel_upgrade, outcome)) => {
             loaded.model = model;
             (outcome, Some(kernel_upgrade))
         }
-        None => {
+        trial => {
             let added = upgrade.as_ref().map(|u| u.added.clone()).unwrap_or_default();
-            (rewrite::run_upgraded(&mut loaded.model, &settings.pipeline, settings.target, added), upgrade)
+            let mut outcome = rewrite::run_upgraded(&mut loaded.model, &settings.pipeline, settings.target, added);
+            if let Some(KernelTrial::Declined(tried)) = &trial {
+                noted_from_trial(&mut outcome, tried, loaded.model.default_opset());
+            }
+            (outcome, upgrade)
         }
     };
     let needed = outcome.needed_opset();
@@ -189,14 +193,17 @@ pub const KERNEL_OPSET: i64 = 23;
 /// The everyday command gets the kernels (docs/targets.md): for the `ort`
 /// target, a model below `KERNEL_OPSET` that no `--opset` or `--keep-opset`
 /// governs is upgraded exactly to it where the passes then write a kernel
-/// that needs it; the upgraded model, the upgrade and what the passes did.
-/// None where no pass would, or the model has no exact upgrade (the cores
-/// then stay `AttentionCore`, as at its own opset).
-fn kernel_upgrade(
-    model: &crate::onnx::ModelProto,
-    settings: &Settings,
-    upgraded: bool,
-) -> Option<(crate::onnx::ModelProto, crate::upgrade::Upgrade, rewrite::Outcome)> {
+/// that needs it: `Taken` with the upgraded model, the upgrade and what the
+/// passes did. `Declined` with what they did at that opset where no pass
+/// wrote such a kernel (the cores then stay `AttentionCore`, as at the
+/// model's own opset, and the report says why each is not the kernel);
+/// None where no trial was made (or the model has no exact upgrade).
+enum KernelTrial {
+    Taken(crate::onnx::ModelProto, crate::upgrade::Upgrade, rewrite::Outcome),
+    Declined(rewrite::Outcome),
+}
+
+fn kernel_upgrade(model: &crate::onnx::ModelProto, settings: &Settings, upgraded: bool) -> Option<KernelTrial> {
     let from = model.default_opset();
     let wanted = settings.target == crate::graph::Target::Ort
         && !upgraded
@@ -209,7 +216,23 @@ fn kernel_upgrade(
     let (mut model, upgrade) = crate::upgrade::upgrade(model, KERNEL_OPSET).ok()?;
     let outcome = rewrite::run_upgraded(&mut model, &settings.pipeline, settings.target, upgrade.added.clone());
     let needs = outcome.fused.iter().any(|f| f.opset.is_some_and(|o| o > from));
-    needs.then_some((model, upgrade, outcome))
+    Some(if needs { KernelTrial::Taken(model, upgrade, outcome) } else { KernelTrial::Declined(outcome) })
+}
+
+/// Where the trial at `KERNEL_OPSET` was not taken, each fused node of
+/// `outcome` that the trial fused with a note (why an attention core is not
+/// ONNX `Attention`) gets that note, saying where it was tried; `opset` is
+/// the one the model keeps.
+fn noted_from_trial(outcome: &mut rewrite::Outcome, trial: &rewrite::Outcome, opset: i64) {
+    for f in outcome.fused.iter_mut().filter(|f| f.note.is_none()) {
+        let tried = trial.fused.iter().find(|t| t.name == f.name && t.graph == f.graph && t.pass == f.pass);
+        if let Some(note) = tried.and_then(|t| t.note.as_deref()) {
+            let why = note.strip_prefix("not ONNX Attention: ").unwrap_or(note);
+            f.note = Some(format!(
+                "not ONNX Attention (tried at opset {KERNEL_OPSET}; the model keeps opset {opset}): {why}"
+            ));
+        }
+    }
 }
 
 /// What `--opset opset` would add to a run that fused `fused` nodes of

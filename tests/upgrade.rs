@@ -449,6 +449,33 @@ fn portable_says_which_candidates_need_an_upgrade_and_fuses_them_with_it() {
 }
 
 #[test]
+fn where_the_everyday_command_keeps_the_opset_each_core_says_why_it_is_not_the_kernel() {
+    // GPT-2's cores take a causal Where and the padding mask: no core would
+    // be ONNX Attention at opset 23, so the model keeps its opset 14, and
+    // each core says what the trial there found.
+    let (_, report) = run_with_report("gpt2_ts_op14.onnx", &["-q"]);
+    assert!(report.get("upgrade").is_none_or(|u| u.is_null()), "{}", report["upgrade"]);
+    let cores: Vec<&serde_json::Value> =
+        report["fused"].as_array().unwrap().iter().filter(|f| f["pass"] == "attention").collect();
+    assert_eq!(cores.len(), 2);
+    for core in cores {
+        assert_eq!(core["op_type"], "AttentionCore");
+        assert_eq!(
+            core["note"],
+            "not ONNX Attention (tried at opset 23; the model keeps opset 14): a Where and an additive mask: \
+             Attention takes one mask"
+        );
+    }
+    // Upgraded, the cores are the kernel and no such note is left; kept
+    // by --keep-opset, no trial is made and nothing is said.
+    let (_, upgraded) = run_with_report("llama_ts_op14.onnx", &["-q"]);
+    let (_, kept) = run_with_report("gpt2_ts_op14.onnx", &["-q", "--keep-opset"]);
+    for report in [upgraded, kept] {
+        assert!(report["fused"].as_array().unwrap().iter().all(|f| f.get("note").is_none()), "{report}");
+    }
+}
+
+#[test]
 fn a_hint_whose_upgrade_is_refused_says_why() {
     let mut b = Builder::default();
     let x = b.input("x", FLOAT, Some(&dims(&[1, 4, 4, 8])));
