@@ -382,6 +382,30 @@ impl Report {
                     .into(),
             );
         }
+        // Measured on every testdata output (scripts/check_runtimes.py,
+        // docs/targets.md): runtimes other than ONNX Runtime on the guards
+        // and kernels this target writes.
+        let guards = self.fused.iter().filter(|f| f.guard.is_some()).count();
+        if guards > 0 {
+            self.not_loaded_by.push(
+                "OpenVINO, right only from its second call (an If guard: its first call after compile_model \
+                 returns zeros, NaN or other values, also with the original ops in both branches; measured on \
+                 2026.4.1)"
+                    .into(),
+            );
+        }
+        if guards > 1 {
+            self.not_loaded_by.push(
+                "tract, where two or more If guards are written (0.23.9 names each \"If\": duplicate node name)".into(),
+            );
+        }
+        if self.fused.iter().any(|f| f.note.as_deref().is_some_and(|n| n.starts_with(GROUPED_HEADS))) {
+            self.not_loaded_by.push(
+                "OpenVINO, where an Attention's query and key heads differ in number and are not known numbers \
+                 when it compiles (2026.4.1: \"Key input shape not compatible\"; known numbers compute the same)"
+                    .into(),
+            );
+        }
         // onnx.checker does not check ops of a domain it does not know:
         // com.microsoft's pass `check_model(full_check=True)` (onnx 1.23.2,
         // measured), so they are no reason here.
@@ -397,6 +421,9 @@ impl Report {
         }
     }
 }
+
+/// How a fused node's note begins where its Attention has grouped heads.
+pub const GROUPED_HEADS: &str = "grouped heads:";
 
 /// The before/after table of the op types a run changed.
 pub fn ops_table(ops: &[OpCount]) -> String {

@@ -343,7 +343,7 @@ pub(super) fn attention(
     let replacement = match conditions.as_slice() {
         [] if !nan_guard => {
             let attention = kernel.node.into_iter().last().expect("the kernel");
-            return Ok(replace(anchor, attention).needing_opset(23));
+            return Ok(grouped(replace(anchor, attention).needing_opset(23), n));
         }
         [] => {
             // Only the NaN guard: the kernel runs before it, unguarded.
@@ -363,7 +363,17 @@ pub(super) fn attention(
             guard(&ok, kernel, original_ops())
         }
     };
-    Ok(replace(anchor, replacement).after(prelude).running("Attention").needing_opset(23))
+    Ok(grouped(replace(anchor, replacement).after(prelude).running("Attention").needing_opset(23), n))
+}
+
+/// The report says where query heads share a key and value head: a
+/// runtime may not run that (`report::GROUPED_HEADS`).
+fn grouped(rewrite: Rewrite, n: i64) -> Rewrite {
+    if n > 1 {
+        rewrite.noting(format!("{} {n} query heads per key and value head", crate::report::GROUPED_HEADS))
+    } else {
+        rewrite
+    }
 }
 
 fn replace(anchor: usize, replacement: NodeProto) -> Rewrite {
