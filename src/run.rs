@@ -226,8 +226,7 @@ fn kernel_upgrade(model: &crate::onnx::ModelProto, settings: &Settings, upgraded
 fn noted_from_trial(outcome: &mut rewrite::Outcome, trial: &rewrite::Outcome, opset: i64) {
     for f in outcome.fused.iter_mut().filter(|f| f.note.is_none()) {
         let tried = trial.fused.iter().find(|t| t.name == f.name && t.graph == f.graph && t.pass == f.pass);
-        if let Some(note) = tried.and_then(|t| t.note.as_deref()) {
-            let why = note.strip_prefix("not ONNX Attention: ").unwrap_or(note);
+        if let Some(why) = tried.and_then(|t| t.note.as_deref()?.strip_prefix("not ONNX Attention: ")) {
             f.note = Some(format!(
                 "not ONNX Attention (tried at opset {KERNEL_OPSET}; the model keeps opset {opset}): {why}"
             ));
