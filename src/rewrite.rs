@@ -275,6 +275,16 @@ impl Match {
         }
     }
 
+    /// The node whose output the replacement takes over.
+    pub fn anchor(&self) -> usize {
+        self.anchor
+    }
+
+    /// `nodes` are computed before the replacement (see `Rewrite::prelude`).
+    pub fn before(&mut self, nodes: impl IntoIterator<Item = NodeProto>) {
+        self.prelude.extend(nodes);
+    }
+
     /// `value` stays (see `Kept`).
     pub fn keep(&mut self, kept: Kept) {
         self.kept.push(kept);

@@ -42,7 +42,7 @@ use crate::onnx::{
     TRANSMUTER_DOMAIN,
 };
 use crate::pattern::{self, cast_to};
-use crate::rewrite::{node, node_in, unused_name, Kept, Match, Pass, Portable, Rewrite};
+use crate::rewrite::{node, node_in, unused_name, writing, Kept, Match, Pass, Portable, Rewrite};
 use crate::shapes::{product, Shapes};
 use crate::{candidate, decline, no_candidate, require};
 
@@ -497,18 +497,33 @@ fn onnx_attention(g: &Graph, shapes: &Shapes, mut m: Match, [q, k, v]: [&str; 3]
     let Ok(transpose) = g.produced_by(g.unchanged(k), "Transpose") else {
         decline!("the key {k} is not a Transpose: Attention reads the key before its transpose")
     };
-    let swap_last: Vec<i64> = (0..rank as i64 - 2).chain([rank as i64 - 1, rank as i64 - 2]).collect();
-    require!(
-        g.node(transpose).attr_ints("perm") == Some(&swap_last[..]),
-        "the key's Transpose does not swap exactly its last two axes"
-    );
-    let key = g.node(transpose).input[0].as_str();
+    // Attention reads the key [.., t, d]: the Transpose's input where its
+    // perm swaps only the last two axes; else (the heads split and the key
+    // transposed in one, [0, 2, 3, 1], as TorchScript writes it) that input
+    // transposed by the perm with its last two axes swapped back, a new
+    // Transpose.
+    let perm = g.node(transpose).attr_ints("perm").unwrap_or_default();
+    let mut sorted = perm.to_vec();
+    sorted.sort_unstable();
+    require!(sorted.iter().copied().eq(0..rank as i64), "the key's Transpose has no permutation of its rank");
+    let key_perm: Vec<i64> = perm[..rank - 2].iter().copied().chain([perm[rank - 1], perm[rank - 2]]).collect();
+    let x = g.node(transpose).input[0].as_str();
+    let sx = shapes.shape(x);
+    let (key, sk) = if key_perm.iter().enumerate().all(|(i, &p)| p == i as i64) {
+        (x.to_string(), sx)
+    } else {
+        let key = format!("{}/key", g.node(m.anchor()).output[0]);
+        m.before([writing(&key, node("Transpose", &[x], vec![AttributeProto::ints("perm", &key_perm)]))]);
+        let sk = sx.and_then(|sx| key_perm.iter().map(|&p| sx.get(usize::try_from(p).ok()?).cloned()).collect());
+        (key, sk)
+    };
+    let key = key.as_str();
     // The key's Transpose stays where something else reads it too.
     m.keep(Kept::Shared(k.to_string()));
 
     // Attention broadcasts nothing but key/value heads (GQA, repeated): the
     // MatMuls' broadcasting must be exactly that.
-    let (Some(sq), Some(sk), Some(sv)) = (shapes.shape(q), shapes.shape(key), shapes.shape(v)) else {
+    let (Some(sq), Some(sk), Some(sv)) = (shapes.shape(q), sk, shapes.shape(v)) else {
         decline!("the shapes of q, key and v are not proved");
     };
     require!(sk.len() == rank && sv.len() == rank, "q, key and v differ in rank");
