@@ -159,6 +159,10 @@ enum Extra {
     /// A constant mask of two batches on scores of one: the sum broadcasts
     /// the scores to the mask's batch.
     ConstantMaskWiderBatch,
+    /// The scores divided by -8: ONNX Runtime refuses a scale that is not positive.
+    NegativeDivisor,
+    /// q times 0.5 and the transposed key times 0.25 before the MatMul (SDPA exports).
+    ScaledQK,
 }
 
 fn attention_model(opset: i64, elem: i32, [q, key, v]: [&[i64]; 3], extra: Extra) -> ModelProto {
@@ -176,6 +180,13 @@ fn attention_model(opset: i64, elem: i32, [q, key, v]: [&[i64]; 3], extra: Extra
         b.node("Transpose", &[&key_in], vec![attr_ints("perm", &perm)])
     };
     let v_in = b.input("v", elem, Some(&dims(v)));
+    let (q_in, k) = if extra == Extra::ScaledQK {
+        let (half, quarter) =
+            (b.init("half", tensor(elem, &[], &[0.5])), b.init("quarter", tensor(elem, &[], &[0.25])));
+        (b.node("Mul", &[&q_in, &half], vec![]), b.node("Mul", &[&quarter, &k], vec![]))
+    } else {
+        (q_in, k)
+    };
     let mut s = b.node("MatMul", &[&q_in, &k], vec![]);
     let (sq, t) = (q[rank - 2], key[rank - 2]);
     let constant_mask = |b: &mut Builder, rows: i64, fill: f64| {
@@ -188,6 +199,7 @@ fn attention_model(opset: i64, elem: i32, [q, key, v]: [&[i64]; 3], extra: Extra
     }
     let divisor = match extra {
         Extra::Divisor => b.input("d", elem, Some(&[])),
+        Extra::NegativeDivisor => b.init("eight", tensor(elem, &[], &[-8.0])),
         _ => b.init("eight", tensor(elem, &[], &[8.0])),
     };
     s = b.node("Div", &[&s, &divisor], vec![]);
@@ -262,7 +274,8 @@ type NearMiss<'a> = (&'a str, i64, i32, [&'a [i64]; 3], Extra, &'a str);
 #[test]
 fn attention_that_onnx_attention_does_not_compute_stays_for_portable() {
     let four: [&[i64]; 3] = [&[2, 4, 5, 8], &[2, 4, 6, 8], &[2, 4, 6, 8]];
-    let cases: [NearMiss; 14] = [
+    let cases: [NearMiss; 15] = [
+        ("negative scale", 23, FLOAT, four, Extra::NegativeDivisor, "the scale -0.125 is no positive normal f32"),
         ("opset 22", 22, FLOAT, four, Extra::Nothing, "needs opset 23 for Attention (the model imports opset 22)"),
         ("additive mask", 23, FLOAT, four, Extra::Mask, "a masked core: its mask is computed at run time"),
         ("constant mask of lowest", 23, FLOAT, four, Extra::ConstantMask(f64::from(f32::MIN)), "its type's lowest"),
@@ -320,6 +333,22 @@ fn attention_that_onnx_attention_does_not_compute_stays_for_portable() {
 }
 
 #[test]
+fn a_scale_of_q_and_of_the_key_is_the_scale_attention_takes() {
+    let original = attention_model(23, FLOAT, [&[2, 4, 5, 8], &[2, 4, 6, 8], &[2, 4, 6, 8]], Extra::ScaledQK);
+    let (fused, outcome) = fuse_for(&original, Target::Portable);
+    assert_eq!(outcome.fused.len(), 1, "{:?}", outcome.declined);
+    let node = all_nodes(&fused).into_iter().find(|n| n.op_type() == "Attention").expect("Attention");
+    assert_eq!(node.input, ["q", "key", "v"]);
+    assert_eq!(node.attr_float("scale"), Some(0.5 * 0.25 / 8.0));
+    assert_eq!(count_op(&fused, "Mul"), 0, "both scales went with the core");
+    verify_here(&original, &fused);
+    // In f16 the core rounds (or overflows) q·0.5 before its MatMul: not handed over.
+    let half = attention_model(23, FLOAT16, [&[2, 4, 5, 8], &[2, 4, 6, 8], &[2, 4, 6, 8]], Extra::ScaledQK);
+    let (_, outcome) = fuse_for(&half, Target::Portable);
+    assert!(outcome.fused.is_empty(), "f16: {:?}", outcome.fused);
+}
+
+#[test]
 fn unmasked_opset_23_exports_get_onnx_attention() {
     for name in ["vit_dynamo_op23.onnx", "whisper_encoder_dynamo_op23.onnx"] {
         let original = load(name);
@@ -332,8 +361,11 @@ fn unmasked_opset_23_exports_get_onnx_attention() {
     // Transpose, [0, 2, 3, 1]: Attention reads the key transposed by
     // [0, 2, 1, 3] instead, a new Transpose of the same input (ViT, DINOv2,
     // HuBERT, SEW and Whisper encoders; OpenVINO and tract compute them
-    // the same too, docs/targets.md).
-    for name in ["vit_ts_op17.onnx", "dinov2_ts_op17.onnx", "whisper_encoder_ts_op14.onnx"] {
+    // the same too, docs/targets.md). The SDPA export also scales q and
+    // the transposed key before the MatMul: part of the scale.
+    for name in
+        ["vit_ts_op17.onnx", "dinov2_ts_op17.onnx", "whisper_encoder_ts_op14.onnx", "whisper_encoder_sdpa_ts_op17.onnx"]
+    {
         let (original, _) = onnx_fuse::upgrade::upgrade(&load(name), 23).unwrap();
         let (fused, outcome) = fuse_for(&original, Target::Portable);
         let attentions: Vec<&NodeProto> = nodes(&fused).filter(|n| n.op_type() == "Attention").collect();

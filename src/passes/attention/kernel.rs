@@ -108,25 +108,13 @@ pub(super) fn attention(
     // (A scale computed from the head size, as SDPA exports write it, is
     // a constant too.)
     // (DistilBERT divides q by √d: Div(q, c) is a scale of 1/c.)
-    let mut scaled = |value: &'_ str| -> Check<String> {
-        let found = g.produced_by(value, "Mul").or_else(|_| g.produced_by(value, "Div"));
-        let Ok(op) = found else { return Ok(value.to_string()) };
-        let node = g.node(op);
-        let divides = node.is("Div");
-        let one_value = |i: usize| {
-            let c = fold(g, shapes, &node.input[i])?;
-            let rank = shapes.rank(&node.input[1 - i]).unwrap_or(0);
-            (c.elem == elem && c.dims.len() <= rank.max(1)).then(|| c.scalar()).flatten()
-        };
-        let sides = if divides { 1..2 } else { 0..2 };
-        let Some((at, c)) = sides.into_iter().find_map(|i| Some((i, one_value(i)?))) else {
-            return Ok(value.to_string());
-        };
-        scale *= if divides { 1.0 / c } else { c };
-        Ok(node.input[1 - at].clone())
+    let mut scaled = |value: &str| -> String {
+        let (unscaled, c) = super::scaled_by_one_value(g, shapes, value, elem);
+        scale *= c;
+        unscaled.to_string()
     };
-    let q = scaled(q)?;
-    let k = scaled(k)?;
+    let q = scaled(q);
+    let k = scaled(k);
     require!(scale.is_finite() && (scale as f32).is_normal() && scale > 0.0, "the scale {scale} is no positive f32");
 
     // k = Transpose(x, perm), the key [b, h, d, t]: Attention reads

@@ -487,7 +487,22 @@ fn onnx_attention(g: &Graph, shapes: &Shapes, mut m: Match, [q, k, v]: [&str; 3]
             Step::Megatron { .. } => decline!("a masked core (Megatron's s·m − c·(1 − m)): {MASK_FILLS}"),
         }
     }
-    require!(scale.is_finite() && (scale as f32).is_normal(), "the scale {scale} is no normal f32");
+    // A one-value scale of q or of the transposed key (SDPA exports) is a
+    // scale of the scores: in f32, where Attention computes as the core
+    // does (an f16 product that the core rounds, or overflows, before its
+    // MatMul is not handed over).
+    let (q, k) = if elem == Some(FLOAT) {
+        let ((q, cq), (k, ck)) = (scaled_by_one_value(g, shapes, q, FLOAT), scaled_by_one_value(g, shapes, k, FLOAT));
+        scale *= cq * ck;
+        (q, k)
+    } else {
+        (q, k)
+    };
+    // ONNX Runtime refuses an Attention whose scale is not positive.
+    require!(
+        scale.is_finite() && (scale as f32).is_normal() && scale > 0.0,
+        "the scale {scale} is no positive normal f32"
+    );
 
     // k = Transpose(key) over the last two axes; the 4-D form is
     // (batch, heads, seq, head size), the 3-D one has the heads in the batch.
@@ -569,6 +584,28 @@ fn onnx_attention(g: &Graph, shapes: &Shapes, mut m: Match, [q, k, v]: [&str; 3]
     }
     g.require_portable(PORTABLE)?;
     Ok(m.replace_with(crate::rewrite::node("Attention", &inputs, attributes)))
+}
+
+/// `value` as `Mul(x, c)` (either order) or `Div(x, c)` with `c` a constant
+/// of one value of type `elem` that raises no rank (SDPA exports scale q
+/// and the transposed key each by √scale; DistilBERT divides q by √d):
+/// `(x, c)`, or `(x, 1/c)` for the Div; `(value, 1)` otherwise. A scale of q
+/// or k is a scale of the scores, which Attention takes as `scale`.
+fn scaled_by_one_value<'a>(g: &Graph<'a>, shapes: &Shapes, value: &'a str, elem: i32) -> (&'a str, f64) {
+    let found = g.produced_by(value, "Mul").or_else(|_| g.produced_by(value, "Div"));
+    let Ok(op) = found else { return (value, 1.0) };
+    let node = g.node(op);
+    let divides = node.is("Div");
+    let one_value = |i: usize| {
+        let c = crate::graph::fold::fold(g, shapes, &node.input[i])?;
+        let rank = shapes.rank(&node.input[1 - i]).unwrap_or(0);
+        (c.elem == elem && c.dims.len() <= rank.max(1)).then(|| c.scalar()).flatten()
+    };
+    let sides = if divides { 1..2 } else { 0..2 };
+    match sides.into_iter().find_map(|i| Some((i, one_value(i)?))) {
+        Some((at, c)) => (node.input[1 - at].as_str(), if divides { 1.0 / c } else { c }),
+        None => (value, 1.0),
+    }
 }
 
 /// Why a mask that may hold the fills exports write is not handed over.
