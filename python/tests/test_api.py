@@ -21,8 +21,11 @@ LLAMA = "llama_ts_op14.onnx"
 
 def shown(report):
     """What `show` lists of a fused model: the report's entries without the
-    pass, in graph order (the report has them in the order made)."""
-    return sorted(({k: v for k, v in f.items() if k != "pass"} for f in report["fused"]), key=lambda f: f["name"])
+    pass and the run's note (neither is in the model), in graph order (the
+    report has them in the order made)."""
+    return sorted(
+        ({k: v for k, v in f.items() if k not in ("pass", "note")} for f in report["fused"]), key=lambda f: f["name"]
+    )
 
 
 def test_the_binary_is_the_wheels_own():
@@ -103,7 +106,10 @@ def test_options_reach_the_command_line(testdata, tmp_path):
     assert report["verification"]["passed"] is True
     report = onnx_fuse.fuse(testdata(LLAMA), tmp_path / "apart.onnx", external_data=True)
     assert report["weights"] == str(tmp_path / "apart.onnx.data")
-    assert (tmp_path / "apart.onnx.data").stat().st_size > (tmp_path / "apart.onnx").stat().st_size
+    whole = onnx_fuse.fuse(testdata(LLAMA), tmp_path / "whole.onnx")
+    assert "weights" not in whole
+    apart = (tmp_path / "apart.onnx").stat().st_size
+    assert apart + 64 * 1024 < (tmp_path / "whole.onnx").stat().st_size <= apart + (tmp_path / "apart.onnx.data").stat().st_size
 
 
 def test_verify_with_dims_and_arrays(testdata, tmp_path):
