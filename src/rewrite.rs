@@ -377,7 +377,65 @@ fn matched(g: &Graph, roots: Vec<usize>, inputs: &[&str], kept: &[Kept]) -> (BTr
             todo.extend(values_read_by(g.node(n)).iter().filter_map(|v| g.producer(v)));
         }
     }
-    (walked, nodes)
+    let staying = shape_arithmetic_read_outside(g, &mut nodes);
+    (walked.difference(&staying).copied().collect(), nodes)
+}
+
+/// Shape arithmetic the match walked through (a head split's sizes) that a
+/// node outside the match reads too stays for it (GPT-2's present key is
+/// reshaped by the same sizes): the matched nodes it is computed from stay
+/// with it, where each of them is shape arithmetic too, down to `Shape`s
+/// of values that survive. Those nodes compute what they computed, from
+/// the same values; nothing else changes. Otherwise the escape is declined.
+fn shape_arithmetic_read_outside(g: &Graph, nodes: &mut BTreeSet<usize>) -> BTreeSet<usize> {
+    let mut stays = BTreeSet::new();
+    let arithmetic = |n: usize| {
+        let node = g.node(n);
+        let ops = ["Shape", "Size", "Gather", "Unsqueeze", "Squeeze", "Concat", "Slice", "Cast", "Add", "Sub", "Mul", "Div"];
+        crate::onnx::is_default_domain(node.domain())
+            && ops.contains(&node.op_type())
+            && node.output.iter().all(|o| g.elem_type(o) == Some(crate::onnx::INT64))
+    };
+    loop {
+        let read_outside = |n: usize| {
+            g.node(n).output.iter().any(|o| g.is_graph_output(o) || g.consumers(o).iter().any(|c| !nodes.contains(c)))
+        };
+        let mut staying = None;
+        for &n in nodes.iter().filter(|&&n| arithmetic(n) && read_outside(n)) {
+            // n and what it is computed from inside the match.
+            let mut closure = BTreeSet::new();
+            let mut todo = vec![n];
+            let mut ok = true;
+            while let Some(m) = todo.pop() {
+                if !closure.insert(m) {
+                    continue;
+                }
+                if !arithmetic(m) {
+                    ok = false;
+                    break;
+                }
+                let inside = values_read_by(g.node(m)).into_iter().filter_map(|v| g.producer(&v)).filter(|p| nodes.contains(p));
+                if reads_only_shape(g, m) {
+                    // The shape of a value the match removes is no value that survives.
+                    if inside.count() > 0 {
+                        ok = false;
+                        break;
+                    }
+                } else {
+                    todo.extend(inside);
+                }
+            }
+            if ok {
+                staying = Some(closure);
+                break;
+            }
+        }
+        let Some(closure) = staying else { return stays };
+        for n in closure {
+            nodes.remove(&n);
+            stays.insert(n);
+        }
+    }
 }
 
 /// Whether a kept value's producer joins the match: it is reached, and no
@@ -819,6 +877,14 @@ fn found_within(found: &[Rewrite], claimed: &HashSet<usize>, rewrite: &Rewrite) 
 /// same way (the last one's reason is given when none passes).
 fn settle(g: &Graph, mut rewrite: Rewrite, functions: &[&FunctionProto]) -> Check<Rewrite> {
     let fallback = rewrite.fallback.take();
+    // What a kernel's note names, where the checks refuse it.
+    let kernel = rewrite.opset.map(|_| {
+        let op = rewrite.runs.unwrap_or(rewrite.replacement.op_type());
+        match rewrite.replacement.domain() {
+            d if crate::onnx::is_default_domain(d) => format!("ONNX {op}"),
+            d => format!("{d}.{op}"),
+        }
+    });
     let checked = (|| {
         read_constants_at_their_source(g, &mut rewrite);
         let (walked, nodes) = matched_nodes(g, &rewrite);
@@ -842,6 +908,17 @@ fn settle(g: &Graph, mut rewrite: Rewrite, functions: &[&FunctionProto]) -> Chec
         Ok(rewrite)
     })();
     match (checked, fallback) {
+        // A kernel the checks refuse says why where its fallback is taken.
+        (Err(Miss::Declined(why)), Some(fallback)) => {
+            let settled = settle(g, *fallback, functions)?;
+            // The core a kernel falls back to says why it is not the kernel.
+            Ok(match kernel {
+                Some(op) if settled.opset.is_none() && settled.note.is_none() => {
+                    settled.noting(format!("not {op}: {why}"))
+                }
+                _ => settled,
+            })
+        }
         (Err(_), Some(fallback)) => settle(g, *fallback, functions),
         (checked, _) => checked,
     }
@@ -1185,6 +1262,26 @@ fn check_computed_once(g: &Graph, rewrite: &Rewrite, walked: &BTreeSet<usize>) -
 /// Spec, ground rule 8: a name defined in two scopes (or twice) makes a
 /// match unprovable, since runtimes disagree on which value it names.
 fn check_unambiguous(g: &Graph, rewrite: &Rewrite, walked: &BTreeSet<usize>) -> Check<()> {
+    // A rule's prelude names one computation once: a name written twice
+    // is written by nodes that compute the same, as `share_prelude_nodes`
+    // finds them (the same op, attributes and inputs, inputs shared first).
+    let mut written: HashMap<&str, Vec<u8>> = HashMap::new();
+    let mut first: HashMap<Vec<u8>, &[String]> = HashMap::new();
+    let mut same: HashMap<&str, &str> = HashMap::new();
+    for n in &rewrite.prelude {
+        let inputs = n.input.iter().map(|v| same.get(v.as_str()).map_or(v.clone(), |s| s.to_string())).collect();
+        let key = prost::Message::encode_to_vec(&NodeProto { name: None, output: vec![], input: inputs, ..n.clone() });
+        for out in n.output.iter().filter(|o| !o.is_empty()) {
+            let earlier = written.entry(out.as_str()).or_insert_with(|| key.clone());
+            require!(*earlier == key, "the replacement's prelude computes {out} two ways");
+        }
+        match first.get(&key) {
+            Some(outputs) => same.extend(n.output.iter().zip(outputs.iter()).map(|(o, f)| (o.as_str(), f.as_str()))),
+            None => {
+                first.insert(key, &n.output);
+            }
+        }
+    }
     let nodes = walked.iter().map(|&n| g.node(n));
     let reads = rewrite.reads();
     let names = nodes.flat_map(|n| n.input.iter().chain(&n.output)).chain(&reads);

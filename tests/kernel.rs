@@ -325,24 +325,26 @@ fn where_kernel(hides: bool) -> ModelProto {
 /// Feeds for `where_core`: q and k times `qk`, mask row 1 of batch 0 as
 /// `row` (1 keeps a key), every other row keeping all keys but its last.
 fn where_feeds(dir: &std::path::Path, qk: f32, row: [f32; 3], hides: bool) -> std::path::PathBuf {
-    let path = dir.join(format!("where_{qk}_{row:?}_{hides}.npz"));
-    let n = 2 * 4 * 3 * 8;
-    let scaled = |seed: u64, by: f32| values(n, seed).into_iter().map(|x| x * by).collect::<Vec<f32>>();
     let (keep, hide) = if hides { (0.0, 1.0) } else { (1.0, 0.0) };
     let mut mask: Vec<f32> = (0..18).map(|i| if i % 3 == 2 { hide } else { keep }).collect();
     mask[3..6].copy_from_slice(&row.map(|x| if hides { 1.0 - x } else { x }));
-    npz(
-        &path,
-        &[
-            ("q", vec![2, 4, 3, 8], scaled(1, qk)),
-            ("k", vec![2, 4, 3, 8], scaled(2, qk)),
-            ("v", vec![2, 4, 3, 8], scaled(3, 1.0)),
-            ("mask", vec![2, 1, 3, 3], mask),
-            ("past_k", vec![2, 4, 0, 8], vec![]),
-            ("past_v", vec![2, 4, 0, 8], vec![]),
-        ],
-        &[],
-    );
+    scaled_feeds(dir.join(format!("where_{qk}_{row:?}_{hides}.npz")), qk, vec![("mask", mask)])
+}
+
+/// Feeds of batch 2 and 4 heads (no past) with q and k times `qk`, and
+/// `masks` of `[2, 1, 3, 3]`.
+fn scaled_feeds(path: std::path::PathBuf, qk: f32, masks: Vec<(&str, Vec<f32>)>) -> std::path::PathBuf {
+    let n = 2 * 4 * 3 * 8;
+    let scaled = |seed: u64, by: f32| values(n, seed).into_iter().map(|x| x * by).collect::<Vec<f32>>();
+    let mut arrays = vec![
+        ("q", vec![2, 4, 3, 8], scaled(1, qk)),
+        ("k", vec![2, 4, 3, 8], scaled(2, qk)),
+        ("v", vec![2, 4, 3, 8], scaled(3, 1.0)),
+        ("past_k", vec![2, 4, 0, 8], vec![]),
+        ("past_v", vec![2, 4, 0, 8], vec![]),
+    ];
+    arrays.extend(masks.into_iter().map(|(name, data)| (name, vec![2, 1, 3, 3], data)));
+    npz(&path, &arrays, &[]);
     path
 }
 
@@ -435,6 +437,98 @@ fn a_masked_fill_encoder_hands_its_kept_keys_over_and_a_padded_row_runs_the_orig
     let main = &fused.graph.as_ref().unwrap().node;
     assert!(main.iter().any(|n| n.op_type() == "Not"), "masked_fill names the hidden keys: the kernel takes the kept");
     the_guard_decides(&original, &fused, &inputs, "a row padded whole is expected to keep no key");
+}
+
+/// GPT-2 hides future keys by a `Where` of the float lowest and padded
+/// keys by an additive mask: the kernel takes one float mask, the two
+/// applied to a score of 0, and a left-padded batch (whose padding rows
+/// keep no key) runs the original ops.
+#[test]
+fn a_where_with_an_additive_mask_is_one_float_mask_and_a_padded_row_runs_the_original_ops() {
+    let dir = tempdir();
+    let inputs = token_feeds(dir.path(), [0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]);
+    let (original, fused) = fused_at_23("gpt2_ts_op14.onnx", "attention");
+    let kernels = kernels(&fused);
+    assert_eq!(kernels.len(), 2);
+    let wheres: Vec<&NodeProto> =
+        original.graph.as_ref().unwrap().node.iter().filter(|n| n.op_type() == "Where").collect();
+    for k in &kernels {
+        assert_eq!(k.input.len(), 4, "one mask");
+        assert!(!wheres.iter().any(|w| w.input[0] == k.input[3]), "the mask is not the Where's condition alone");
+    }
+    the_guard_decides(&original, &fused, &inputs, "the left-padded rows are expected to keep no key");
+}
+
+/// `Where(keep, s, fill) + mask`, the core of `core(4)` with a Where of the
+/// f32 input `keep` (0 or 1, cast to bool) before its additive mask.
+fn where_add_core(fill: f64) -> ModelProto {
+    let mut m = core(4);
+    let g = m.graph.as_mut().unwrap();
+    g.input.push(value_info("keep", FLOAT, Some(&[sym("b"), D::N(1), D::N(3), D::N(3)])));
+    let add = g.node.iter().position(|n| n.op_type() == "Add").unwrap();
+    let scores = g.node[add].input[0].clone();
+    let mut b = Builder::default();
+    let condition = b.node("Cast", &["keep"], vec![attr_int("to", 9)]);
+    let fill = b.constant(tensor(FLOAT, &[], &[fill]));
+    let hidden = b.node("Where", &[&condition, &scores, &fill], vec![]);
+    g.node[add].input[0] = hidden;
+    g.node.splice(add..add, b.graph.node);
+    m
+}
+
+/// Feeds for `where_add_core`: q and k times `qk`; `keep` hides the last
+/// key of every row, and row 1 of batch 0 keeps `kept`; the additive mask
+/// is 0 but for `masked` at row 2 of batch 1 (every key).
+fn where_add_feeds(dir: &std::path::Path, qk: f32, kept: [f32; 3], masked: f32) -> std::path::PathBuf {
+    let mut keep: Vec<f32> = (0..18).map(|i| if i % 3 == 2 { 0.0 } else { 1.0 }).collect();
+    keep[3..6].copy_from_slice(&kept);
+    let mut mask = vec![0f32; 18];
+    mask[15..18].copy_from_slice(&[masked; 3]);
+    let path = dir.join(format!("where_add_{qk}_{kept:?}_{masked}.npz"));
+    scaled_feeds(path, qk, vec![("mask", mask), ("keep", keep)])
+}
+
+/// The facts the one float mask of a Where and an additive mask rests on,
+/// each run: where the scores stay within the room the masks leave, the
+/// kernel given the masks applied to a score of 0 computes the core; with
+/// scores beyond a fill of -1e4, or a row that keeps no key, or an additive
+/// mask of the lowest over a whole row, it does not, and the guard runs
+/// the original ops there. The guarded output is the core's on all of them.
+#[test]
+fn a_where_and_an_additive_mask_computed_by_the_kernel_agree_while_hidden_keys_get_no_weight() {
+    let dir = tempdir();
+    let some = [1.0, 1.0, 0.0];
+    let lowest = f32::MIN;
+    for fill in [f64::from(f32::MIN), -1e9, -1e4] {
+        let core = where_add_core(fill);
+        let fused = fused(&core);
+        assert_eq!(guards(&fused).len(), 1, "fill {fill}: a guarded kernel");
+        let kernel = unguarded(&fused);
+        let agree = where_add_feeds(dir.path(), 1.0, some, 0.0);
+        let v = compare(&core, &kernel, &agree).unwrap();
+        assert!(v.passed, "fill {fill}: the kernel alone computes the core here:\n{}", v.text());
+        let cases = [
+            ("a row that keeps no key", where_add_feeds(dir.path(), 1.0, [0.0; 3], 0.0)),
+            ("a row masked whole by the lowest", where_add_feeds(dir.path(), 1.0, some, lowest)),
+            ("scores beyond the fill", where_add_feeds(dir.path(), 1e3, some, 0.0)),
+        ];
+        for (what, feeds) in &cases {
+            // (A row that keeps no key under a fill of -1e9: every score
+            // plus -1e9 rounds to -1e9, and the kernel's weights are even,
+            // as the core's are.)
+            let differs = match *what {
+                "scores beyond the fill" => fill == -1e4,
+                "a row that keeps no key" => fill != -1e9,
+                _ => true,
+            };
+            if differs {
+                let alone = compare(&core, &kernel, feeds).unwrap();
+                assert!(!alone.passed, "fill {fill}, {what}: the kernel alone is expected to differ");
+            }
+            let v = compare(&core, &fused, feeds).unwrap();
+            assert!(v.passed, "guarded, fill {fill}, {what}:\n{}", v.text());
+        }
+    }
 }
 
 /// The one fact of ONNX Runtime's `Pow` the folding rests on

@@ -470,6 +470,15 @@ impl<'g, 'a> Shapes<'g, 'a> {
     fn attention_output(&self, node: &NodeProto, value: &str) -> Option<Vec<Dim>> {
         let input = |i: usize| node.input.get(i).filter(|s| !s.is_empty()).and_then(|v| self.shape(v));
         let (q, k, v) = (input(0)?, input(1)?, input(2)?);
+        // The 3-D form, [b, s, h·d] with the heads counted by attributes:
+        // its output is [b, s, h·dv], v's last axis where the counts of
+        // query and key/value heads are equal.
+        if q.len() == 3 && k.len() == 3 && v.len() == 3 {
+            let heads = |name: &str| node.attr_int(name);
+            let same = heads("q_num_heads").is_some() && heads("q_num_heads") == heads("kv_num_heads");
+            let first = node.output.first().map(String::as_str) == Some(value);
+            return (same && first).then(|| vec![q[0].clone(), q[1].clone(), v[2].clone()]);
+        }
         if q.len() != 4 || k.len() != 4 || v.len() != 4 {
             return None;
         }

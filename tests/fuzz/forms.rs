@@ -1917,6 +1917,7 @@ pub fn decoder_attention(rng: &mut Rng) -> Case {
     // The mask, computed before the core (which reads it as an input).
     let mut mask = None;
     let mut replaced: Option<(String, String, bool)> = None;
+    let mut add_after = false;
     if rng.chance(0.8) {
         let keys = if cache { vec![sym("t"), sym("s")] } else { vec![sym("t")] };
         let parts: Vec<String> = keys
@@ -1948,6 +1949,24 @@ pub fn decoder_attention(rng: &mut Rng) -> Case {
             c.ort_only(format!("scores Where, fill {fill}{}", if hides { ", masked_fill" } else { "" }));
             let condition = if hides { b.node("Not", &[&keep], vec![]) } else { keep };
             replaced = Some((condition, hidden, hides));
+            if rng.chance(0.5) {
+                // GPT-2: the causal Where and an additive padding mask, the
+                // Add before or after it (the kernel takes both as one mask).
+                let pad = b.input("pad", BOOL, Some(&[sym("b"), D::N(1), D::N(1), keys[0].clone()]));
+                let pad = if cache {
+                    let recent = b.input("pad_recent", BOOL, Some(&[sym("b"), D::N(1), D::N(1), sym("s")]));
+                    b.node("Concat", &[&pad, &recent], vec![attr_int("axis", -1)])
+                } else {
+                    pad
+                };
+                let pad_fill = [f64::from(f32::MIN), -1e9, f64::NEG_INFINITY][rng.below(3)];
+                let zero = one_value(rng, &mut b, "pad_visible", elem, 0, 0.0);
+                let hidden = one_value(rng, &mut b, "pad_hidden", elem, 0, pad_fill);
+                c.aside.extend(["pad_visible", "pad_hidden"].map(String::from));
+                add_after = rng.chance(0.7);
+                c.ort_only(format!("and an additive mask, {}", if add_after { "after" } else { "before" }));
+                mask = Some(b.node("Where", &[&pad, &zero, &hidden], vec![]));
+            }
         } else {
             c.ort_only(format!("mask Where(keep, 0, {fill})"));
             let zero = one_value(rng, &mut b, "visible", elem, 0, 0.0);
@@ -1967,12 +1986,15 @@ pub fn decoder_attention(rng: &mut Rng) -> Case {
     if let Some(scale) = s_scale {
         s = commuted(rng, &mut b, "Mul", &s, &scale);
     }
-    if let Some(mask) = mask {
-        s = commuted(rng, &mut b, "Add", &s, &mask);
+    if let Some(mask) = mask.as_ref().filter(|_| !add_after) {
+        s = commuted(rng, &mut b, "Add", &s, mask);
     }
     if let Some((condition, fill, hides)) = replaced {
         let inputs = if hides { [&condition, &fill, &s] } else { [&condition, &s, &fill] };
         s = b.node("Where", &inputs.map(String::as_str), vec![]);
+    }
+    if let Some(mask) = mask.as_ref().filter(|_| add_after) {
+        s = commuted(rng, &mut b, "Add", &s, mask);
     }
     let mut p = b.node("Softmax", &[&s], vec![attr_int("axis", -1)]);
     if rng.chance(0.5) {

@@ -36,7 +36,7 @@ use super::{Scores, Step};
 use crate::graph::fold::fold;
 use crate::graph::{Check, Graph, Miss, Stop};
 use crate::onnx::{type_text, AttributeProto, GraphProto, NodeProto, TensorProto, FLOAT, INT64};
-use crate::rewrite::{ints_constant, node, original_ops, value_info, writing, Match, Rewrite};
+use crate::rewrite::{ints_constant, node, original_ops, value_info, writing, Kept, Match, Rewrite};
 use crate::shapes::{Dim, Shapes};
 use crate::{decline, require};
 
@@ -51,6 +51,7 @@ pub(super) fn attention(
     steps: &[Step],
 ) -> Check<Rewrite> {
     g.require_opset(23, "Attention")?;
+    let core_inputs = [q, k, v];
     let out = g.node(anchor);
     require!(matches!(form, Scores::MatMul) && out.is("MatMul"), "the core is not written with MatMul");
     let elem = g.elem_type(q);
@@ -58,38 +59,35 @@ pub(super) fn attention(
     let elem = FLOAT;
 
     let mut scale = 1.0;
-    let mut mask: Option<&str> = None;
-    // A Where mask: (the condition, the fill, whether it names the hidden keys).
-    let mut kept: Option<(&str, f64, bool)> = None;
+    // The Where and additive mask steps, in order.
+    let mut masks: Vec<&Step> = Vec::new();
     let mut nan_guard = false;
     let mut softcap = None;
     for step in steps {
         match step {
             Step::Softmax => {}
             Step::Scale(op, c) => {
-                require!(mask.is_none() && kept.is_none(), "the scale is applied after the mask");
+                require!(masks.is_empty(), "the scale is applied after the mask");
                 let c = c.scalar().unwrap_or(f64::NAN);
                 scale *= if *op == "Div" { 1.0 / c } else { c };
             }
             Step::Cast(to) => require!(*to == elem, "a Cast between the MatMuls changes the type"),
-            Step::Mask(value) if mask.is_none() => {
-                require!(kept.is_none(), "a Where and an additive mask: Attention takes one mask");
+            Step::Mask(value) => {
+                // (s + m1) + m2 is not s + (m1 + m2) in floats.
+                require!(!masks.iter().any(|m| matches!(m, Step::Mask(_))), "more than one additive mask");
                 require!(g.elem_type(value) == Some(elem), "the mask {value} is not of q's type");
-                mask = Some(value);
+                masks.push(step);
             }
-            Step::Mask(_) => decline!("more than one additive mask"),
             Step::NanGuard(_) => nan_guard = true,
-            Step::Where { keep, fill, fill_first } if kept.is_none() && mask.is_none() && softcap.is_none() => {
-                kept = Some((keep.as_str(), fill.scalar().unwrap_or(f64::NAN), *fill_first));
-            }
-            Step::Where { .. } => decline!("a Where with another mask or a soft-cap: Attention takes one mask"),
+            Step::Where { .. } if softcap.is_none() => masks.push(step),
+            Step::Where { .. } => decline!("a Where after a soft-cap: Attention caps the scores it masks"),
             Step::Megatron { .. } => decline!("Megatron's mask (s·m − penalty·(1 − m)) is no mask Attention takes"),
             Step::Subtract(d) => decline!("a term subtracted ({d}): Attention only adds its mask"),
             Step::Divisor(d) | Step::Multiplier(d) => {
                 // A divisor computed from the head size is a constant.
                 let c = fold(g, shapes, d).filter(|c| c.elem == elem && c.dims.len() <= 4).and_then(|c| c.scalar());
                 let c = c.or_decline(|| format!("the scale {d} is computed at run time"))?;
-                require!(mask.is_none() && kept.is_none(), "the scale is applied after the mask");
+                require!(masks.is_empty(), "the scale is applied after the mask");
                 scale *= if matches!(step, Step::Divisor(_)) { 1.0 / c } else { c };
             }
             Step::Softcap(op, by, cap) => {
@@ -119,12 +117,8 @@ pub(super) fn attention(
 
     // k = Transpose(x, perm), the key [b, h, d, t]: Attention reads
     // [b, h, t, d], x itself where the perm only swaps the last two axes.
-    let transpose = g.produced_by(g.unchanged(&k), "Transpose")?;
-    let perm = g.node(transpose).attr_ints("perm").unwrap_or_default();
-    require!(perm.len() == 4, "the key's Transpose has no perm of 4 axes");
-    let key_perm = [perm[0], perm[1], perm[3], perm[2]];
-    let x = g.node(transpose).input[0].as_str();
-    let (key, n) = if key_perm == [0, 1, 2, 3] { repeated(g, shapes, x) } else { (x, 1) };
+    let (x, key_perm) = super::key_before_transpose(g, &k, 4)?;
+    let (key, n) = if key_perm.is_none() { repeated(g, shapes, x) } else { (x, 1) };
     let (value, n_v) = repeated(g, shapes, v);
     require!(n == n_v, "the key's heads are repeated {n} times and the value's {n_v} times");
     // Where the kernel gains: a key and value read from a cache (which the
@@ -138,7 +132,7 @@ pub(super) fn attention(
     let merged = if n > 1 || (kept_whole(g, key) && kept_whole(g, value)) {
         None
     } else {
-        let found = merged_heads(g, shapes, anchor, &q, x, key_perm, v);
+        let found = merged_heads(g, shapes, anchor, &q, x, key_perm.as_deref(), v);
         Some(found.map_err(|miss| {
             let why = match miss {
                 Miss::Declined(why) => why,
@@ -155,8 +149,10 @@ pub(super) fn attention(
         decline!("the shapes of q, the key and the value are not proved");
     };
     require!(sq.len() == 4 && sx.len() == 4 && sv.len() == 4, "q, the key and the value are not all 4-D");
-    let sk: Vec<Dim> = key_perm.iter().map(|&p| sx.get(p as usize).cloned()).collect::<Option<_>>().unwrap_or_default();
-    require!(sk.len() == 4, "the key's Transpose has an axis out of range");
+    let sk: Vec<Dim> = match &key_perm {
+        Some(p) => p.iter().map(|&p| sx[p as usize].clone()).collect(),
+        None => sx.clone(),
+    };
     let heads = sk[1].mul(&Dim::known(n));
     require!(
         sq[0] == sk[0] && sk[0] == sv[0] && Some(&sq[1]) == heads.as_ref() && sk[1] == sv[1] && sk[2] == sv[2],
@@ -193,7 +189,14 @@ pub(super) fn attention(
     ];
     let empty: Vec<&str> = checks.into_iter().filter(|(_, needed)| *needed).map(|(x, _)| x).collect();
     if !empty.is_empty() {
-        let sizes: Vec<String> = empty.iter().map(|x| name(&format!("size_{}", short(x)))).collect();
+        // (Named by the value, or by its place where two values end alike:
+        // T5's q/MatMul_output_0 and k/MatMul_output_0.)
+        let alike = |x: &str| empty.iter().filter(|y| short(y) == short(x)).count() > 1;
+        let sizes: Vec<String> = empty
+            .iter()
+            .enumerate()
+            .map(|(i, x)| name(&if alike(x) { format!("size_{i}_{}", short(x)) } else { format!("size_{}", short(x)) }))
+            .collect();
         for (x, size) in empty.iter().zip(&sizes) {
             prelude.push(writing(size, node("Size", &[x], vec![])));
         }
@@ -211,18 +214,103 @@ pub(super) fn attention(
         conditions.push(ok);
     }
 
-    let kernel_key = if merged.is_some() || key_perm == [0, 1, 2, 3] {
-        key.to_string()
-    } else {
-        let transposed = name("key");
-        then.push(writing(&transposed, node("Transpose", &[key], vec![AttributeProto::ints("perm", &key_perm)])));
-        transposed
+    let kernel_key = match &key_perm {
+        Some(key_perm) if merged.is_none() => {
+            let transposed = name("key");
+            then.push(writing(&transposed, node("Transpose", &[key], vec![AttributeProto::ints("perm", key_perm)])));
+            transposed
+        }
+        _ => key.to_string(),
     };
     let mut inputs = vec![q.clone(), kernel_key, value.to_string()];
+    // What the match passes through on the way to what the kernel reads
+    // stays where something else reads it too (GPT-2's present key reads
+    // the key's heads): first where a node besides a `Shape` does (what a
+    // `Shape` reads is computed anew, `rewrite::shapes_read_outside`),
+    // then, where that fails, where any node does.
+    let passed: Vec<String> =
+        core_inputs.iter().zip([q.as_str(), key, value]).flat_map(|(from, to)| between(g, from, to)).collect();
+    let shared = Shared {
+        besides_shapes: passed.iter().filter(|v| read_besides_shapes(g, v)).cloned().collect(),
+        any: passed,
+    };
     // What the mask is read from: the additive mask, or a Where's condition
-    // (handed over as Attention's boolean mask, the keys kept).
-    if let Some(source) = mask.or(kept.map(|(condition, _, _)| condition)) {
-        let sm = shapes.shape(source).or_decline(|| format!("the shape of the mask {source} is not proved"))?;
+    // (handed over as Attention's boolean mask, the keys kept), or, for a
+    // Where with an additive mask (GPT-2) or several Wheres, the masks
+    // applied to a score of 0 (`replayed_mask`).
+    let mask = masks.iter().find_map(|m| match m {
+        Step::Mask(value) => Some(value.as_str()),
+        _ => None,
+    });
+    let kept = match masks.as_slice() {
+        [Step::Where { keep, fill, fill_first }] => Some((keep.as_str(), fill.scalar().unwrap_or(f64::NAN), *fill_first)),
+        _ => None,
+    };
+    if !masks.is_empty() {
+        // The scores' bound: |scale · q·k| ≤ scale · d · max|q| · max|k|.
+        let d = sq[3].value().filter(|&d| d > 0);
+        let score_bound = |prelude: &mut Vec<NodeProto>, what: &str| -> Check<String> {
+            let d = d.or_decline(|| {
+                format!("the head size {} is no known number: the bound on the scores {what} needs", sq[3])
+            })?;
+            let largest = |x: &str, of: &str, prelude: &mut Vec<NodeProto>| {
+                let (abs, max) = (name(&format!("abs_{of}")), name(&format!("largest_{of}")));
+                prelude.push(writing(&abs, node("Abs", &[x], vec![])));
+                prelude.push(writing(&max, node("ReduceMax", &[&abs], vec![int("keepdims", 0)])));
+                max
+            };
+            let (mq, mk) = (largest(&q, "q", prelude), largest(key, "key", prelude));
+            let (product, per, bound) = (name("largest_qk"), name("scale_times_d"), name("score_bound"));
+            prelude.push(writing(&product, node("Mul", &[&mq, &mk], vec![])));
+            prelude.push(constant(&per, scalar_tensor(elem, scale * d as f64)));
+            prelude.push(writing(&bound, node("Mul", &[&product, &per], vec![])));
+            Ok(bound)
+        };
+        let (mask, sm) = if masks.len() > 1 {
+            replayed_mask(shapes, &masks, &name, &mut prelude, &mut conditions, &score_bound)?
+        } else {
+            let source = mask.or(kept.map(|(condition, _, _)| condition)).expect("one mask step");
+            let sm = shapes.shape(source).or_decline(|| format!("the shape of the mask {source} is not proved"))?;
+            let mask = match kept {
+                None => {
+                    visible_rows(g, shapes, source, nan_guard, &name, &mut prelude, &mut conditions)?;
+                    source.to_string()
+                }
+                Some((condition, fill, hides)) => {
+                    let keep = if hides {
+                        let keep = name("kept");
+                        prelude.push(writing(&keep, node("Not", &[condition], vec![])));
+                        keep
+                    } else {
+                        condition.to_string()
+                    };
+                    // A row that keeps no key: the kernel gives zeros, the
+                    // core the mean of v (a finite fill) or NaN (-inf).
+                    let every_row = g.constant(condition).is_some_and(|t| every_row_keeps(t, hides));
+                    if !every_row {
+                        let (axes, flags) = (name("last_axis"), name("kept_flags"));
+                        prelude.push(ints_constant(&axes, &[-1]));
+                        prelude.push(writing(&flags, node("Cast", &[&keep], vec![int("to", i64::from(elem))])));
+                        let names = ["row_kept", "least_row_kept", "no", "kept_rows"].map(|n| name(n));
+                        conditions.push(rows_above(&flags, &axes, 0.0, names, &mut prelude));
+                    }
+                    // The core replaces a hidden score by the fill, the kernel
+                    // drops it: the same where every kept score is more than 128
+                    // above the fill (its weight is then exp(< -128), which f32
+                    // has as 0, in both), the bound held to half the distance
+                    // (the rounding of the scores).
+                    let room = (fill.abs().min(f64::from(f32::MAX)) - 128.0) / 2.0;
+                    require!(room > 0.0, "the Where fill {fill} leaves the scores no room");
+                    let bound = score_bound(&mut prelude, "a Where mask")?;
+                    let (limit, ok) = (name("score_room"), name("scores_bounded"));
+                    prelude.push(constant(&limit, scalar_tensor(elem, room)));
+                    prelude.push(writing(&ok, node("Less", &[&bound, &limit], vec![])));
+                    conditions.push(ok);
+                    keep
+                }
+            };
+            (mask, sm)
+        };
         let (r, (s, t)) = (sm.len(), (&sq[2], &sk[2]));
         require!(
             (2..=4).contains(&r) && &sm[r - 1] == t && (&sm[r - 2] == s || sm[r - 2].value() == Some(1)),
@@ -235,63 +323,6 @@ pub(super) fn attention(
             _ => true,
         };
         require!(leading_fit, "the mask's leading axes ({}) are not 1, the batch or the heads", dims(&sm));
-        let keepdims = || vec![AttributeProto::int("keepdims", 0)];
-        let mask = match kept {
-            None => {
-                visible_rows(g, shapes, source, nan_guard, &name, &mut prelude, &mut conditions)?;
-                source.to_string()
-            }
-            Some((condition, fill, hides)) => {
-                let keep = if hides {
-                    let keep = name("kept");
-                    prelude.push(writing(&keep, node("Not", &[condition], vec![])));
-                    keep
-                } else {
-                    condition.to_string()
-                };
-                // A row that keeps no key: the kernel gives zeros, the
-                // core the mean of v (a finite fill) or NaN (-inf).
-                let every_row = g.constant(condition).is_some_and(|t| every_row_keeps(t, hides));
-                if !every_row {
-                    let (axes, flags) = (name("last_axis"), name("kept_flags"));
-                    prelude.push(ints_constant(&axes, &[-1]));
-                    prelude.push(writing(&flags, node("Cast", &[&keep], vec![int("to", i64::from(elem))])));
-                    let names = ["row_kept", "least_row_kept", "no", "kept_rows"].map(|n| name(n));
-                    conditions.push(rows_above(&flags, &axes, 0.0, names, &mut prelude));
-                }
-                // The core replaces a hidden score by the fill, the kernel
-                // drops it: the same where every kept score is more than 128
-                // above the fill (its weight is then exp(< -128), which f32
-                // has as 0, in both). |scale · q·k| ≤ scale · d · max|q| · max|k|,
-                // held to half the distance (the rounding of the scores).
-                let d = sq[3].value().filter(|&d| d > 0).or_decline(|| {
-                    format!("the head size {} is no known number: the bound on the scores a Where mask needs", sq[3])
-                })?;
-                let room = (fill.abs().min(f64::from(f32::MAX)) - 128.0) / 2.0;
-                require!(room > 0.0, "the Where fill {fill} leaves the scores no room");
-                let mut largest = |x: &str, what: &str| {
-                    let (abs, max) = (name(&format!("abs_{what}")), name(&format!("largest_{what}")));
-                    prelude.push(writing(&abs, node("Abs", &[x], vec![])));
-                    prelude.push(writing(&max, node("ReduceMax", &[&abs], keepdims())));
-                    max
-                };
-                let (mq, mk) = (largest(&q, "q"), largest(key, "key"));
-                let (product, per, bound, limit, ok) = (
-                    name("largest_qk"),
-                    name("scale_times_d"),
-                    name("score_bound"),
-                    name("score_room"),
-                    name("scores_bounded"),
-                );
-                prelude.push(writing(&product, node("Mul", &[&mq, &mk], vec![])));
-                prelude.push(constant(&per, scalar_tensor(elem, scale * d as f64)));
-                prelude.push(writing(&bound, node("Mul", &[&product, &per], vec![])));
-                prelude.push(constant(&limit, scalar_tensor(elem, room)));
-                prelude.push(writing(&ok, node("Less", &[&bound, &limit], vec![])));
-                conditions.push(ok);
-                keep
-            }
-        };
         if &sm[r - 2] == s {
             inputs.push(mask);
         } else {
@@ -331,7 +362,7 @@ pub(super) fn attention(
     let replacement = match conditions.as_slice() {
         [] if !nan_guard => {
             let attention = kernel.node.into_iter().last().expect("the kernel");
-            return Ok(grouped(replace(anchor, attention).needing_opset(23), n));
+            return Ok(replace(anchor, attention, shared, |r| grouped(r.needing_opset(23), n)));
         }
         [] => {
             // Only the NaN guard: the kernel runs before it, unguarded.
@@ -351,7 +382,9 @@ pub(super) fn attention(
             guard(&ok, kernel, original_ops())
         }
     };
-    Ok(grouped(replace(anchor, replacement).after(prelude).running("Attention").needing_opset(23), n))
+    Ok(replace(anchor, replacement, shared, |r| {
+        grouped(r.after(prelude.clone()).running("Attention").needing_opset(23), n)
+    }))
 }
 
 /// The report says where query heads share a key and value head: a
@@ -364,8 +397,191 @@ fn grouped(rewrite: Rewrite, n: i64) -> Rewrite {
     }
 }
 
-fn replace(anchor: usize, replacement: NodeProto) -> Rewrite {
-    Match::new(anchor).replace_with(NodeProto { output: vec![], ..replacement })
+/// The kernel's rewrite, each finished by `finish`: with the values
+/// `shared.besides_shapes` kept where read elsewhere, or where the
+/// driver's checks refuse that, with all of `shared.any`.
+fn replace(anchor: usize, replacement: NodeProto, shared: Shared, finish: impl Fn(Rewrite) -> Rewrite) -> Rewrite {
+    let rewrite = |kept: Vec<String>| {
+        let mut m = Match::new(anchor);
+        for value in kept {
+            m.keep(Kept::Shared(value));
+        }
+        finish(m.replace_with(NodeProto { output: vec![], ..replacement.clone() }))
+    };
+    let first = rewrite(shared.besides_shapes.clone());
+    if shared.any == shared.besides_shapes {
+        first
+    } else {
+        first.or(rewrite(shared.any))
+    }
+}
+
+/// The values a kernel's match passes through that stay where read
+/// elsewhere: those a node besides the next on the way (and a `Shape`)
+/// reads, and, for the fallback, all of them.
+struct Shared {
+    besides_shapes: Vec<String>,
+    any: Vec<String>,
+}
+
+/// Whether a node besides the next on a core's way and a `Shape` reads `value`.
+fn read_besides_shapes(g: &Graph, value: &str) -> bool {
+    g.consumers(value).iter().filter(|&&c| !g.node(c).is("Shape") && !g.node(c).is("Size")).count() > 1
+}
+
+/// The values from a core's input `from` back to `to`, what the kernel
+/// reads in its place, through the ops the kernel's form looks through
+/// (head splits and merges, transposes, repeats, scales); none where `to`
+/// is not reached.
+fn between(g: &Graph, from: &str, to: &str) -> Vec<String> {
+    fn walk(g: &Graph, at: &str, to: &str, depth: usize, path: &mut Vec<String>) -> bool {
+        if at == to {
+            return true;
+        }
+        let Some(p) = g.producer(at).filter(|_| depth > 0) else { return false };
+        let node = g.node(p);
+        let data = match node.op_type() {
+            "Mul" | "Div" => &node.input[..],
+            "Reshape" | "Transpose" | "Expand" | "Tile" | "Unsqueeze" | "Squeeze" | "Identity" => &node.input[..1],
+            _ => return false,
+        };
+        path.push(at.to_string());
+        if data.iter().any(|input| walk(g, input, to, depth - 1, path)) {
+            return true;
+        }
+        path.pop();
+        false
+    }
+    let mut path = Vec::new();
+    walk(g, from, to, 12, &mut path);
+    path
+}
+
+/// A Where with an additive mask (GPT-2's causal `Where` and its padding
+/// mask), or several Wheres, as one float mask: `M`, the mask steps applied
+/// to a score of 0, and its shape. A key every Where keeps has `M = 0 + m =
+/// m`, so the kernel's `s + M` is the core's `s + m`; a hidden key's `M` is
+/// the value the core puts in place of its score (the fill, plus m where
+/// the Add comes after), and the kernel computes `s + M` there. The two
+/// agree where no hidden key gets weight in either: in every row the
+/// largest `M` of a kept key, R, is more than 2B + 128 above the largest of
+/// a hidden one, H (B the bound on the scores), so every hidden value, H or
+/// s + H, is more than 128 below the row's largest kept score, s + R, and
+/// its `exp` is 0 in f32 in both; with room for the rounding of values near
+/// f32's largest (2^-20 of |R| + |H|) and the bound doubled. The same test
+/// fails where a row keeps no key, or only keys whose M is the lowest (the
+/// kernel's zeros there), and where R is NaN or infinite; an H of -inf
+/// counts as the lowest.
+fn replayed_mask(
+    shapes: &Shapes,
+    masks: &[&Step],
+    name: &dyn Fn(&str) -> String,
+    prelude: &mut Vec<NodeProto>,
+    conditions: &mut Vec<String>,
+    score_bound: &dyn Fn(&mut Vec<NodeProto>, &str) -> Check<String>,
+) -> Check<(String, Vec<Dim>)> {
+    let mut m = name("zero_score");
+    prelude.push(constant(&m, scalar_tensor(FLOAT, 0.0)));
+    let mut kept: Option<String> = None;
+    let mut read = Vec::new();
+    for (i, step) in masks.iter().enumerate() {
+        let next = name(&format!("mask_{i}"));
+        match step {
+            Step::Mask(value) => {
+                prelude.push(writing(&next, node("Add", &[&m, value], vec![])));
+                read.push(value.as_str());
+            }
+            Step::Where { keep, fill, fill_first } => {
+                let value = fill.scalar().filter(|f| !f.is_nan()).or_decline(|| "the Where fill is NaN".to_string())?;
+                let f = name(&format!("fill_{i}"));
+                prelude.push(constant(&f, scalar_tensor(FLOAT, value)));
+                let inputs = if *fill_first { [keep.as_str(), &f, &m] } else { [keep.as_str(), &m, &f] };
+                prelude.push(writing(&next, node("Where", &inputs, vec![])));
+                let flag = if *fill_first {
+                    let flag = name(&format!("kept_{i}"));
+                    prelude.push(writing(&flag, node("Not", &[keep], vec![])));
+                    flag
+                } else {
+                    keep.clone()
+                };
+                kept = Some(match kept {
+                    None => flag,
+                    Some(before) => {
+                        let both = name(&format!("kept_by_{i}"));
+                        prelude.push(writing(&both, node("And", &[&before, &flag], vec![])));
+                        both
+                    }
+                });
+                read.push(keep.as_str());
+            }
+            _ => decline!("a step other than a mask among the masks"),
+        }
+        m = next;
+    }
+    let kept = kept.or_decline(|| "no Where among the masks".to_string())?;
+    let read_shapes: Vec<Vec<Dim>> = read
+        .iter()
+        .map(|x| shapes.shape(x).or_decline(|| format!("the shape of the mask {x} is not proved")))
+        .collect::<Check<_>>()?;
+    let shape = broadcast(&read_shapes).or_decline(|| {
+        let each: Vec<String> = read_shapes.iter().map(|s| dims(s)).collect();
+        format!("the masks' shapes ({}) are not proved to broadcast", each.join("; "))
+    })?;
+
+    let keepdims = || vec![int("keepdims", 0)];
+    let [lowest, axes, kept_m, hidden_m, r, h_read, h, gap, abs_r, abs_h, sizes, rounding, err, slack, least] = [
+        "lowest", "last_axis", "kept_mask", "hidden_mask", "kept_max", "hidden_max_read", "hidden_max", "gap",
+        "abs_kept_max", "abs_hidden_max", "magnitudes", "rounding", "rounding_room", "slack", "least_slack",
+    ]
+    .map(|n| name(n));
+    prelude.push(constant(&lowest, scalar_tensor(FLOAT, f64::from(f32::MIN))));
+    prelude.push(ints_constant(&axes, &[-1]));
+    prelude.push(writing(&kept_m, node("Where", &[&kept, &m, &lowest], vec![])));
+    prelude.push(writing(&r, node("ReduceMax", &[&kept_m, &axes], keepdims())));
+    prelude.push(writing(&hidden_m, node("Where", &[&kept, &lowest, &m], vec![])));
+    prelude.push(writing(&h_read, node("ReduceMax", &[&hidden_m, &axes], keepdims())));
+    prelude.push(writing(&h, node("Max", &[&h_read, &lowest], vec![])));
+    prelude.push(writing(&gap, node("Sub", &[&r, &h], vec![])));
+    prelude.push(writing(&abs_r, node("Abs", &[&r], vec![])));
+    prelude.push(writing(&abs_h, node("Abs", &[&h], vec![])));
+    prelude.push(writing(&sizes, node("Add", &[&abs_r, &abs_h], vec![])));
+    prelude.push(constant(&rounding, scalar_tensor(FLOAT, 2f64.powi(-20))));
+    prelude.push(writing(&err, node("Mul", &[&sizes, &rounding], vec![])));
+    prelude.push(writing(&slack, node("Sub", &[&gap, &err], vec![])));
+    prelude.push(writing(&least, node("ReduceMin", &[&slack], keepdims())));
+    let bound = score_bound(prelude, "a Where with another mask")?;
+    let [four, twice, margin, need, ok] =
+        ["four", "bound_times_four", "margin", "slack_needed", "hidden_keys_weightless"].map(|n| name(n));
+    prelude.push(constant(&four, scalar_tensor(FLOAT, 4.0)));
+    prelude.push(writing(&twice, node("Mul", &[&bound, &four], vec![])));
+    prelude.push(constant(&margin, scalar_tensor(FLOAT, 512.0)));
+    prelude.push(writing(&need, node("Add", &[&twice, &margin], vec![])));
+    prelude.push(writing(&ok, node("Greater", &[&least, &need], vec![])));
+    conditions.push(ok);
+    Ok((m, shape))
+}
+
+/// The shape values of these shapes broadcast to (numpy's rule), where
+/// each axis is proved: equal, or 1.
+fn broadcast(shapes: &[Vec<Dim>]) -> Option<Vec<Dim>> {
+    let rank = shapes.iter().map(Vec::len).max()?;
+    (0..rank)
+        .map(|i| {
+            let mut axis = Dim::known(1);
+            for s in shapes {
+                let Some(d) = (i + s.len()).checked_sub(rank).map(|j| &s[j]) else { continue };
+                if d.value() == Some(1) {
+                    continue;
+                }
+                if axis.value() == Some(1) {
+                    axis = d.clone();
+                } else if &axis != d {
+                    return None;
+                }
+            }
+            Some(axis)
+        })
+        .collect()
 }
 
 /// The values a mask can hold, where it is computed as
@@ -432,7 +648,7 @@ fn merged_heads<'a>(
     anchor: usize,
     q: &str,
     x: &'a str,
-    key_perm: [i64; 4],
+    key_perm: Option<&[i64]>,
     v: &'a str,
 ) -> Check<Merged<'a>> {
     let not = || Miss::Declined("the heads are not split from and merged into [b, s, h·d] values".into());
@@ -443,8 +659,8 @@ fn merged_heads<'a>(
     };
     let (q, h, d) = transposed_heads(q).ok_or_else(not)?;
     let key = match key_perm {
-        [0, 2, 1, 3] => split_heads(g, shapes, x),
-        [0, 1, 2, 3] => transposed_heads(x),
+        Some([0, 2, 1, 3]) => split_heads(g, shapes, x),
+        None => transposed_heads(x),
         _ => None,
     };
     let (key, hk, dk) = key.ok_or_else(not)?;

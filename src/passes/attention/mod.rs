@@ -509,28 +509,18 @@ fn onnx_attention(g: &Graph, shapes: &Shapes, mut m: Match, [q, k, v]: [&str; 3]
     let rank = shapes.rank(q);
     require!(matches!(rank, Some(3 | 4)), "q is not proved to have rank 3 or 4 (rank {})", known(rank));
     let rank = rank.unwrap_or_default();
-    let Ok(transpose) = g.produced_by(g.unchanged(k), "Transpose") else {
-        decline!("the key {k} is not a Transpose: Attention reads the key before its transpose")
-    };
-    // Attention reads the key [.., t, d]: the Transpose's input where its
-    // perm swaps only the last two axes; else (the heads split and the key
-    // transposed in one, [0, 2, 3, 1], as TorchScript writes it) that input
-    // transposed by the perm with its last two axes swapped back, a new
-    // Transpose.
-    let perm = g.node(transpose).attr_ints("perm").unwrap_or_default();
-    let mut sorted = perm.to_vec();
-    sorted.sort_unstable();
-    require!(sorted.iter().copied().eq(0..rank as i64), "the key's Transpose has no permutation of its rank");
-    let key_perm: Vec<i64> = perm[..rank - 2].iter().copied().chain([perm[rank - 1], perm[rank - 2]]).collect();
-    let x = g.node(transpose).input[0].as_str();
+    // Attention reads the key [.., t, d]: before its Transpose, transposed
+    // anew where that Transpose also moved other axes.
+    let (x, key_perm) = key_before_transpose(g, k, rank)?;
     let sx = shapes.shape(x);
-    let (key, sk) = if key_perm.iter().enumerate().all(|(i, &p)| p == i as i64) {
-        (x.to_string(), sx)
-    } else {
-        let key = format!("{}/key", g.node(m.anchor()).output[0]);
-        m.before([writing(&key, node("Transpose", &[x], vec![AttributeProto::ints("perm", &key_perm)]))]);
-        let sk = sx.and_then(|sx| key_perm.iter().map(|&p| sx.get(usize::try_from(p).ok()?).cloned()).collect());
-        (key, sk)
+    let (key, sk) = match key_perm {
+        None => (x.to_string(), sx),
+        Some(key_perm) => {
+            let key = format!("{}/key", g.node(m.anchor()).output[0]);
+            m.before([writing(&key, node("Transpose", &[x], vec![AttributeProto::ints("perm", &key_perm)]))]);
+            let sk = sx.and_then(|sx| key_perm.iter().map(|&p| sx.get(usize::try_from(p).ok()?).cloned()).collect());
+            (key, sk)
+        }
     };
     let key = key.as_str();
     // The key's Transpose stays where something else reads it too.
@@ -584,6 +574,28 @@ fn onnx_attention(g: &Graph, shapes: &Shapes, mut m: Match, [q, k, v]: [&str; 3]
     }
     g.require_portable(PORTABLE)?;
     Ok(m.replace_with(crate::rewrite::node("Attention", &inputs, attributes)))
+}
+
+/// What a kernel reads as the key, `[.., t, d]`, where the scores read
+/// `k = Transpose(x, perm)` of rank `rank`: `(x, None)` where the perm
+/// swaps only the last two axes; else `(x, Some(p))`, x to be transposed by
+/// `p`, the perm with its last two axes swapped back (TorchScript splits
+/// the heads and transposes the key in one, `[0, 2, 3, 1]`). A perm that is
+/// not a permutation of the rank is no key.
+fn key_before_transpose<'a>(g: &Graph<'a>, k: &str, rank: usize) -> Check<(&'a str, Option<Vec<i64>>)> {
+    let Ok(transpose) = g.produced_by(g.unchanged(k), "Transpose") else {
+        decline!("the key {k} is not a Transpose: Attention reads the key before its transpose")
+    };
+    let perm = g.node(transpose).attr_ints("perm").unwrap_or_default();
+    let mut sorted = perm.to_vec();
+    sorted.sort_unstable();
+    require!(
+        rank >= 2 && sorted.iter().copied().eq(0..rank as i64),
+        "the key's Transpose has no permutation of its rank ({rank})"
+    );
+    let key_perm: Vec<i64> = perm[..rank - 2].iter().copied().chain([perm[rank - 1], perm[rank - 2]]).collect();
+    let identity = key_perm.iter().enumerate().all(|(i, &p)| p == i as i64);
+    Ok((g.node(transpose).input[0].as_str(), (!identity).then_some(key_perm)))
 }
 
 /// `value` as `Mul(x, c)` (either order) or `Div(x, c)` with `c` a constant
