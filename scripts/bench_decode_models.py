@@ -6,8 +6,10 @@ prefill, decoder_with_past_model.onnx for decode steps, past and present
 separate). The onnxruntime-genai model builder builds its model from the
 same `hf/` folder (scripts/bench_decode.sh, in an environment of its own).
 
-Usage: bench_decode_models.py OUT_DIR [llama] [gpt2] [bert]   (default: all)
+Usage: bench_decode_models.py OUT_DIR [llama] [gpt2] [bert] [tinyllama]   (default: all but tinyllama)
   llama: Llama, hidden 1,024, 8 layers, 16 heads of 64, 4 KV heads (grouped)
+  tinyllama: TinyLlama's shape (1.1B), hidden 2,048, 22 layers, 32 heads of 64,
+         4 KV heads (an export over 2 GB: external data)
   gpt2:  GPT-2 (124M)
   bert:  BERT-base encoder (feature extraction)"""
 
@@ -29,6 +31,11 @@ def configs():
                                            max_position_embeddings=8192, rms_norm_eps=1e-5,
                                            tie_word_embeddings=False),
                   transformers.LlamaForCausalLM, "text-generation-with-past"),
+        "tinyllama": (transformers.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
+                                               num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4,
+                                               max_position_embeddings=8192, rms_norm_eps=1e-5,
+                                               tie_word_embeddings=False),
+                      transformers.LlamaForCausalLM, "text-generation-with-past"),
         "gpt2": (transformers.GPT2Config(n_positions=4096), transformers.GPT2LMHeadModel, "text-generation-with-past"),
         "bert": (transformers.BertConfig(), transformers.BertModel, "feature-extraction"),
     }
@@ -48,7 +55,7 @@ def save_tokenizer(folder, vocab):
 def main():
     from optimum.exporters.onnx import main_export
     out = sys.argv[1]
-    wanted = sys.argv[2:] or list(configs())
+    wanted = sys.argv[2:] or ["llama", "gpt2", "bert"]
     for kind in wanted:
         cfg, cls, task = configs()[kind]
         root = os.path.join(out, kind)
