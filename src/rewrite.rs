@@ -391,7 +391,8 @@ fn shape_arithmetic_read_outside(g: &Graph, nodes: &mut BTreeSet<usize>) -> BTre
     let mut stays = BTreeSet::new();
     let arithmetic = |n: usize| {
         let node = g.node(n);
-        let ops = ["Shape", "Size", "Gather", "Unsqueeze", "Squeeze", "Concat", "Slice", "Cast", "Add", "Sub", "Mul", "Div"];
+        let ops =
+            ["Shape", "Size", "Gather", "Unsqueeze", "Squeeze", "Concat", "Slice", "Cast", "Add", "Sub", "Mul", "Div"];
         crate::onnx::is_default_domain(node.domain())
             && ops.contains(&node.op_type())
             && node.output.iter().all(|o| g.elem_type(o) == Some(crate::onnx::INT64))
@@ -414,7 +415,8 @@ fn shape_arithmetic_read_outside(g: &Graph, nodes: &mut BTreeSet<usize>) -> BTre
                     ok = false;
                     break;
                 }
-                let inside = values_read_by(g.node(m)).into_iter().filter_map(|v| g.producer(&v)).filter(|p| nodes.contains(p));
+                let inside =
+                    values_read_by(g.node(m)).into_iter().filter_map(|v| g.producer(&v)).filter(|p| nodes.contains(p));
                 if reads_only_shape(g, m) {
                     // The shape of a value the match removes is no value that survives.
                     if inside.count() > 0 {

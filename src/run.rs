@@ -181,6 +181,16 @@ fn fuse_loaded(
         progress(format!("writing {}", output.display()));
         let weights = io::save(&loaded, unchanged, output, external, settings.weights_apart)?;
         report.weights = weights.map(|w| w.display().to_string());
+        // A model with external data of its own keeps its files: the flag
+        // has nothing to move, and the user learns so.
+        let own = io::external_locations(&loaded.model);
+        if settings.weights_apart && report.weights.is_none() && !own.is_empty() {
+            let files: Vec<&str> = own.iter().map(String::as_str).collect();
+            report.cautions.push(format!(
+                "--external-data: the model keeps its weights in its own external data ({}), as they are",
+                files.join(", ")
+            ));
+        }
         report.written = true;
     }
     Ok(report)

@@ -569,9 +569,12 @@ fn external_data_never_replaces_a_file_it_does_not_own() {
     let src = external(dir.path());
     let out_dir = dir.path().join("out");
     fs::create_dir(&out_dir).unwrap();
-    let r = run(&["-q", "--external-data", src.to_str().unwrap(), "-o", out_dir.join("e.onnx").to_str().unwrap()]);
+    let r = run(&["--external-data", src.to_str().unwrap(), "-o", out_dir.join("e.onnx").to_str().unwrap()]);
     assert!(r.status.success(), "{}", stderr(&r));
     let mut names: Vec<_> = fs::read_dir(&out_dir).unwrap().map(|e| e.unwrap().file_name()).collect();
     names.sort();
     assert_eq!(names, ["e.onnx", "model.weights"]);
+    // and says so: the flag had nothing to move.
+    let said = "warning: --external-data: the model keeps its weights in its own external data (model.weights)";
+    assert!(stderr(&r).contains(said), "{}", stderr(&r));
 }

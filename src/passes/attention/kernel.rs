@@ -230,10 +230,8 @@ pub(super) fn attention(
     // then, where that fails, where any node does.
     let passed: Vec<String> =
         core_inputs.iter().zip([q.as_str(), key, value]).flat_map(|(from, to)| between(g, from, to)).collect();
-    let shared = Shared {
-        besides_shapes: passed.iter().filter(|v| read_besides_shapes(g, v)).cloned().collect(),
-        any: passed,
-    };
+    let shared =
+        Shared { besides_shapes: passed.iter().filter(|v| read_besides_shapes(g, v)).cloned().collect(), any: passed };
     // What the mask is read from: the additive mask, or a Where's condition
     // (handed over as Attention's boolean mask, the keys kept), or, for a
     // Where with an additive mask (GPT-2) or several Wheres, the masks
@@ -243,7 +241,9 @@ pub(super) fn attention(
         _ => None,
     });
     let kept = match masks.as_slice() {
-        [Step::Where { keep, fill, fill_first }] => Some((keep.as_str(), fill.scalar().unwrap_or(f64::NAN), *fill_first)),
+        [Step::Where { keep, fill, fill_first }] => {
+            Some((keep.as_str(), fill.scalar().unwrap_or(f64::NAN), *fill_first))
+        }
         _ => None,
     };
     if !masks.is_empty() {
@@ -269,7 +269,8 @@ pub(super) fn attention(
         let (mask, sm) = if masks.len() > 1 {
             replayed_mask(shapes, &masks, &name, &mut prelude, &mut conditions, &score_bound)?
         } else {
-            let source = mask.or(kept.map(|(condition, _, _)| condition)).expect("one mask step");
+            let source = mask.or(kept.map(|(condition, _, _)| condition));
+            let source = source.or_decline(|| "no mask among the mask steps".to_string())?;
             let sm = shapes.shape(source).or_decline(|| format!("the shape of the mask {source} is not proved"))?;
             let mask = match kept {
                 None => {
@@ -529,11 +530,13 @@ fn replayed_mask(
     })?;
 
     let keepdims = || vec![int("keepdims", 0)];
-    let [lowest, axes, kept_m, hidden_m, r, h_read, h, gap, abs_r, abs_h, sizes, rounding, err, slack, least] = [
-        "lowest", "last_axis", "kept_mask", "hidden_mask", "kept_max", "hidden_max_read", "hidden_max", "gap",
-        "abs_kept_max", "abs_hidden_max", "magnitudes", "rounding", "rounding_room", "slack", "least_slack",
-    ]
-    .map(|n| name(n));
+    // The largest M of a kept key and of a hidden one, per row.
+    let [lowest, axes, kept_m, hidden_m, r] =
+        ["lowest", "last_axis", "kept_mask", "hidden_mask", "kept_max"].map(|n| name(n));
+    let [h_read, h, gap, abs_r, abs_h] =
+        ["hidden_max_read", "hidden_max", "gap", "abs_kept_max", "abs_hidden_max"].map(|n| name(n));
+    let [sizes, rounding, err, slack, least] =
+        ["magnitudes", "rounding", "rounding_room", "slack", "least_slack"].map(|n| name(n));
     prelude.push(constant(&lowest, scalar_tensor(FLOAT, f64::from(f32::MIN))));
     prelude.push(ints_constant(&axes, &[-1]));
     prelude.push(writing(&kept_m, node("Where", &[&kept, &m, &lowest], vec![])));
