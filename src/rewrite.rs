@@ -1272,7 +1272,7 @@ fn check_unambiguous(g: &Graph, rewrite: &Rewrite, walked: &BTreeSet<usize>) -> 
     let mut same: HashMap<&str, &str> = HashMap::new();
     for n in &rewrite.prelude {
         let inputs = n.input.iter().map(|v| same.get(v.as_str()).map_or(v.clone(), |s| s.to_string())).collect();
-        let key = prost::Message::encode_to_vec(&NodeProto { name: None, output: vec![], input: inputs, ..n.clone() });
+        let key = computation(&NodeProto { input: inputs, ..n.clone() });
         for out in n.output.iter().filter(|o| !o.is_empty()) {
             let earlier = written.entry(out.as_str()).or_insert_with(|| key.clone());
             require!(*earlier == key, "the replacement's prelude computes {out} two ways");
@@ -1506,6 +1506,12 @@ fn take_dead_kept_nodes(graph: &GraphProto, rewrites: &mut [Rewrite]) {
     }
 }
 
+/// What a node computes, as bytes: its op, attributes and inputs (its
+/// name and outputs aside). Two prelude nodes of one key are one node.
+fn computation(node: &NodeProto) -> Vec<u8> {
+    prost::Message::encode_to_vec(&NodeProto { name: None, output: vec![], ..node.clone() })
+}
+
 /// Prelude nodes that compute the same (the same op, attributes and
 /// inputs, as two rotaries slicing one cos table do) are one node: the
 /// first, placed where the earliest of them goes.
@@ -1522,7 +1528,7 @@ fn share_prelude_nodes(rewrites: &mut [Rewrite]) {
                     *v = to.clone();
                 }
             }
-            let key = prost::Message::encode_to_vec(&NodeProto { name: None, output: vec![], ..node.clone() });
+            let key = computation(&node);
             // Passes write no random op (spec, ground rule 12).
             let shareable = node.subgraphs().next().is_none();
             if let Some(&(owner, i)) = first.get(&key).filter(|_| shareable) {

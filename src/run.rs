@@ -183,12 +183,16 @@ fn fuse_loaded(
         report.weights = weights.map(|w| w.display().to_string());
         // A model with external data of its own keeps its files: the flag
         // has nothing to move, and the user learns so.
-        let own = io::external_locations(&loaded.model);
-        if settings.weights_apart && report.weights.is_none() && !own.is_empty() {
-            let files: Vec<&str> = own.iter().map(String::as_str).collect();
+        // (Its files are looked up only where the flag was given.)
+        let own: Vec<String> = if settings.weights_apart && report.weights.is_none() {
+            io::external_locations(&loaded.model).into_iter().collect()
+        } else {
+            vec![]
+        };
+        if !own.is_empty() {
             report.cautions.push(format!(
                 "--external-data: the model keeps its weights in its own external data ({}), as they are",
-                files.join(", ")
+                own.join(", ")
             ));
         }
         report.written = true;
