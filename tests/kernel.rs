@@ -241,10 +241,16 @@ fn a_second_run_leaves_the_guards_original_ops_as_they_are() {
 /// `passes`.
 fn fused_at_23(name: &str, passes: &str) -> (ModelProto, ModelProto) {
     let original = load(name);
-    let (mut fused, upgrade) = upgrade::upgrade(&original, 23).unwrap();
+    let fused = upgraded_and_fused(&original, passes);
+    (original, fused)
+}
+
+/// `original` upgraded to opset 23 and fused by `passes`.
+fn upgraded_and_fused(original: &ModelProto, passes: &str) -> ModelProto {
+    let (mut fused, upgrade) = upgrade::upgrade(original, 23).unwrap();
     let pipeline = onnx_fuse::passes::pipeline(&[passes.into()], &[]).unwrap();
     rewrite::run_upgraded(&mut fused, &pipeline, Default::default(), upgrade.added);
-    (original, fused)
+    fused
 }
 
 /// Token feeds of two rows of 7 (`input_ids`, `attention_mask`).
@@ -457,6 +463,54 @@ fn a_where_with_an_additive_mask_is_one_float_mask_and_a_padded_row_runs_the_ori
         assert!(!wheres.iter().any(|w| w.input[0] == k.input[3]), "the mask is not the Where's condition alone");
     }
     the_guard_decides(&original, &fused, &inputs, "the left-padded rows are expected to keep no key");
+}
+
+/// BART's eager attention (TrOCR's decoder) folds the heads into the batch:
+/// q, k and v are `[b·h, s, d]`, the scores viewed as `[b, h, s, t]` for
+/// the mask and back. The kernel reads the projections the heads are
+/// merged from and writes the merged output, and a left-padded row (whose
+/// padding queries see no key) runs the original ops.
+#[test]
+fn heads_folded_into_the_batch_become_the_kernel_and_a_padded_row_runs_the_original_ops() {
+    let dir = tempdir();
+    let inputs = token_feeds(dir.path(), [0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]);
+    let (original, fused) = fused_at_23("trocr_decoder_ts_op14.onnx", "attention");
+    let kernels = kernels(&fused);
+    assert_eq!(kernels.len(), 2);
+    let layer = "/model/decoder/layers.0/self_attn";
+    let projections = [
+        format!("{layer}/Mul_output_0"),
+        format!("{layer}/k_proj/Add_output_0"),
+        format!("{layer}/v_proj/Add_output_0"),
+    ];
+    assert_eq!(kernels[0].input[..3], projections[..], "the kernel reads the projections, not their folded heads");
+    assert_eq!((kernels[0].attr_int("q_num_heads"), kernels[0].attr_float("scale")), (Some(4), Some(1.0)));
+    assert_eq!(guards(&fused)[0].output, [format!("{layer}/Reshape_9_output_0")], "the merged output");
+    the_guard_decides(&original, &fused, &inputs, "the left-padded rows are expected to see no key");
+}
+
+/// A view of the folded scores whose leading axes are not q's `[b, h]`
+/// (here `[h, b]`) adds the mask elsewhere than the kernel would: the core
+/// stays, as the export computes it.
+#[test]
+fn a_view_of_the_scores_that_is_not_qs_batch_and_heads_stays_the_core() {
+    let mut model = load("trocr_decoder_ts_op14.onnx");
+    let g = model.graph.as_mut().unwrap();
+    for layer in 0..2 {
+        let view = format!("/model/decoder/layers.{layer}/self_attn/Concat_6");
+        let concat = g.node.iter_mut().find(|n| n.name() == view).unwrap();
+        concat.input.swap(0, 1);
+    }
+    // (One row: the export's mask [b, 1, s, t] broadcasts over [h, b, s, t].)
+    let dir = tempdir();
+    let inputs = dir.path().join("one_row.npz");
+    npz(&inputs, &[], &[("input_ids", vec![1, 7], (3..10).collect()), ("attention_mask", vec![1, 7], vec![1; 7])]);
+    let fused = upgraded_and_fused(&model, "attention");
+    assert!(kernels(&fused).is_empty(), "no kernel");
+    let cores = fused.graph.as_ref().unwrap().node.iter().filter(|n| n.op_type() == "AttentionCore").count();
+    assert_eq!(cores, 2, "the cores stay");
+    let v = compare(&model, &fused, &inputs).unwrap();
+    assert!(v.passed, "{}", v.text());
 }
 
 /// `Where(keep, s, fill) + mask`, the core of `core(4)` with a Where of the

@@ -1909,8 +1909,45 @@ pub fn decoder_attention(rng: &mut Rng) -> Case {
     } else {
         (q, Some(one_value(rng, &mut b, "scale", elem, 0, 0.5)))
     };
+    // BART's and BLOOM's eager attention: q, k and v with their heads
+    // folded into the batch, [b·h, s, d], the scores viewed as
+    // [b, h, s, t] for the mask and back (before or after the softmax),
+    // the output split back into the heads.
+    let folded = !key_split_transposed && rng.chance(0.25);
+    let q4 = q.clone();
+    let fold = |b: &mut Builder, x: &str| -> String {
+        let shape = b.node("Shape", &[x], vec![]);
+        let (zero, one, two, four) = (b.ints(&[0]), b.ints(&[1]), b.ints(&[2]), b.ints(&[4]));
+        let batch = b.node("Slice", &[&shape, &zero, &one], vec![]);
+        let heads = b.node("Slice", &[&shape, &one, &two], vec![]);
+        let rows = b.node("Slice", &[&shape, &two, &four], vec![]);
+        let bh = b.node("Mul", &[&batch, &heads], vec![]);
+        let target = b.node("Concat", &[&bh, &rows], vec![attr_int("axis", 0)]);
+        b.node("Reshape", &[x, &target], vec![])
+    };
+    // [b·h, s, y] viewed as q's [b, h, s] and the last axis of `last`
+    // (axis `at`), the sizes read from values before the core as BART's
+    // export reads them.
+    let unfold = |b: &mut Builder, x: &str, last: &str, at: i64| -> String {
+        let (heads, rows) = (b.node("Shape", &[&q4], vec![]), b.node("Shape", &[last], vec![]));
+        let (zero, three, from, to) = (b.ints(&[0]), b.ints(&[3]), b.ints(&[at]), b.ints(&[at + 1]));
+        let lead = b.node("Slice", &[&heads, &zero, &three], vec![]);
+        let rest = b.node("Slice", &[&rows, &from, &to], vec![]);
+        let target = b.node("Concat", &[&lead, &rest], vec![attr_int("axis", 0)]);
+        b.node("Reshape", &[x, &target], vec![])
+    };
+    let (key4, value4) = (key.clone(), value.clone());
+    let (q, value) = if folded {
+        c.note("heads folded into the batch, the scores viewed as [b, h, s, t]");
+        (fold(&mut b, &q), fold(&mut b, &value))
+    } else {
+        (q, value)
+    };
     let mut k = if key_split_transposed {
         key.clone()
+    } else if folded {
+        let k3 = fold(&mut b, &key);
+        b.node("Transpose", &[&k3], vec![attr_ints("perm", &[0, 2, 1])])
     } else {
         b.node("Transpose", &[&key], vec![attr_ints("perm", &[0, 1, 3, 2])])
     };
@@ -1990,6 +2027,11 @@ pub fn decoder_attention(rng: &mut Rng) -> Case {
     if let Some(scale) = s_scale {
         s = commuted(rng, &mut b, "Mul", &s, &scale);
     }
+    let scores3 = s.clone();
+    let back_after_softmax = folded && rng.chance(0.4);
+    if folded {
+        s = unfold(&mut b, &s, &key4, 2);
+    }
     if let Some(mask) = mask.as_ref().filter(|_| !add_after) {
         s = commuted(rng, &mut b, "Add", &s, mask);
     }
@@ -2000,7 +2042,18 @@ pub fn decoder_attention(rng: &mut Rng) -> Case {
     if let Some(mask) = mask.as_ref().filter(|_| add_after) {
         s = commuted(rng, &mut b, "Add", &s, mask);
     }
+    let back = |b: &mut Builder, x: &str| -> String {
+        let shape = b.node("Shape", &[&scores3], vec![]);
+        b.node("Reshape", &[x, &shape], vec![])
+    };
+    if folded && !back_after_softmax {
+        s = back(&mut b, &s);
+    }
     let mut p = b.node("Softmax", &[&s], vec![attr_int("axis", -1)]);
+    if back_after_softmax {
+        c.note("the probabilities viewed back");
+        p = back(&mut b, &p);
+    }
     if rng.chance(0.5) {
         c.ort_only("NaN guard");
         let nan = b.node("IsNaN", &[&p], vec![]);
@@ -2009,6 +2062,9 @@ pub fn decoder_attention(rng: &mut Rng) -> Case {
     }
     let inner = computed_since(&b, before);
     let mut out = b.node("MatMul", &[&p, &value], vec![]);
+    if folded {
+        out = unfold(&mut b, &out, &value4, 3);
+    }
     if merged && rng.chance(0.8) {
         let perm: &[i64] = if heads > 1 && rng.chance(0.1) {
             c.note("the output merged as [d, h]");

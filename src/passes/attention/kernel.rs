@@ -49,6 +49,7 @@ pub(super) fn attention(
     [q, k, v]: [&str; 3],
     form: &Scores,
     steps: &[Step],
+    views: &[usize],
 ) -> Check<Rewrite> {
     g.require_opset(23, "Attention")?;
     let core_inputs = [q, k, v];
@@ -63,15 +64,23 @@ pub(super) fn attention(
     let mut masks: Vec<&Step> = Vec::new();
     let mut nan_guard = false;
     let mut softcap = None;
+    // Heads folded into the batch (BART's and BLOOM's eager attention):
+    // the masks are added to the scores' 4-D view, the first Reshape's.
+    require!(views.len() <= 2, "{} Reshapes of the scores and probabilities", views.len());
+    let (mut viewed, mut normalized) = (0, false);
+    let in_view = |viewed: usize| views.is_empty() || viewed == 1;
     for step in steps {
         match step {
-            Step::Softmax => {}
+            Step::Softmax => normalized = true,
             Step::Scale(op, c) => {
                 require!(masks.is_empty(), "the scale is applied after the mask");
                 let c = c.scalar().unwrap_or(f64::NAN);
                 scale *= if *op == "Div" { 1.0 / c } else { c };
             }
             Step::Cast(to) => require!(*to == elem, "a Cast between the MatMuls changes the type"),
+            Step::Mask(_) | Step::Where { .. } if !in_view(viewed) => {
+                decline!("a mask added to the scores outside their 4-D view")
+            }
             Step::Mask(value) => {
                 // (s + m1) + m2 is not s + (m1 + m2) in floats.
                 require!(!masks.iter().any(|m| matches!(m, Step::Mask(_))), "more than one additive mask");
@@ -97,7 +106,10 @@ pub(super) fn attention(
                 require!((cap as f32).is_normal() && cap > 0.0, "the soft-cap {cap} is no positive f32");
                 softcap = Some(cap);
             }
-            Step::Reshape { .. } => decline!("a Reshape of the scores"),
+            Step::Reshape { .. } => {
+                require!(viewed > 0 || !normalized, "a Reshape of the probabilities alone");
+                viewed += 1;
+            }
         }
     }
 
@@ -117,7 +129,35 @@ pub(super) fn attention(
 
     // k = Transpose(x, perm), the key [b, h, d, t]: Attention reads
     // [b, h, t, d], x itself where the perm only swaps the last two axes.
-    let (x, key_perm) = super::key_before_transpose(g, &k, 4)?;
+    // With the heads folded into the batch (a view of the scores), q, the
+    // key and the value are [b·h, s, d] merged from [b, h, s, d] heads,
+    // which the kernel reads, and the 3-D output is split back into them.
+    let folded = views.first().map(|&view| &g.node(view).output[0]);
+    let (q, x, key_perm, v, anchor) = match folded {
+        None => {
+            let (x, key_perm) = super::key_before_transpose(g, &k, 4)?;
+            (q, x, key_perm, v, anchor)
+        }
+        Some(_) => {
+            let (x3, key_perm) = super::key_before_transpose(g, &k, 3)?;
+            require!(key_perm.is_none(), "the 3-D key's Transpose does not swap its last two axes");
+            let unfolded = |x: &str| {
+                merged_batch(g, shapes, x).or_decline(|| format!("{x} is not proved to merge [b, h] heads into b·h"))
+            };
+            let (q, x) = (unfolded(&q)?.to_string(), unfolded(x3)?);
+            let (v, anchor) = match (views.len(), shapes.rank(v)) {
+                // The probabilities are viewed back: the output splits b·h.
+                (2, _) => {
+                    let split = split_batch(g, shapes, anchor);
+                    (unfolded(v)?, split.or_decline(|| "the 3-D output is not split into [b, h] heads alone".into())?)
+                }
+                // One view (BLOOM via dynamo): the probabilities stay 4-D.
+                (_, Some(4)) => (v, anchor),
+                _ => decline!("the probabilities' view does not meet a 4-D value"),
+            };
+            (q, x, None, v, anchor)
+        }
+    };
     let (key, n) = if key_perm.is_none() { repeated(g, shapes, x) } else { (x, 1) };
     let (value, n_v) = repeated(g, shapes, v);
     require!(n == n_v, "the key's heads are repeated {n} times and the value's {n_v} times");
@@ -163,6 +203,11 @@ pub(super) fn attention(
         dims(&sv)
     );
     require!(sq[3] == sk[3], "q's and the key's head sizes are not proved equal ({}, {})", sq[3], sk[3]);
+    if let Some(view) = folded {
+        let scores = [sq[0].clone(), sq[1].clone(), sq[2].clone(), sk[2].clone()];
+        let shape = shapes.shape(view).unwrap_or_default();
+        require!(shape == scores, "the scores' view ({}) is not [b, h, s, t] of q and the key", dims(&shape));
+    }
 
     // The 3-D form reads the merged values and writes the merged output.
     let (anchor, q, key, value) = match &merged {
@@ -674,25 +719,11 @@ fn merged_heads<'a>(
     // read by nothing else but their shapes (from which exports compute
     // the Reshape's target; the driver keeps what else reads them).
     // (Through Identity nodes, which dynamo exports write between.)
-    let only_reader = |value: &str, op: &str| -> Option<usize> {
-        let mut value = value.to_string();
-        loop {
-            let mut readers = g.consumers(&value).iter().filter(|&&r| !g.node(r).is("Shape"));
-            let (Some(&reader), None) = (readers.next(), readers.next()) else { return None };
-            if g.is_graph_output(&value) {
-                return None;
-            }
-            match g.identity_input(reader) {
-                Some(_) => value = g.node(reader).output.first()?.clone(),
-                None => return g.node(reader).is(op).then_some(reader),
-            }
-        }
-    };
     let out = &g.node(anchor).output[0];
     let merge = || -> Option<usize> {
-        let t = only_reader(out, "Transpose")?;
+        let t = only_reader(g, out, "Transpose")?;
         require_some(g.node(t).attr_ints("perm") == Some(&[0, 2, 1, 3][..]))?;
-        let r = only_reader(&g.node(t).output[0], "Reshape")?;
+        let r = only_reader(g, &g.node(t).output[0], "Reshape")?;
         let (so, sr) = (shapes.shape(out)?, shapes.shape(&g.node(r).output[0])?);
         let merged = so.len() == 4
             && sr.len() == 3
@@ -705,6 +736,44 @@ fn merged_heads<'a>(
     };
     let anchor = merge().or_decline(|| "the output's heads are not merged into [b, s, h·d] alone".to_string())?;
     Ok(Merged { q, key, value, anchor, heads: h })
+}
+
+/// `x3 = Reshape(x4, …)` merging the first two axes of `x4` `[b, h, s, d]`
+/// into `[b·h, s, d]` (a Reshape keeps the elements' order): `x4`.
+fn merged_batch<'a>(g: &Graph<'a>, shapes: &Shapes, x3: &str) -> Option<&'a str> {
+    let reshape = g.node(g.produced_by(g.unchanged(x3), "Reshape").ok()?);
+    let x4 = reshape.input.first()?.as_str();
+    let (s3, s4) = (shapes.shape(x3)?, shapes.shape(x4)?);
+    let merged = s3.len() == 3 && s4.len() == 4 && s4[0].mul(&s4[1]).as_ref() == Some(&s3[0]) && s3[1..] == s4[2..];
+    merged.then_some(x4)
+}
+
+/// The Reshape that alone reads the 3-D output of `anchor`, `[b·h, s, dv]`,
+/// and splits it into `[b, h, s, dv]` (b and h to be proved q's).
+fn split_batch(g: &Graph, shapes: &Shapes, anchor: usize) -> Option<usize> {
+    let out = &g.node(anchor).output[0];
+    let r = only_reader(g, out, "Reshape")?;
+    let (s3, s4) = (shapes.shape(out)?, shapes.shape(&g.node(r).output[0])?);
+    let split = s3.len() == 3 && s4.len() == 4 && s4[0].mul(&s4[1]).as_ref() == Some(&s3[0]) && s3[1..] == s4[2..];
+    split.then_some(r)
+}
+
+/// The one node besides `Shape`s that reads `value` (through Identity
+/// nodes, which dynamo exports write between), where it is an `op` and
+/// `value` is no graph output.
+fn only_reader(g: &Graph, value: &str, op: &str) -> Option<usize> {
+    let mut value = value.to_string();
+    loop {
+        let mut readers = g.consumers(&value).iter().filter(|&&r| !g.node(r).is("Shape"));
+        let (Some(&reader), None) = (readers.next(), readers.next()) else { return None };
+        if g.is_graph_output(&value) {
+            return None;
+        }
+        match g.identity_input(reader) {
+            Some(_) => value = g.node(reader).output.first()?.clone(),
+            None => return g.node(reader).is(op).then_some(reader),
+        }
+    }
 }
 
 /// `x4 = Reshape(x, …)` splitting the last axis of `x` `[b, s, h·d]` into

@@ -325,6 +325,9 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
         let from_steps = steps_nodes.iter().any(|&n| g.computed_from(value, n));
         require!(!from_steps, "{value} is computed from the steps between the two MatMuls");
     }
+    // The Reshapes of the scores and probabilities, in step order.
+    let views: Vec<usize> =
+        before.iter().chain(&after).filter(|(_, s)| matches!(s, Step::Reshape { .. })).map(|(n, _)| *n).collect();
     let steps: Vec<Step> =
         before.into_iter().map(|(_, s)| s).chain([Step::Softmax]).chain(after.into_iter().map(|(_, s)| s)).collect();
     match g.target {
@@ -338,7 +341,7 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
                 if matches!(form, Scores::Fused(_)) { rewrite.importing(crate::onnx::MICROSOFT, 1) } else { rewrite };
             // Where the model's opset has ONNX's Attention, the kernel the
             // runtime runs; the core where that is declined.
-            Ok(match kernel::attention(g, &shapes, index, [q, k, v], &form, &steps) {
+            Ok(match kernel::attention(g, &shapes, index, [q, k, v], &form, &steps, &views) {
                 Ok(kernel) => kernel.or(core),
                 // Where the opset has the kernel, a report says why this
                 // core is not it.
