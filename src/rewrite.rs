@@ -389,14 +389,7 @@ fn matched(g: &Graph, roots: Vec<usize>, inputs: &[&str], kept: &[Kept]) -> (BTr
 /// the same values; nothing else changes. Otherwise the escape is declined.
 fn shape_arithmetic_read_outside(g: &Graph, nodes: &mut BTreeSet<usize>) -> BTreeSet<usize> {
     let mut stays = BTreeSet::new();
-    let arithmetic = |n: usize| {
-        let node = g.node(n);
-        let ops =
-            ["Shape", "Size", "Gather", "Unsqueeze", "Squeeze", "Concat", "Slice", "Cast", "Add", "Sub", "Mul", "Div"];
-        crate::onnx::is_default_domain(node.domain())
-            && ops.contains(&node.op_type())
-            && node.output.iter().all(|o| g.elem_type(o) == Some(crate::onnx::INT64))
-    };
+    let arithmetic = |n: usize| shape_arithmetic(g, n);
     loop {
         let read_outside = |n: usize| {
             g.node(n).output.iter().any(|o| g.is_graph_output(o) || g.consumers(o).iter().any(|c| !nodes.contains(c)))
@@ -438,6 +431,17 @@ fn shape_arithmetic_read_outside(g: &Graph, nodes: &mut BTreeSet<usize>) -> BTre
             stays.insert(n);
         }
     }
+}
+
+/// Whether node `n` is int64 arithmetic on shapes: a `Shape` or `Size`, or
+/// an op that selects, regroups or computes with their values.
+fn shape_arithmetic(g: &Graph, n: usize) -> bool {
+    let node = g.node(n);
+    let ops =
+        ["Shape", "Size", "Gather", "Unsqueeze", "Squeeze", "Concat", "Slice", "Cast", "Add", "Sub", "Mul", "Div"];
+    crate::onnx::is_default_domain(node.domain())
+        && ops.contains(&node.op_type())
+        && node.output.iter().all(|o| g.elem_type(o) == Some(crate::onnx::INT64))
 }
 
 /// Whether a kept value's producer joins the match: it is reached, and no
@@ -1251,7 +1255,17 @@ fn check_yields(g: &Graph, rewrite: &Rewrite) -> Check<()> {
 /// that do not stay), that node survives and the replacement would compute
 /// again what it replaces.
 fn check_computed_once(g: &Graph, rewrite: &Rewrite, walked: &BTreeSet<usize>) -> Check<()> {
-    let Some(&n) = walked.iter().find(|n| !rewrite.nodes.contains(n)) else { return Ok(()) };
+    // Shape arithmetic that survives, down to `Shape`s of values that
+    // survive, computes what it computed from them: no work done twice
+    // (MPNet's position bias is expanded by the sizes of the hidden state
+    // that layer 0's head split reads too).
+    let sizes_of_survivors = |n: usize| {
+        shape_arithmetic(g, n)
+            && (!reads_only_shape(g, n)
+                || values_read_by(g.node(n)).iter().filter_map(|v| g.producer(v)).all(|p| !rewrite.nodes.contains(&p)))
+    };
+    let survivor = walked.iter().find(|&&n| !rewrite.nodes.contains(&n) && !sizes_of_survivors(n));
+    let Some(&n) = survivor else { return Ok(()) };
     let reads = rewrite.reads();
     let read = reads.iter().find(|v| !v.is_empty() && g.computed_from(v, n));
     Err(Miss::Declined(format!(

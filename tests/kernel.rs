@@ -585,6 +585,93 @@ fn a_where_and_an_additive_mask_computed_by_the_kernel_agree_while_hidden_keys_g
     }
 }
 
+/// `s + bias + mask`, the core of `core(4)` with a second additive mask, the
+/// f32 input `bias`, added before it (MPNet's relative position bias and
+/// padding mask).
+fn two_masks_core() -> ModelProto {
+    let mut m = core(4);
+    let g = m.graph.as_mut().unwrap();
+    g.input.push(value_info("bias", FLOAT, Some(&[sym("b"), D::N(1), D::N(3), D::N(3)])));
+    let add = g.node.iter().position(|n| n.op_type() == "Add").unwrap();
+    let mut b = Builder::default();
+    let biased = b.node("Add", &[&g.node[add].input[0], "bias"], vec![]);
+    g.node[add].input[0] = biased;
+    g.node.splice(add..add, b.graph.node);
+    m
+}
+
+/// Feeds for `two_masks_core`: a bias of random values, 0 at `zero_bias`
+/// (an index of the 18); the mask 0 but row 1 of batch 0, `row`.
+fn two_masks_feeds(dir: &std::path::Path, row: [f32; 3], bias_row: Option<[f32; 3]>) -> std::path::PathBuf {
+    let mut bias: Vec<f32> = values(18, 7).into_iter().map(|x| 3.0 * x).collect();
+    if let Some(r) = bias_row {
+        bias[3..6].copy_from_slice(&r);
+    }
+    let mut mask = vec![0f32; 18];
+    mask[3..6].copy_from_slice(&row);
+    let path = dir.join(format!("two_masks_{row:?}_{bias_row:?}.npz"));
+    scaled_feeds(path, 1.0, vec![("mask", mask), ("bias", bias)])
+}
+
+/// Runs both models on `inputs` and says whether every output is the same, bit for bit.
+fn same_bits(original: &ModelProto, other: &ModelProto, inputs: &std::path::Path) -> bool {
+    let options =
+        verify::Options { inputs: Some(inputs.to_path_buf()), rtol: Some(0.0), atol: Some(0.0), ..Default::default() };
+    let here = std::path::Path::new(".");
+    let v = verify::verify((original, here), (other, here), &options).unwrap();
+    v.passed && v.outputs.iter().all(|c| c.passed)
+}
+
+/// The facts two additive masks handed over as one rest on, each run: where
+/// at every key one of the two is 0 or the key gets no weight, the kernel
+/// given their sum computes the core (adding 0 is exact: `M` is the one
+/// mask the core adds). Where
+/// neither is 0 at a key with weight (a bias of 1e8 and a mask of -1e8: the
+/// core's (s + 1e8) - 1e8 loses s, the kernel's s + 0 keeps it), or a row's
+/// mask is the lowest throughout (the kernel's zeros), it does not, and the
+/// guard runs the original ops there.
+#[test]
+fn two_additive_masks_computed_by_the_kernel_agree_where_one_is_zero_and_hidden_keys_get_no_weight() {
+    let dir = tempdir();
+    let core = two_masks_core();
+    let fused = fused(&core);
+    assert_eq!(guards(&fused).len(), 1, "a guarded kernel");
+    let kernel = unguarded(&fused);
+    assert_eq!(kernels(&fused)[0].input.len(), 4, "one mask");
+    for fill in [f32::MIN, -1e9] {
+        // (Within the kernel's rounding of s + M: ONNX Runtime adds the
+        // mask to the scaled product in one step, as with one mask.)
+        let agree = two_masks_feeds(dir.path(), [0.0, fill, 0.0], None);
+        let v = compare(&core, &kernel, &agree).unwrap();
+        assert!(v.passed, "fill {fill}: the kernel alone computes the core:\n{}", v.text());
+        let v = compare(&core, &fused, &agree).unwrap();
+        assert!(v.passed, "fill {fill}: and the guarded output:\n{}", v.text());
+    }
+    let cases = [
+        ("neither mask 0 at a key with weight", two_masks_feeds(dir.path(), [-1e8, 0.0, 0.0], Some([1e8, 0.5, 0.5]))),
+        ("a row of the lowest", two_masks_feeds(dir.path(), [f32::MIN; 3], Some([0.25, 0.5, 0.75]))),
+    ];
+    for (what, feeds) in &cases {
+        let alone = compare(&core, &kernel, feeds).unwrap();
+        assert!(!alone.passed, "{what}: the kernel alone is expected to differ");
+        assert!(same_bits(&core, &fused, feeds), "guarded, {what}: the original ops run");
+    }
+}
+
+/// MPNet adds its relative position bias and its padding mask to the
+/// scores one after the other: the kernel takes their sum, and a batch
+/// row padded whole (every key hidden) runs the original ops.
+#[test]
+fn an_encoder_with_a_position_bias_and_a_padding_mask_is_the_kernel_and_a_padded_row_runs_the_original_ops() {
+    let dir = tempdir();
+    let inputs = token_feeds(dir.path(), [0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 0, 0]);
+    let (original, fused) = fused_at_23("mpnet_ts_op14.onnx", "attention");
+    let kernels = kernels(&fused);
+    assert_eq!(kernels.len(), 2);
+    assert!(kernels.iter().all(|k| k.input.len() == 4), "one mask each");
+    the_guard_decides(&original, &fused, &inputs, "a row padded whole is expected to hide every key");
+}
+
 /// The one fact of ONNX Runtime's `Pow` the folding rests on
 /// (`graph/fold.rs`): `Pow(x, 0.5)` in f32 is the square root exactly where
 /// x is the square of an integer of at most 4096 (DINOv2's position grid,

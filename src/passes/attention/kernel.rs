@@ -82,8 +82,10 @@ pub(super) fn attention(
                 decline!("a mask added to the scores outside their 4-D view")
             }
             Step::Mask(value) => {
-                // (s + m1) + m2 is not s + (m1 + m2) in floats.
-                require!(!masks.iter().any(|m| matches!(m, Step::Mask(_))), "more than one additive mask");
+                // (s + m1) + m2 is s + (m1 + m2) where m1 or m2 is 0, not
+                // elsewhere (`replayed_mask`).
+                let added = masks.iter().filter(|m| matches!(m, Step::Mask(_))).count();
+                require!(added < 2, "more than two additive masks");
                 require!(g.elem_type(value) == Some(elem), "the mask {value} is not of q's type");
                 masks.push(step);
             }
@@ -504,12 +506,15 @@ fn between(g: &Graph, from: &str, to: &str) -> Vec<String> {
 }
 
 /// A Where with an additive mask (GPT-2's causal `Where` and its padding
-/// mask), or several Wheres, as one float mask: `M`, the mask steps applied
-/// to a score of 0, and its shape. A key every Where keeps has `M = 0 + m =
-/// m`, so the kernel's `s + M` is the core's `s + m`; a hidden key's `M` is
-/// the value the core puts in place of its score (the fill, plus m where
-/// the Add comes after), and the kernel computes `s + M` there. The two
-/// agree where no hidden key gets weight in either: in every row the
+/// mask), several Wheres, or two additive masks (MPNet's relative position
+/// bias and padding mask), as one float mask: `M`, the mask steps applied
+/// to a score of 0, and its shape. A key every Where keeps, and where of
+/// two additive masks one is 0, has `M = 0 + m = m` (adding 0 is exact),
+/// so the kernel's `s + M` is the core's `s + m`: such a key is kept. At a
+/// hidden key `M` is the value the core puts in place of its score (the
+/// fill, plus m where the Add comes after), or the sum of the two masks
+/// the core adds to it one at a time, and the kernel computes `s + M`
+/// there. The two agree where no hidden key gets weight in either: in every row the
 /// largest `M` of a kept key, R, is more than 2B + 128 above the largest of
 /// a hidden one, H (B the bound on the scores), so every hidden value, H or
 /// s + H, is more than 128 below the row's largest kept score, s + R, and
@@ -530,6 +535,38 @@ fn replayed_mask(
     prelude.push(constant(&m, scalar_tensor(FLOAT, 0.0)));
     let mut kept: Option<String> = None;
     let mut read = Vec::new();
+    let both = |kept: Option<String>, flag: String, i: usize, prelude: &mut Vec<NodeProto>| match kept {
+        None => flag,
+        Some(before) => {
+            let both = name(&format!("kept_by_{i}"));
+            prelude.push(writing(&both, node("And", &[&before, &flag], vec![])));
+            both
+        }
+    };
+    let added: Vec<&str> = masks
+        .iter()
+        .filter_map(|m| match m {
+            Step::Mask(value) => Some(value.as_str()),
+            _ => None,
+        })
+        .collect();
+    if let [m1, m2] = added[..] {
+        // Where one of the two is 0, the core's (s + m1) + m2 is s + (m1 + m2).
+        let zero = name("zero_mask");
+        prelude.push(constant(&zero, scalar_tensor(FLOAT, 0.0)));
+        let flags: Vec<String> = [m1, m2]
+            .iter()
+            .enumerate()
+            .map(|(i, x)| {
+                let flag = name(&format!("mask_{i}_zero"));
+                prelude.push(writing(&flag, node("Equal", &[x, &zero], vec![])));
+                flag
+            })
+            .collect();
+        let one_added = name("one_mask_added");
+        prelude.push(writing(&one_added, node("Or", &refs(&flags), vec![])));
+        kept = Some(one_added);
+    }
     for (i, step) in masks.iter().enumerate() {
         let next = name(&format!("mask_{i}"));
         match step {
@@ -550,21 +587,14 @@ fn replayed_mask(
                 } else {
                     keep.clone()
                 };
-                kept = Some(match kept {
-                    None => flag,
-                    Some(before) => {
-                        let both = name(&format!("kept_by_{i}"));
-                        prelude.push(writing(&both, node("And", &[&before, &flag], vec![])));
-                        both
-                    }
-                });
+                kept = Some(both(kept, flag, i, prelude));
                 read.push(keep.as_str());
             }
             _ => decline!("a step other than a mask among the masks"),
         }
         m = next;
     }
-    let kept = kept.or_decline(|| "no Where among the masks".to_string())?;
+    let kept = kept.or_decline(|| "neither a Where nor two additive masks among the masks".to_string())?;
     let read_shapes: Vec<Vec<Dim>> = read
         .iter()
         .map(|x| shapes.shape(x).or_decline(|| format!("the shape of the mask {x} is not proved")))
