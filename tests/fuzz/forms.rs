@@ -2022,6 +2022,18 @@ pub fn decoder_attention(rng: &mut Rng) -> Case {
         // (A fill the core's own Where reads is the core's.)
         c.aside.push("hidden".into());
     }
+    // A second additive term before the mask (MPNet's relative position
+    // bias): the kernel takes the two as one, where one of them is 0.
+    let bias = (mask.is_some() && rng.chance(0.3)).then(|| {
+        c.ort_only("a position bias added before the mask");
+        let lead = if rng.chance(0.5) { D::N(1) } else { sym("b") };
+        let bias = b.input("bias", elem, Some(&[lead.clone(), D::N(heads), sym("s"), sym("t")]));
+        if !cache {
+            return bias;
+        }
+        let recent = b.input("bias_recent", elem, Some(&[lead, D::N(heads), sym("s"), sym("s")]));
+        b.node("Concat", &[&bias, &recent], vec![attr_int("axis", -1)])
+    });
     let before = b.graph.node.len();
     let mut s = b.node("MatMul", &[&q, &k], vec![]);
     if let Some(scale) = s_scale {
@@ -2031,6 +2043,9 @@ pub fn decoder_attention(rng: &mut Rng) -> Case {
     let back_after_softmax = folded && rng.chance(0.4);
     if folded {
         s = unfold(&mut b, &s, &key4, 2);
+    }
+    if let Some(bias) = &bias {
+        s = commuted(rng, &mut b, "Add", &s, bias);
     }
     if let Some(mask) = mask.as_ref().filter(|_| !add_after) {
         s = commuted(rng, &mut b, "Add", &s, mask);
