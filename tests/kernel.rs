@@ -672,6 +672,25 @@ fn an_encoder_with_a_position_bias_and_a_padding_mask_is_the_kernel_and_a_padded
     the_guard_decides(&original, &fused, &inputs, "a row padded whole is expected to hide every key");
 }
 
+/// DeBERTa folds its heads into the batch and adds its relative position
+/// terms, `[b·h, s, t]`, to the folded scores before viewing them as `[b,
+/// h, s, t]` for its `masked_fill`: the kernel reads the terms in the view
+/// (a Reshape of them), the fill as one float mask with them, and a batch
+/// row padded whole runs the original ops.
+#[test]
+fn a_term_added_to_folded_scores_before_their_view_is_read_in_the_view() {
+    let dir = tempdir();
+    let inputs = token_feeds(dir.path(), [0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 0, 0]);
+    let (original, fused) = fused_at_23("deberta_ts_op14.onnx", "attention");
+    let kernels = kernels(&fused);
+    assert_eq!(kernels.len(), 2);
+    let main = &fused.graph.as_ref().unwrap().node;
+    let terms = "/model/encoder/layer.0/attention/self/Add_3_output_0";
+    let viewed = main.iter().find(|n| n.op_type() == "Reshape" && n.input[0] == terms);
+    assert!(viewed.is_some(), "the relative terms are viewed as [b, h, s, t]");
+    the_guard_decides(&original, &fused, &inputs, "a row padded whole is expected to keep no key");
+}
+
 /// The one fact of ONNX Runtime's `Pow` the folding rests on
 /// (`graph/fold.rs`): `Pow(x, 0.5)` in f32 is the square root exactly where
 /// x is the square of an integer of at most 4096 (DINOv2's position grid,

@@ -2026,25 +2026,36 @@ pub fn decoder_attention(rng: &mut Rng) -> Case {
     // bias): the kernel takes the two as one, where one of them is 0.
     let bias = (mask.is_some() && rng.chance(0.3)).then(|| {
         c.ort_only("a position bias added before the mask");
-        let lead = if rng.chance(0.5) { D::N(1) } else { sym("b") };
+        let per_batch = rng.chance(0.5);
+        let lead = if per_batch { sym("b") } else { D::N(1) };
         let bias = b.input("bias", elem, Some(&[lead.clone(), D::N(heads), sym("s"), sym("t")]));
-        if !cache {
-            return bias;
+        let bias = if cache {
+            let recent = b.input("bias_recent", elem, Some(&[lead, D::N(heads), sym("s"), sym("s")]));
+            b.node("Concat", &[&bias, &recent], vec![attr_int("axis", -1)])
+        } else {
+            bias
+        };
+        // DeBERTa: [b·h, s, t] added to the folded scores before their view.
+        let folded_too = folded && per_batch && rng.chance(0.5);
+        if folded_too {
+            c.note("the bias added to the folded scores before their view");
         }
-        let recent = b.input("bias_recent", elem, Some(&[lead, D::N(heads), sym("s"), sym("s")]));
-        b.node("Concat", &[&bias, &recent], vec![attr_int("axis", -1)])
+        (if folded_too { fold(&mut b, &bias) } else { bias }, folded_too)
     });
     let before = b.graph.node.len();
     let mut s = b.node("MatMul", &[&q, &k], vec![]);
     if let Some(scale) = s_scale {
         s = commuted(rng, &mut b, "Mul", &s, &scale);
     }
+    if let Some((bias, true)) = &bias {
+        s = commuted(rng, &mut b, "Add", &s, bias);
+    }
     let scores3 = s.clone();
     let back_after_softmax = folded && rng.chance(0.4);
     if folded {
         s = unfold(&mut b, &s, &key4, 2);
     }
-    if let Some(bias) = &bias {
+    if let Some((bias, false)) = &bias {
         s = commuted(rng, &mut b, "Add", &s, bias);
     }
     if let Some(mask) = mask.as_ref().filter(|_| !add_after) {

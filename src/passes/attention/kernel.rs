@@ -32,6 +32,8 @@
 //! a row of NaN becomes zeros) is kept the same way: where the kernel's
 //! result holds a NaN, the original ops run.
 
+use std::collections::HashMap;
+
 use super::{Scores, Step};
 use crate::graph::fold::fold;
 use crate::graph::{Check, Graph, Miss, Stop};
@@ -61,7 +63,9 @@ pub(super) fn attention(
 
     let mut scale = 1.0;
     // The Where and additive mask steps, in order.
-    let mut masks: Vec<&Step> = Vec::new();
+    let mut masks: Vec<Step> = Vec::new();
+    // Of them, those added to folded scores before their view.
+    let mut before_view: Vec<usize> = Vec::new();
     let mut nan_guard = false;
     let mut softcap = None;
     // Heads folded into the batch (BART's and BLOOM's eager attention):
@@ -78,19 +82,22 @@ pub(super) fn attention(
                 scale *= if *op == "Div" { 1.0 / c } else { c };
             }
             Step::Cast(to) => require!(*to == elem, "a Cast between the MatMuls changes the type"),
-            Step::Mask(_) | Step::Where { .. } if !in_view(viewed) => {
-                decline!("a mask added to the scores outside their 4-D view")
-            }
+            Step::Where { .. } if !in_view(viewed) => decline!("a Where of the scores outside their 4-D view"),
             Step::Mask(value) => {
+                if !in_view(viewed) {
+                    // BLOOM's ALiBi, added to the folded scores (`in_the_view`).
+                    require!(viewed == 0, "a mask added to the scores after their 4-D view");
+                    before_view.push(masks.len());
+                }
                 // (s + m1) + m2 is s + (m1 + m2) where m1 or m2 is 0, not
                 // elsewhere (`replayed_mask`).
                 let added = masks.iter().filter(|m| matches!(m, Step::Mask(_))).count();
                 require!(added < 2, "more than two additive masks");
                 require!(g.elem_type(value) == Some(elem), "the mask {value} is not of q's type");
-                masks.push(step);
+                masks.push(step.clone());
             }
             Step::NanGuard(_) => nan_guard = true,
-            Step::Where { .. } if softcap.is_none() => masks.push(step),
+            Step::Where { .. } if softcap.is_none() => masks.push(step.clone()),
             Step::Where { .. } => decline!("a Where after a soft-cap: Attention caps the scores it masks"),
             Step::Megatron { .. } => decline!("Megatron's mask (s·m − penalty·(1 − m)) is no mask Attention takes"),
             Step::Subtract(d) => decline!("a term subtracted ({d}): Attention only adds its mask"),
@@ -221,6 +228,16 @@ pub(super) fn attention(
     let mut prelude: Vec<NodeProto> = Vec::new();
     let mut then: Vec<NodeProto> = Vec::new();
     let mut conditions: Vec<String> = Vec::new();
+    // A mask added to the folded scores before their view is read in it.
+    let mut viewed_shapes: HashMap<String, Vec<Dim>> = HashMap::new();
+    for &i in &before_view {
+        let Step::Mask(m) = &masks[i] else { continue };
+        if let Some((x, shape)) = in_the_view(shapes, m, &sq, &name, &mut prelude)? {
+            masks[i] = Step::Mask(x.clone());
+            viewed_shapes.insert(x, shape);
+        }
+    }
+    let shape_of = |x: &str| viewed_shapes.get(x).cloned().or_else(|| shapes.shape(x));
 
     // The kernel refuses an empty batch, query, key or head: q's size
     // covers b, s and d; the key's where its heads or length may be 0 (a
@@ -314,11 +331,11 @@ pub(super) fn attention(
             Ok(bound)
         };
         let (mask, sm) = if masks.len() > 1 {
-            replayed_mask(shapes, &masks, &name, &mut prelude, &mut conditions, &score_bound)?
+            replayed_mask(&shape_of, &masks, &name, &mut prelude, &mut conditions, &score_bound)?
         } else {
             let source = mask.or(kept.map(|(condition, _, _)| condition));
             let source = source.or_decline(|| "no mask among the mask steps".to_string())?;
-            let sm = shapes.shape(source).or_decline(|| format!("the shape of the mask {source} is not proved"))?;
+            let sm = shape_of(source).or_decline(|| format!("the shape of the mask {source} is not proved"))?;
             let mask = match kept {
                 None => {
                     visible_rows(g, shapes, source, nan_guard, &name, &mut prelude, &mut conditions)?;
@@ -524,8 +541,8 @@ fn between(g: &Graph, from: &str, to: &str) -> Vec<String> {
 /// kernel's zeros there), and where R is NaN or infinite; an H of -inf
 /// counts as the lowest.
 fn replayed_mask(
-    shapes: &Shapes,
-    masks: &[&Step],
+    shape_of: &dyn Fn(&str) -> Option<Vec<Dim>>,
+    masks: &[Step],
     name: &dyn Fn(&str) -> String,
     prelude: &mut Vec<NodeProto>,
     conditions: &mut Vec<String>,
@@ -597,7 +614,7 @@ fn replayed_mask(
     let kept = kept.or_decline(|| "neither a Where nor two additive masks among the masks".to_string())?;
     let read_shapes: Vec<Vec<Dim>> = read
         .iter()
-        .map(|x| shapes.shape(x).or_decline(|| format!("the shape of the mask {x} is not proved")))
+        .map(|x| shape_of(x).or_decline(|| format!("the shape of the mask {x} is not proved")))
         .collect::<Check<_>>()?;
     let shape = broadcast(&read_shapes).or_decline(|| {
         let each: Vec<String> = read_shapes.iter().map(|s| dims(s)).collect();
@@ -637,6 +654,41 @@ fn replayed_mask(
     prelude.push(writing(&ok, node("Greater", &[&least, &need], vec![])));
     conditions.push(ok);
     Ok((m, shape))
+}
+
+/// A mask `m` added to heads folded into the batch before the scores'
+/// view `[b, h, s, t]` (`sq`: q's `[b, h, s, d]`), as the view reads it.
+/// One of rank 3 or less whose leading axis is 1 broadcasts over `[b, h]`
+/// as over `b·h`: none (it is read as it is). One `[b·h, x, y]` (BLOOM's
+/// ALiBi, `[b·h, 1, t]`) is `Reshape(m, [b·h / h, h, x, y])` (a Reshape
+/// keeps the elements' order; the sizes read from `m`'s own shape, so an
+/// empty batch gives an empty mask), pushed to `prelude`: its name and shape.
+fn in_the_view(
+    shapes: &Shapes,
+    m: &str,
+    sq: &[Dim],
+    name: &dyn Fn(&str) -> String,
+    prelude: &mut Vec<NodeProto>,
+) -> Check<Option<(String, Vec<Dim>)>> {
+    let sm = shapes.shape(m).or_decline(|| format!("the shape of the mask {m} is not proved"))?;
+    if sm.len() < 3 || (sm.len() == 3 && sm[0].value() == Some(1)) {
+        return Ok(None);
+    }
+    let h = sq[1].value().filter(|&h| h > 0);
+    let folded = sm.len() == 3 && sq[0].mul(&sq[1]).as_ref() == Some(&sm[0]);
+    let h = h.filter(|_| folded).or_decline(|| {
+        format!("the mask {m} ({}) added before the scores' view is not proved [b·h, …] of q's heads", dims(&sm))
+    })?;
+    let short = short(m);
+    let [lead, heads, batch, rest, target, x] =
+        ["lead", "heads", "batch", "rest", "view", "viewed"].map(|w| name(&format!("{short}_{w}")));
+    prelude.push(writing(&lead, node("Shape", &[m], vec![int("start", 0), int("end", 1)])));
+    prelude.push(ints_constant(&heads, &[h]));
+    prelude.push(writing(&batch, node("Div", &[&lead, &heads], vec![])));
+    prelude.push(writing(&rest, node("Shape", &[m], vec![int("start", 1)])));
+    prelude.push(writing(&target, node("Concat", &[&batch, &heads, &rest], vec![int("axis", 0)])));
+    prelude.push(writing(&x, node("Reshape", &[m, &target], vec![])));
+    Ok(Some((x, vec![sq[0].clone(), sq[1].clone(), sm[1].clone(), sm[2].clone()])))
 }
 
 /// The shape values of these shapes broadcast to (numpy's rule), where
