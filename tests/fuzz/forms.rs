@@ -70,6 +70,10 @@ struct Ctx {
     /// ones, or without its bias, and the Mul or Add after it): a second
     /// definition of one may block the whole fusion or only that part.
     may_stay: Vec<String>,
+    /// Of `aside`, values the portable target's operator reads (SDPA's
+    /// scales on q and the key, taken into `Attention`'s scale): a second
+    /// definition of one leaves that form unprovable.
+    portable_reads: Vec<String>,
     /// How many trailing axes the norm's ReduceMeans reduce (a LayerNorm
     /// over several axes), and whether one already reduces one axis more
     /// or fewer (a second such mutant would make the two agree again).
@@ -85,6 +89,7 @@ impl Ctx {
             portable: true,
             aside: vec![],
             may_stay: vec![],
+            portable_reads: vec![],
             over: 1,
             axes_mutated: false,
         }
@@ -1311,7 +1316,9 @@ fn maybe_shadow(rng: &mut Rng, c: &mut Ctx, outer: &Builder, body: &mut onnx_fus
     let shadowed: Vec<_> = outer.graph.initializer.iter().filter(|t| t.name() != "zero").cloned().collect();
     if !shadowed.is_empty() && rng.chance(0.3) {
         let t = rng.pick(&shadowed);
-        if c.aside.iter().any(|a| a == t.name()) {
+        if c.portable_reads.iter().any(|a| a == t.name()) {
+            c.ort_only(format!("the {what} defines {} again (a value only the portable form reads)", t.name()));
+        } else if c.aside.iter().any(|a| a == t.name()) {
             c.note(format!("the {what} defines {} again (shadowing a value outside the match)", t.name()));
         } else if c.may_stay.iter().any(|a| a == t.name()) {
             c.unsure(format!("the {what} defines {} again (a weight the rewrite can leave outside)", t.name()));
@@ -2018,6 +2025,7 @@ pub fn decoder_attention(rng: &mut Rng) -> Case {
     // of its constants, or another reader of the q and key it reads, leaves
     // the core as it is (the kernel falls back to it).
     c.aside.extend(["visible", "sqrt_scale_q", "sqrt_scale_k"].map(String::from));
+    c.portable_reads.extend(["sqrt_scale_q", "sqrt_scale_k"].map(String::from));
     if replaced.is_none() {
         // (A fill the core's own Where reads is the core's.)
         c.aside.push("hidden".into());
