@@ -691,6 +691,25 @@ fn a_term_added_to_folded_scores_before_their_view_is_read_in_the_view() {
     the_guard_decides(&original, &fused, &inputs, "a row padded whole is expected to keep no key");
 }
 
+/// torch's SDPA decomposition of grouped heads (Gemma's dynamo export)
+/// repeats the key's heads in place, folds them into the batch, transposes
+/// and views them back as `[b, h, d, t]`: the kernel reads the key before
+/// its repeat, with `kv_num_heads`, and computes the export.
+#[test]
+fn a_key_repeated_folded_and_viewed_back_is_read_before_its_repeat() {
+    let (original, fused) = fused_at_23("gemma_sdpa_dynamo_op18.onnx", "attention");
+    let kernels = kernels(&fused);
+    assert_eq!(kernels.len(), 2);
+    for k in &kernels {
+        assert_eq!((k.attr_int("q_num_heads"), k.attr_int("kv_num_heads")), (None, None), "4-D heads");
+        let key = original.graph.as_ref().unwrap().node.iter().find(|n| n.output.first() == Some(&k.input[1]));
+        assert!(key.is_some_and(|n| n.op_type() != "Reshape"), "the key before its repeat: {:?}", k.input[1]);
+    }
+    let dir = std::path::Path::new(".");
+    let v = verify::verify((&original, dir), (&fused, dir), &verify::Options::default()).unwrap();
+    assert!(v.passed, "{}", v.text());
+}
+
 /// The one fact of ONNX Runtime's `Pow` the folding rests on
 /// (`graph/fold.rs`): `Pow(x, 0.5)` in f32 is the square root exactly where
 /// x is the square of an integer of at most 4096 (DINOv2's position grid,

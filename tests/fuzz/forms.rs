@@ -1950,11 +1950,30 @@ pub fn decoder_attention(rng: &mut Rng) -> Case {
     } else {
         (q, value)
     };
+    // torch's SDPA decomposition of grouped heads (dynamo): the key's
+    // repeat folded into the batch, transposed, and viewed back.
+    let spread = (n > 1 && !folded && !key_split_transposed && rng.chance(0.3))
+        .then(|| {
+            b.graph.node.iter().find(|r| r.op_type() == "Reshape" && r.output[0] == key).map(|r| r.input[0].clone())
+        })
+        .flatten();
     let mut k = if key_split_transposed {
         key.clone()
     } else if folded {
         let k3 = fold(&mut b, &key);
         b.node("Transpose", &[&k3], vec![attr_ints("perm", &[0, 2, 1])])
+    } else if let Some(e) = spread {
+        c.ort_only("the repeated key folded into the batch, transposed and viewed back (SDPA's decomposition)");
+        let shape = b.node("Shape", &[&key], vec![]);
+        let at: Vec<String> = (0..5).map(|i| b.ints(&[i])).collect();
+        let axis = |b: &mut Builder, i: usize| b.node("Slice", &[&shape, &at[i], &at[i + 1]], vec![]);
+        let (batch, heads, rows, width) = (axis(&mut b, 0), axis(&mut b, 1), axis(&mut b, 2), axis(&mut b, 3));
+        let bh = b.node("Mul", &[&batch, &heads], vec![]);
+        let folded_shape = b.node("Concat", &[&bh, &rows, &width], vec![attr_int("axis", 0)]);
+        let x3 = b.node("Reshape", &[&e, &folded_shape], vec![]);
+        let t = b.node("Transpose", &[&x3], vec![attr_ints("perm", &[0, 2, 1])]);
+        let view = b.node("Concat", &[&batch, &heads, &width, &rows], vec![attr_int("axis", 0)]);
+        b.node("Reshape", &[&t, &view], vec![])
     } else {
         b.node("Transpose", &[&key], vec![attr_ints("perm", &[0, 1, 3, 2])])
     };

@@ -142,11 +142,14 @@ pub(super) fn attention(
     // key and the value are [b·h, s, d] merged from [b, h, s, d] heads,
     // which the kernel reads, and the 3-D output is split back into them.
     let folded = views.first().map(|&view| &g.node(view).output[0]);
-    let (q, x, key_perm, v, anchor) = match folded {
-        None => {
-            let (x, key_perm) = super::key_before_transpose(g, &k, 4)?;
-            (q, x, key_perm, v, anchor)
-        }
+    let (q, x, key_perm, v, anchor, repeats) = match folded {
+        None => match folded_repeated_key(g, shapes, &k) {
+            Some((x, n)) => (q, x, None, v, anchor, Some(n)),
+            None => {
+                let (x, key_perm) = super::key_before_transpose(g, &k, 4)?;
+                (q, x, key_perm, v, anchor, None)
+            }
+        },
         Some(_) => {
             let (x3, key_perm) = super::key_before_transpose(g, &k, 3)?;
             require!(key_perm.is_none(), "the 3-D key's Transpose does not swap its last two axes");
@@ -164,11 +167,15 @@ pub(super) fn attention(
                 (_, Some(4)) => (v, anchor),
                 _ => decline!("the probabilities' view does not meet a 4-D value"),
             };
-            (q, x, None, v, anchor)
+            (q, x, None, v, anchor, None)
         }
     };
-    let (key, n) = if key_perm.is_none() { repeated(g, shapes, x) } else { (x, 1) };
-    let (value, n_v) = repeated(g, shapes, v);
+    let (key, n) = match repeats {
+        Some(n) => (x, n),
+        None if key_perm.is_none() => repeated(g, shapes, x, 4).unwrap_or((x, 1)),
+        None => (x, 1),
+    };
+    let (value, n_v) = repeated(g, shapes, v, 4).unwrap_or((v, 1));
     require!(n == n_v, "the key's heads are repeated {n} times and the value's {n_v} times");
     // Where the kernel gains: a key and value read from a cache (which the
     // written-out core scales and transposes whole at every step) or
@@ -875,11 +882,33 @@ fn split_heads<'a>(g: &Graph<'a>, shapes: &Shapes, x4: &str) -> Option<(&'a str,
     split.then_some((x, h, d))
 }
 
+/// The key as torch's SDPA decomposition writes grouped heads (dynamo):
+/// `k = Reshape(Transpose(x3, [0, 2, 1]), [b, h, d, t])`, with `x3` `[b·h,
+/// t, d]` the key's kv heads repeated n times in place and folded into the
+/// batch (`repeated` of rank 3), h = kv·n: the key `[b, kv, t, d]` and n.
+fn folded_repeated_key<'a>(g: &Graph<'a>, shapes: &Shapes, k: &str) -> Option<(&'a str, i64)> {
+    let view = g.node(g.produced_by(g.unchanged(k), "Reshape").ok()?);
+    let t = g.node(g.produced_by(g.unchanged(&view.input[0]), "Transpose").ok()?);
+    require_some(t.attr_ints("perm") == Some(&[0, 2, 1][..]))?;
+    let x3 = t.input.first()?.as_str();
+    let (x, n) = repeated(g, shapes, x3, 3)?;
+    let (sk, s3, sx) = (shapes.shape(k)?, shapes.shape(x3)?, shapes.shape(x)?);
+    // The view splits b·h back into the repeat's [b, kv·n].
+    let split = sk.len() == 4
+        && s3.len() == 3
+        && sk[0] == sx[0]
+        && Some(&sk[1]) == sx[1].mul(&Dim::known(n)).as_ref()
+        && sk[2] == s3[2]
+        && sk[3] == s3[1];
+    split.then_some((x, n))
+}
+
 /// `x` repeated `n` times per head in place, and n: a Reshape to
-/// `[b, kv·n, t, d]` of `x` `[b, kv, t, d]` unsqueezed at axis 2 and
-/// expanded (or tiled) to `[b, kv, n, t, d]`. Else `(value, 1)`.
-fn repeated<'a>(g: &Graph<'a>, shapes: &Shapes, value: &'a str) -> (&'a str, i64) {
-    let found = || -> Option<(&'a str, i64)> {
+/// `[b, kv·n, t, d]` (rank 4), or folded into the batch, `[b·kv·n, t, d]`
+/// (rank 3), of `x` `[b, kv, t, d]` unsqueezed at axis 2 and expanded (or
+/// tiled) to `[b, kv, n, t, d]`.
+fn repeated<'a>(g: &Graph<'a>, shapes: &Shapes, value: &'a str, rank: usize) -> Option<(&'a str, i64)> {
+    {
         let reshape = g.node(g.produced_by(value, "Reshape").ok()?);
         let spread = g.node(g.producer(g.unchanged(&reshape.input[0]))?);
         require_some(spread.is("Expand") || spread.is("Tile"))?;
@@ -895,22 +924,28 @@ fn repeated<'a>(g: &Graph<'a>, shapes: &Shapes, value: &'a str) -> (&'a str, i64
         let (sx, se, sr) = (shapes.shape(x)?, shapes.shape(&spread.output[0])?, shapes.shape(value)?);
         let n = se.get(2)?.value()?;
         let same = |a: &Dim, b: &Dim| a == b;
+        // (Read once x is proved 4-D.)
+        let merged = || {
+            let heads = sx[1].mul(&Dim::known(n));
+            match rank {
+                4 => sr.len() == 4 && same(&sr[0], &sx[0]) && Some(&sr[1]) == heads.as_ref() && sr[2..] == sx[2..],
+                _ => {
+                    let folded = heads.and_then(|h| sx[0].mul(&h));
+                    sr.len() == 3 && Some(&sr[0]) == folded.as_ref() && sr[1..] == sx[2..]
+                }
+            }
+        };
         let proved = sx.len() == 4
             && se.len() == 5
-            && sr.len() == 4
             && n >= 1
             && same(&se[0], &sx[0])
             && same(&se[1], &sx[1])
             && same(&se[3], &sx[2])
             && same(&se[4], &sx[3])
-            && same(&sr[0], &sx[0])
-            && Some(&sr[1]) == sx[1].mul(&Dim::known(n)).as_ref()
-            && same(&sr[2], &sx[2])
-            && same(&sr[3], &sx[3])
+            && merged()
             && shapes.shape(&unsqueeze.output[0]).is_some_and(|u| u.len() == 5 && u[2].value() == Some(1));
         proved.then_some((x, n))
-    };
-    found().unwrap_or((value, 1))
+    }
 }
 
 fn require_some(cond: bool) -> Option<()> {
