@@ -383,6 +383,18 @@ pub(super) fn attention(
             };
             (mask, sm)
         };
+        // An encoder's masks replayed over every head's scores (DeBERTa's
+        // relative terms, MPNet's position bias, with a padding mask): the
+        // guard reads that score-sized mask some ten times, which costs
+        // what the kernel saves (measured on ONNX Runtime 1.31.1, 2
+        // threads: DeBERTa-base at 512 tokens 1.05–1.07× AttentionCore,
+        // MPNet-base 0.99–1.05×, docs/benchmarks.md).
+        let per_head = sm.len() == 4 && sm[1].value() != Some(1);
+        require!(
+            !(merged.is_some() && masks.len() > 1 && per_head),
+            "an encoder's masks replayed over every head's scores ({}): the guard costs what the kernel saves",
+            dims(&sm)
+        );
         let (r, (s, t)) = (sm.len(), (&sq[2], &sk[2]));
         require!(
             (2..=4).contains(&r) && &sm[r - 1] == t && (&sm[r - 2] == s || sm[r - 2].value() == Some(1)),
