@@ -844,9 +844,13 @@ fn merged_heads<'a>(
 fn merged_batch<'a>(g: &Graph<'a>, shapes: &Shapes, x3: &str) -> Option<&'a str> {
     let reshape = g.node(g.produced_by(g.unchanged(x3), "Reshape").ok()?);
     let x4 = reshape.input.first()?.as_str();
-    let (s3, s4) = (shapes.shape(x3)?, shapes.shape(x4)?);
-    let merged = s3.len() == 3 && s4.len() == 4 && s4[0].mul(&s4[1]).as_ref() == Some(&s3[0]) && s3[1..] == s4[2..];
-    merged.then_some(x4)
+    merges_leading_two(&shapes.shape(x4)?, &shapes.shape(x3)?).then_some(x4)
+}
+
+/// Whether `s3` is `s4` `[b, h, x, y]` with its first two axes merged,
+/// `[b·h, x, y]`.
+fn merges_leading_two(s4: &[Dim], s3: &[Dim]) -> bool {
+    s3.len() == 3 && s4.len() == 4 && s4[0].mul(&s4[1]).as_ref() == Some(&s3[0]) && s3[1..] == s4[2..]
 }
 
 /// The Reshape that alone reads the 3-D output of `anchor`, `[b·h, s, dv]`,
@@ -854,9 +858,7 @@ fn merged_batch<'a>(g: &Graph<'a>, shapes: &Shapes, x3: &str) -> Option<&'a str>
 fn split_batch(g: &Graph, shapes: &Shapes, anchor: usize) -> Option<usize> {
     let out = &g.node(anchor).output[0];
     let r = only_reader(g, out, "Reshape")?;
-    let (s3, s4) = (shapes.shape(out)?, shapes.shape(&g.node(r).output[0])?);
-    let split = s3.len() == 3 && s4.len() == 4 && s4[0].mul(&s4[1]).as_ref() == Some(&s3[0]) && s3[1..] == s4[2..];
-    split.then_some(r)
+    merges_leading_two(&shapes.shape(&g.node(r).output[0])?, &shapes.shape(out)?).then_some(r)
 }
 
 /// The one node besides `Shape`s that reads `value` (through Identity
