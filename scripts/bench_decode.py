@@ -8,7 +8,9 @@ each ratio is the median of the ratios of the same rounds. Peak memory is
 each model's own process's peak RSS (ru_maxrss) over a load and a prefill.
 
 Usage: bench_decode.py DIR MODEL_KIND [--rounds N] [--past P,P] [--prefill S,S]
-  DIR/KIND/{export,fused,builder}/model.onnx"""
+                       [--models M,M] [--batch B --left-pad P]
+  DIR/KIND/{export,fused,fused-apart,fused-before,builder}/model.onnx
+  (fused-before: another onnx-fuse's output, to compare with)"""
 
 import argparse
 import json
@@ -35,22 +37,24 @@ def session(path):
     return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
 
 
-def feeds(sess, past, seq, rng):
-    """Inputs for one call: `seq` new tokens after a past of `past`, batch 1."""
+def feeds(sess, past, seq, rng, batch=1, pad=0):
+    """Inputs for one call: `seq` new tokens after a past of `past`, `batch`
+    rows, the first left-padded by `pad` tokens (its mask 0 there)."""
     out = {}
     for i in sess.get_inputs():
         name = i.name
         if name == "input_ids":
-            out[name] = rng.integers(3, 1000, (1, seq), dtype=np.int64)
+            out[name] = rng.integers(3, 1000, (batch, seq), dtype=np.int64)
         elif name == "attention_mask":
-            out[name] = np.ones((1, past + seq), dtype=np.int64)
+            out[name] = np.ones((batch, past + seq), dtype=np.int64)
+            out[name][0, :pad] = 0
         elif name == "position_ids":
-            out[name] = np.arange(past, past + seq, dtype=np.int64)[None, :]
+            out[name] = np.repeat(np.arange(past, past + seq, dtype=np.int64)[None, :], batch, axis=0)
         elif name == "token_type_ids":
-            out[name] = np.zeros((1, seq), dtype=np.int64)
+            out[name] = np.zeros((batch, seq), dtype=np.int64)
         elif name.startswith("past_key_values"):
             # [batch, kv heads, past, head size]; the builder leaves the head size symbolic.
-            dims = [1, i.shape[1], past, i.shape[3] if isinstance(i.shape[3], int) else HEAD_SIZE]
+            dims = [batch, i.shape[1], past, i.shape[3] if isinstance(i.shape[3], int) else HEAD_SIZE]
             out[name] = rng.standard_normal(dims).astype(np.float32) * 0.5
         else:
             raise SystemExit(f"{name}: an input this benchmark does not know")
@@ -87,6 +91,8 @@ def main():
     p.add_argument("--prefill", default="128,2048")
     p.add_argument("--memory", action="store_true", help="also peak RSS of prefill, each model in its own process")
     p.add_argument("--models", default="export,fused,builder")
+    p.add_argument("--batch", type=int, default=1, help="rows per call")
+    p.add_argument("--left-pad", type=int, default=0, help="padding tokens on the left of the first row")
     a = p.parse_args()
     paths = {m: os.path.join(a.dir, a.kind, m, "model.onnx") for m in a.models.split(",")}
     paths = {m: path for m, path in paths.items() if os.path.exists(path)}
@@ -100,8 +106,7 @@ def main():
     sessions = {m: session(path) for m, path in paths.items()}
     rows = []
     for what, past, seq in points:
-        rng = np.random.default_rng(0)
-        fed = {m: feeds(s, past, seq, rng) for m, s in sessions.items()}
+        fed = {m: feeds(s, past, seq, np.random.default_rng(0), a.batch, a.left_pad) for m, s in sessions.items()}
         for m, s in sessions.items():  # warm-up
             s.run(None, fed[m])
         times = {m: [] for m in sessions}
@@ -111,9 +116,11 @@ def main():
                 # one's caches are warm: the best of a few calls.
                 time.sleep(PAUSE)
                 times[m].append(min(timed(s, fed[m]) for _ in range(CALLS)))
-        row = {"what": what, "past": past, "tokens": seq,
+        row = {"what": what, "past": past, "tokens": seq, "batch": a.batch, "left_pad": a.left_pad,
                "ms": {m: 1000 * statistics.median(t) for m, t in times.items()}}
-        for x, y in [("fused", "export"), ("fused", "builder"), ("fused-apart", "builder"), ("builder", "export")]:
+        pairs = [("fused", "export"), ("fused", "builder"), ("fused-apart", "builder"), ("builder", "export"),
+                 ("fused", "fused-before"), ("fused-before", "export")]
+        for x, y in pairs:
             if x in times and y in times:
                 row[f"{x}/{y}"] = statistics.median(u / v for u, v in zip(times[x], times[y]))
         if seq in peaks and what == "prefill":

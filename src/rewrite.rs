@@ -502,6 +502,18 @@ pub fn writing(name: &str, n: NodeProto) -> NodeProto {
     NodeProto { output: vec![name.to_string()], ..n }
 }
 
+/// The body's nodes, and the bodies written with them, read `to` where
+/// they read `from` (bodies of original ops keep reading the graph's
+/// values): the same nodes over another input.
+pub fn reading_instead(body: &mut GraphProto, from: &str, to: &str) {
+    let rename = |v: &mut String| {
+        if v == from {
+            *v = to.to_string();
+        }
+    };
+    body.node.iter_mut().for_each(|n| rename_in_node(n, &rename));
+}
+
 /// A `Constant` node writing the 1-D int64 tensor `values` as `name`.
 pub fn ints_constant(name: &str, values: &[i64]) -> NodeProto {
     let t = TensorProto {

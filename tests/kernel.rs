@@ -8,7 +8,7 @@ mod common;
 
 use common::build::*;
 use common::*;
-use onnx_fuse::onnx::{ModelProto, NodeProto, FLOAT, INT64, RUNS_KEY};
+use onnx_fuse::onnx::{AttributeProto, GraphProto, ModelProto, NodeProto, FLOAT, INT64, RUNS_KEY};
 use onnx_fuse::{rewrite, upgrade, verify};
 
 const SCALE: f64 = 0.35;
@@ -208,7 +208,15 @@ fn the_guard_runs_the_original_ops_where_the_kernel_would_differ() {
         assert_eq!(guard[0].op_type(), "If");
         let then = guard[0].attribute.iter().find(|a| a.name() == "then_branch").unwrap().g.as_ref().unwrap();
         let attention = then.node.iter().find(|n| n.op_type() == "Attention").expect("the kernel");
-        let otherwise = guard[0].attribute.iter().find(|a| a.name() == "else_branch").unwrap().g.as_ref().unwrap();
+        let lifted = guard[0].attribute.iter().find(|a| a.name() == "else_branch").unwrap().g.as_ref().unwrap();
+        // Where a row hides every key, the kernel on the mask with such rows
+        // lifted, or else the original ops.
+        let inner = lifted.node.last().filter(|n| n.op_type() == "If").expect("the lifted rows' guard");
+        let relifted = inner.attribute.iter().find(|a| a.name() == "then_branch").unwrap().g.as_ref().unwrap();
+        let lifted_kernel = relifted.node.iter().find(|n| n.op_type() == "Attention").expect("the lifted kernel");
+        assert!(lifted_kernel.input[3].ends_with("lifted_mask"), "kv {kv}: {:?}", lifted_kernel.input);
+        assert_eq!(lifted_kernel.input[..3], attention.input[..3]);
+        let otherwise = inner.attribute.iter().find(|a| a.name() == "else_branch").unwrap().g.as_ref().unwrap();
         let is_cache = |n: &&NodeProto| n.op_type() == "Concat" && n.attr_int("axis") == Some(2);
         assert!(!otherwise.node.iter().any(|n| is_cache(&n)), "kv {kv}: the caches' Concats stay outside the guard");
         let main = &fused.graph.as_ref().unwrap().node;
@@ -225,6 +233,111 @@ fn the_guard_runs_the_original_ops_where_the_kernel_would_differ() {
             let v = compare(&core, &fused, &feeds(dir.path(), 2, kv as u64, fill)).unwrap();
             assert!(v.passed, "kv {kv}, fill {fill}:\n{}", v.text());
         }
+    }
+}
+
+/// The model with every body of original ops computing its output plus 1:
+/// where it still computes the original, no original ops ran.
+fn fallback_shifted(model: &ModelProto) -> ModelProto {
+    fn shift(g: &mut GraphProto) {
+        if g.name().starts_with("the original ops of") {
+            let out = g.output[0].name().to_string();
+            let unshifted = format!("{out}/unshifted");
+            for o in g.node.iter_mut().flat_map(|n| n.output.iter_mut()).filter(|o| **o == out) {
+                *o = unshifted.clone();
+            }
+            let one = format!("{out}/one");
+            let value = AttributeProto::tensor("value", tensor(FLOAT, &[], &[1.0]));
+            g.node.push(NodeProto {
+                op_type: Some("Constant".into()),
+                output: vec![one.clone()],
+                attribute: vec![value],
+                ..Default::default()
+            });
+            g.node.push(NodeProto {
+                op_type: Some("Add".into()),
+                input: vec![unshifted, one],
+                output: vec![out],
+                ..Default::default()
+            });
+        }
+        for sub in g.node.iter_mut().flat_map(|n| n.attribute.iter_mut()).filter_map(|a| a.g.as_mut()) {
+            shift(sub);
+        }
+    }
+    let mut m = model.clone();
+    shift(m.graph.as_mut().unwrap());
+    m
+}
+
+/// `kernel(kv)` reading its mask with every value of the type's lowest
+/// made the next float above it.
+fn kernel_lifted(kv: i64) -> ModelProto {
+    let mut m = kernel(kv);
+    let g = m.graph.as_mut().unwrap();
+    let mut b = Builder::default();
+    let lowest = b.constant(tensor(FLOAT, &[], &[f64::from(f32::MIN)]));
+    let above = b.constant(tensor(FLOAT, &[], &[f64::from(f32::from_bits(f32::MIN.to_bits() - 1))]));
+    let at = b.node("Equal", &["mask", &lowest], vec![]);
+    let lifted = b.node("Where", &[&at, &above, "mask"], vec![]);
+    let attention = g.node.len() - 1;
+    g.node[attention].input[3] = lifted;
+    g.node.splice(attention..attention, b.graph.node);
+    m
+}
+
+/// The fact the lifted rows rest on, run: a row of the next float above
+/// the lowest is, to ONNX Runtime's kernel, a row like any other (no
+/// zeros): the softmax of equal values, as the core's row of the lowest
+/// is (-inf keys weightless in both), and the same product with v, bit
+/// for bit, with scores up to 1e28.
+#[test]
+fn onnx_runtimes_attention_computes_a_row_of_the_next_float_above_the_lowest_as_the_core_its_row_of_the_lowest() {
+    let dir = tempdir();
+    for kv in [4, 2] {
+        let (core, lifted) = (core(kv), kernel_lifted(kv));
+        assert!(same_bits(&core, &lifted, &feeds(dir.path(), 2, kv as u64, f32::MIN)), "kv {kv}");
+        let mixed = feeds_row(dir.path(), 2, kv as u64, [f32::MIN, f32::NEG_INFINITY, f32::MIN]);
+        assert!(same_bits(&core, &lifted, &mixed), "kv {kv}: the lowest and -inf");
+        assert!(!same_bits(&core, &kernel(kv), &feeds(dir.path(), 2, kv as u64, f32::MIN)), "kv {kv}: zeros unlifted");
+    }
+    for qk in [1e-3, 1.0, 1e6, 1e14] {
+        let mut mask = vec![0f32; 18];
+        mask[3..6].copy_from_slice(&[f32::MIN; 3]);
+        let inputs = scaled_feeds(dir.path().join(format!("lifted_{qk}.npz")), qk, vec![("mask", mask)]);
+        assert!(same_bits(&core(4), &kernel_lifted(4), &inputs), "q and k times {qk}");
+    }
+}
+
+/// Where a row of the additive mask hides every key (a padded query), the
+/// guard's second branch lifts the lowest values of such rows and runs
+/// the kernel on them: a row of the lowest, or of the lowest and -inf (the
+/// core weighs the keys of the lowest alone, and so does the kernel
+/// lifted); a row of -inf (the core's NaN) and scores beyond the bound
+/// (2^100) run the original ops. Each computes the core bit for bit.
+#[test]
+fn rows_hidden_whole_run_the_kernel_lifted_and_the_original_ops_only_where_the_lift_is_not_proved() {
+    let dir = tempdir();
+    for kv in [4, 2] {
+        let core = core(kv);
+        let fused = fused(&core);
+        let lifted = feeds(dir.path(), 2, kv as u64, f32::MIN);
+        assert!(same_bits(&core, &fused, &lifted), "kv {kv}: a row of the lowest");
+        assert!(runs_the_kernel(&fused, &lifted), "kv {kv}: a row of the lowest runs the kernel");
+        let rows = [([f32::NEG_INFINITY; 3], false), ([f32::MIN, f32::NEG_INFINITY, f32::MIN], true)];
+        for (row, lifted) in rows {
+            let inputs = feeds_row(dir.path(), 2, kv as u64, row);
+            assert!(same_bits(&core, &fused, &inputs), "kv {kv}, {row:?}");
+            assert_eq!(runs_the_kernel(&fused, &inputs), lifted, "kv {kv}, {row:?}: lifted");
+        }
+    }
+    let mut mask = vec![0f32; 18];
+    mask[3..6].copy_from_slice(&[f32::MIN; 3]);
+    let fused = fused(&core(4));
+    for (qk, runs_kernel) in [(1e14, true), (1e16, false)] {
+        let inputs = scaled_feeds(dir.path().join(format!("bound_{qk}.npz")), qk, vec![("mask", mask.clone())]);
+        assert!(same_bits(&core(4), &fused, &inputs), "q and k times {qk}");
+        assert_eq!(runs_the_kernel(&fused, &inputs), runs_kernel, "q and k times {qk}: the bound 2^100 decides");
     }
 }
 
@@ -280,6 +393,12 @@ fn the_guard_decides(original: &ModelProto, fused: &ModelProto, inputs: &std::pa
     assert!(!v.passed, "{why}: the kernel gives zeros there");
 }
 
+/// Whether `fused` runs the kernel on every call of `inputs`: it computes
+/// what it computes with its original ops shifted by 1, bit for bit.
+fn runs_the_kernel(fused: &ModelProto, inputs: &std::path::Path) -> bool {
+    same_bits(fused, &fallback_shifted(fused), inputs)
+}
+
 /// A left-padded batch: the first row's first three tokens are padding,
 /// so their query rows see no key at all in an eager export's mask.
 #[test]
@@ -294,6 +413,8 @@ fn left_padded_batches_compute_what_the_export_computes() {
         &inputs,
         "the left-padded rows are expected to be fully masked in this export",
     );
+    // Those rows are the lowest throughout: the kernel runs them lifted.
+    assert!(runs_the_kernel(&fused, &inputs), "the padded batch runs the kernel");
 }
 
 /// `softmax(Where(keep, q·kᵀ·scale, fill))·v` (or masked_fill's
@@ -359,7 +480,8 @@ fn scaled_feeds(path: std::path::PathBuf, qk: f32, masks: Vec<(&str, Vec<f32>)>)
 /// above the fill, the kernel computes the Where core (a hidden key gets
 /// no weight in either); with scores beyond
 /// the fill, or a row that keeps no key (the kernel gives zeros), it does
-/// not. The guarded output is the core's on every one of these.
+/// not. The guarded output is the core's on every one of these, and
+/// computes a row that keeps no key by the kernel, lifted.
 #[test]
 fn onnx_runtimes_attention_with_the_kept_keys_is_a_where_core_while_scores_stay_above_the_fill() {
     let dir = tempdir();
@@ -384,8 +506,20 @@ fn onnx_runtimes_attention_with_the_kept_keys_is_a_where_core_while_scores_stay_
                 let v = compare(&core, &fused, &feeds).unwrap();
                 assert!(v.passed, "guarded, fill {fill}, hides {hides}:\n{}", v.text());
             }
+            // A row that keeps no key is the fill throughout in the core:
+            // the guard lifts it (the kept keys as a float mask), bit for bit.
+            let none = where_feeds(dir.path(), 1.0, [0.0; 3], hides);
+            assert!(runs_the_kernel(&fused, &none), "fill {fill}, hides {hides}: lifted");
+            assert!(same_bits(&core, &fused, &none), "fill {fill}, hides {hides}: lifted, bit for bit");
         }
     }
+    // A fill of -inf: such a row is the core's NaN, not lifted.
+    let core = where_core(f64::NEG_INFINITY, false);
+    let fused = fused(&core);
+    let none = where_feeds(dir.path(), 1.0, [0.0; 3], false);
+    assert!(!runs_the_kernel(&fused, &none), "a fill of -inf: the original ops run");
+    let v = compare(&core, &fused, &none).unwrap();
+    assert!(v.passed, "a fill of -inf:\n{}", v.text());
 }
 
 /// An encoder's cores (BERT: no cache, no grouped heads) become the 3-D
@@ -393,9 +527,10 @@ fn onnx_runtimes_attention_with_the_kept_keys_is_a_where_core_while_scores_stay_
 /// from and writing the merged output, guarded as the 4-D form is: a batch
 /// row padded whole masks every key of its queries, where ONNX Runtime's
 /// kernel gives zeros (pinned here for the 3-D form too: unguarded, it
-/// differs) and the export the mean of v.
+/// differs) and the export the mean of v; the mask there is the lowest
+/// throughout, so the kernel runs it lifted.
 #[test]
-fn encoder_cores_read_and_write_merged_heads_and_a_padded_row_runs_the_original_ops() {
+fn encoder_cores_read_and_write_merged_heads_and_a_row_padded_whole_runs_the_kernel_lifted() {
     let dir = tempdir();
     let inputs = token_feeds(dir.path(), [0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 0, 0]);
     let (original, fused) = fused_at_23("bert_ts_op14.onnx", "attention");
@@ -411,6 +546,7 @@ fn encoder_cores_read_and_write_merged_heads_and_a_padded_row_runs_the_original_
     let main = &fused.graph.as_ref().unwrap().node;
     assert!(!main.iter().any(|n| n.op_type() == "Transpose"), "no head is transposed outside the guard");
     the_guard_decides(&original, &fused, &inputs, "a row padded whole is expected to be fully masked");
+    assert!(runs_the_kernel(&fused, &inputs), "the row padded whole is lifted");
 }
 
 /// A cross-attention's encoder key and value, which the caller passes back
@@ -433,9 +569,10 @@ fn a_cross_attention_reads_the_encoder_key_and_value_the_caller_passes() {
 
 /// DistilBERT hides padded keys by `masked_fill` (a Where of the float
 /// lowest): its cores become the 3-D `Attention` with the kept keys as a
-/// boolean mask, and a row padded whole runs the original ops.
+/// boolean mask, and a row padded whole (the fill throughout in the core)
+/// runs the kernel on the kept keys as a float mask, that row lifted.
 #[test]
-fn a_masked_fill_encoder_hands_its_kept_keys_over_and_a_padded_row_runs_the_original_ops() {
+fn a_masked_fill_encoder_hands_its_kept_keys_over_and_a_row_padded_whole_runs_it_lifted() {
     let dir = tempdir();
     let inputs = token_feeds(dir.path(), [0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0]);
     let (original, fused) = fused_at_23("distilbert_ts_op14.onnx", "attention");
@@ -443,14 +580,15 @@ fn a_masked_fill_encoder_hands_its_kept_keys_over_and_a_padded_row_runs_the_orig
     let main = &fused.graph.as_ref().unwrap().node;
     assert!(main.iter().any(|n| n.op_type() == "Not"), "masked_fill names the hidden keys: the kernel takes the kept");
     the_guard_decides(&original, &fused, &inputs, "a row padded whole is expected to keep no key");
+    assert!(runs_the_kernel(&fused, &inputs), "the row padded whole is lifted");
 }
 
 /// GPT-2 hides future keys by a `Where` of the float lowest and padded
 /// keys by an additive mask: the kernel takes one float mask, the two
 /// applied to a score of 0, and a left-padded batch (whose padding rows
-/// keep no key) runs the original ops.
+/// keep no key, their values the lowest and -inf) runs the kernel lifted.
 #[test]
-fn a_where_with_an_additive_mask_is_one_float_mask_and_a_padded_row_runs_the_original_ops() {
+fn a_where_with_an_additive_mask_is_one_float_mask_and_a_left_padded_batch_runs_it_lifted() {
     let dir = tempdir();
     let inputs = token_feeds(dir.path(), [0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]);
     let (original, fused) = fused_at_23("gpt2_ts_op14.onnx", "attention");
@@ -463,15 +601,17 @@ fn a_where_with_an_additive_mask_is_one_float_mask_and_a_padded_row_runs_the_ori
         assert!(!wheres.iter().any(|w| w.input[0] == k.input[3]), "the mask is not the Where's condition alone");
     }
     the_guard_decides(&original, &fused, &inputs, "the left-padded rows are expected to keep no key");
+    assert!(runs_the_kernel(&fused, &inputs), "the padding rows are lifted");
 }
 
 /// BART's eager attention (TrOCR's decoder) folds the heads into the batch:
 /// q, k and v are `[b·h, s, d]`, the scores viewed as `[b, h, s, t]` for
 /// the mask and back. The kernel reads the projections the heads are
 /// merged from and writes the merged output, and a left-padded row (whose
-/// padding queries see no key) runs the original ops.
+/// padding queries see no key, the mask the lowest throughout) runs the
+/// kernel lifted.
 #[test]
-fn heads_folded_into_the_batch_become_the_kernel_and_a_padded_row_runs_the_original_ops() {
+fn heads_folded_into_the_batch_become_the_kernel_and_a_left_padded_batch_runs_it_lifted() {
     let dir = tempdir();
     let inputs = token_feeds(dir.path(), [0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]);
     let (original, fused) = fused_at_23("trocr_decoder_ts_op14.onnx", "attention");
@@ -487,6 +627,7 @@ fn heads_folded_into_the_batch_become_the_kernel_and_a_padded_row_runs_the_origi
     assert_eq!((kernels[0].attr_int("q_num_heads"), kernels[0].attr_float("scale")), (Some(4), Some(1.0)));
     assert_eq!(guards(&fused)[0].output, [format!("{layer}/Reshape_9_output_0")], "the merged output");
     the_guard_decides(&original, &fused, &inputs, "the left-padded rows are expected to see no key");
+    assert!(runs_the_kernel(&fused, &inputs), "the left-padded rows are lifted");
 }
 
 /// A view of the folded scores whose leading axes are not q's `[b, h]`
@@ -546,8 +687,10 @@ fn where_add_feeds(dir: &std::path::Path, qk: f32, kept: [f32; 3], masked: f32) 
 /// each run: where the scores stay within the room the masks leave, the
 /// kernel given the masks applied to a score of 0 computes the core; with
 /// scores beyond a fill of -1e4, or a row that keeps no key, or an additive
-/// mask of the lowest over a whole row, it does not, and the guard runs
-/// the original ops there. The guarded output is the core's on all of them.
+/// mask of the lowest over a whole row, it does not. A row whose values
+/// are all the lowest or -inf the guard lifts (a row masked whole by the
+/// lowest; one that keeps no key under a fill of the lowest), elsewhere
+/// the original ops run. The guarded output is the core's on all of them.
 #[test]
 fn a_where_and_an_additive_mask_computed_by_the_kernel_agree_while_hidden_keys_get_no_weight() {
     let dir = tempdir();
@@ -581,6 +724,15 @@ fn a_where_and_an_additive_mask_computed_by_the_kernel_agree_while_hidden_keys_g
             }
             let v = compare(&core, &fused, feeds).unwrap();
             assert!(v.passed, "guarded, fill {fill}, {what}:\n{}", v.text());
+            let (lifted, kernel) = match *what {
+                "a row that keeps no key" => (fill == f64::from(lowest), fill == f64::from(lowest)),
+                "a row masked whole by the lowest" => (true, true),
+                _ => (false, fill != -1e4),
+            };
+            assert_eq!(runs_the_kernel(&fused, feeds), kernel, "fill {fill}, {what}: the kernel runs");
+            if lifted {
+                assert!(same_bits(&core, &fused, feeds), "fill {fill}, {what}: lifted, bit for bit");
+            }
         }
     }
 }

@@ -38,7 +38,7 @@ use super::{Scores, Step};
 use crate::graph::fold::fold;
 use crate::graph::{Check, Graph, Miss, Stop};
 use crate::onnx::{type_text, AttributeProto, GraphProto, NodeProto, TensorProto, FLOAT, INT64};
-use crate::rewrite::{ints_constant, node, original_ops, value_info, writing, Kept, Match, Rewrite};
+use crate::rewrite::{ints_constant, node, original_ops, reading_instead, value_info, writing, Kept, Match, Rewrite};
 use crate::shapes::{Dim, Shapes};
 use crate::{decline, require};
 
@@ -317,6 +317,7 @@ pub(super) fn attention(
         }
         _ => None,
     };
+    let mut lifted: Option<Lifted> = None;
     if !masks.is_empty() {
         // The scores' bound: |scale · q·k| ≤ scale · d · max|q| · max|k|.
         let d = sq[3].value().filter(|&d| d > 0);
@@ -338,14 +339,25 @@ pub(super) fn attention(
             Ok(bound)
         };
         let (mask, sm) = if masks.len() > 1 {
-            replayed_mask(&shape_of, &masks, &name, &mut prelude, &mut conditions, &score_bound)?
+            let (mask, sm, rows) = replayed_mask(&shape_of, &masks, &name, &mut prelude, &mut conditions, &score_bound)?;
+            lifted = rows;
+            (mask, sm)
         } else {
             let source = mask.or(kept.map(|(condition, _, _)| condition));
             let source = source.or_decline(|| "no mask among the mask steps".to_string())?;
             let sm = shape_of(source).or_decline(|| format!("the shape of the mask {source} is not proved"))?;
             let mask = match kept {
                 None => {
-                    visible_rows(g, shapes, source, nan_guard, &name, &mut prelude, &mut conditions)?;
+                    let visible = visible_rows(g, shapes, source, nan_guard, &name, &mut prelude, &mut conditions)?;
+                    // Where a row hides every key, the kernel may still run
+                    // with that row lifted (`hidden_rows_lifted`): the bound
+                    // on the scores is computed there, where it is needed.
+                    if let Some(visible) = visible {
+                        let mut nodes = Vec::new();
+                        if let Ok(bound) = score_bound(&mut nodes, "rows hidden whole") {
+                            lifted = Some(Lifted { mask: source.to_string(), visible, nodes, bound, rows: Rows::Visible });
+                        }
+                    }
                     source.to_string()
                 }
                 Some((condition, fill, hides)) => {
@@ -359,12 +371,15 @@ pub(super) fn attention(
                     // A row that keeps no key: the kernel gives zeros, the
                     // core the mean of v (a finite fill) or NaN (-inf).
                     let every_row = g.constant(condition).is_some_and(|t| every_row_keeps(t, hides));
+                    let mut visible = None;
                     if !every_row {
                         let (axes, flags) = (name("last_axis"), name("kept_flags"));
                         prelude.push(ints_constant(&axes, &[-1]));
                         prelude.push(writing(&flags, node("Cast", &[&keep], vec![int("to", i64::from(elem))])));
                         let names = ["row_kept", "least_row_kept", "no", "kept_rows"].map(|n| name(n));
-                        conditions.push(rows_above(&flags, &axes, 0.0, names, &mut prelude));
+                        let kept_rows = rows_above(&flags, &axes, 0.0, names, &mut prelude);
+                        conditions.push(kept_rows.clone());
+                        visible = Some((kept_rows, flags));
                     }
                     // The core replaces a hidden score by the fill, the kernel
                     // drops it: the same where every kept score is more than 128
@@ -378,6 +393,12 @@ pub(super) fn attention(
                     prelude.push(constant(&limit, scalar_tensor(elem, room)));
                     prelude.push(writing(&ok, node("Less", &[&bound, &limit], vec![])));
                     conditions.push(ok);
+                    // A row that keeps no key is the fill throughout, whose
+                    // softmax (a finite fill) is even: lifted.
+                    if let Some((visible, flags)) = visible.filter(|_| fill.is_finite()) {
+                        let rows = Rows::Kept { flags, zero: name("no") };
+                        lifted = Some(Lifted { mask: keep.clone(), visible, nodes: Vec::new(), bound, rows });
+                    }
                     keep
                 }
             };
@@ -443,6 +464,10 @@ pub(super) fn attention(
         then.push(writing(a, attention));
     }
     let kernel = branch("ONNX Attention", then, a, elem);
+    let otherwise = match lifted {
+        Some(lifted) => hidden_rows_lifted(lifted, &conditions, &kernel, a, &name),
+        None => original_ops(),
+    };
     let replacement = match conditions.as_slice() {
         [] if !nan_guard => {
             let attention = kernel.node.into_iter().last().expect("the kernel");
@@ -455,7 +480,7 @@ pub(super) fn attention(
             prelude.extend(nodes);
             nan_guard
         }
-        [ok] => guard(ok, kernel, original_ops()),
+        [ok] => guard(ok, kernel, otherwise),
         [first, rest @ ..] => {
             let mut ok = first.clone();
             for (i, next) in rest.iter().enumerate() {
@@ -463,7 +488,7 @@ pub(super) fn attention(
                 prelude.push(writing(&both, node("And", &[&ok, next], vec![])));
                 ok = both;
             }
-            guard(&ok, kernel, original_ops())
+            guard(&ok, kernel, otherwise)
         }
     };
     Ok(replace(anchor, replacement, shared, |r| {
@@ -558,7 +583,11 @@ fn between(g: &Graph, from: &str, to: &str) -> Vec<String> {
 /// f32's largest (2^-20 of |R| + |H|) and the bound doubled. The same test
 /// fails where a row keeps no key, or only keys whose M is the lowest (the
 /// kernel's zeros there), and where R is NaN or infinite; an H of -inf
-/// counts as the lowest.
+/// counts as the lowest. With one additive mask at most, such rows may be
+/// lifted (`hidden_rows_lifted`): in a row whose largest M is the lowest,
+/// a key some Where replaced has the core's value M itself (the same steps
+/// from the same fill), and a key none did `s + m`, M being m: the lowest
+/// or -inf, as for one additive mask.
 fn replayed_mask(
     shape_of: &dyn Fn(&str) -> Option<Vec<Dim>>,
     masks: &[Step],
@@ -566,7 +595,7 @@ fn replayed_mask(
     prelude: &mut Vec<NodeProto>,
     conditions: &mut Vec<String>,
     score_bound: &dyn Fn(&mut Vec<NodeProto>, &str) -> Check<String>,
-) -> Check<(String, Vec<Dim>)> {
+) -> Check<(String, Vec<Dim>, Option<Lifted>)> {
     let mut m = name("zero_score");
     prelude.push(constant(&m, scalar_tensor(FLOAT, 0.0)));
     let mut kept: Option<String> = None;
@@ -671,8 +700,15 @@ fn replayed_mask(
     prelude.push(constant(&margin, scalar_tensor(FLOAT, 512.0)));
     prelude.push(writing(&need, node("Add", &[&twice, &margin], vec![])));
     prelude.push(writing(&ok, node("Greater", &[&least, &need], vec![])));
-    conditions.push(ok);
-    Ok((m, shape))
+    conditions.push(ok.clone());
+    let lifted = (added.len() <= 1).then(|| Lifted {
+        mask: m.clone(),
+        visible: ok,
+        nodes: Vec::new(),
+        bound: bound.clone(),
+        rows: Rows::Room { slack, need },
+    });
+    Ok((m, shape, lifted))
 }
 
 /// A mask `m` added to heads folded into the batch before the scores'
@@ -970,7 +1006,8 @@ fn require_some(cond: bool) -> Option<()> {
 /// maximum above the type's lowest), pushed where it is not proved: by a
 /// constant mask, or by SDPA's masks of 0 and -inf alone before a NaN
 /// guard (a row all -inf is zeros in both, the original's NaN turned to 0
-/// by its guard, and no value is the finite lowest).
+/// by its guard, and no value is the finite lowest). The condition's
+/// name, where it is pushed.
 fn visible_rows(
     g: &Graph,
     shapes: &Shapes,
@@ -979,24 +1016,130 @@ fn visible_rows(
     name: &dyn Fn(&str) -> String,
     prelude: &mut Vec<NodeProto>,
     conditions: &mut Vec<String>,
-) -> Check<()> {
+) -> Check<Option<String>> {
     if let Some(t) = g.constant(mask) {
         require!(
             every_row_visible(t),
             "the constant mask hides every key of a row: ONNX Runtime's Attention gives zeros there"
         );
-        return Ok(());
+        return Ok(None);
     }
     let sdpa = mask_values(g, shapes, mask, 8)
         .is_some_and(|v| v.iter().all(|&x| x == f64::NEG_INFINITY || (x.is_finite() && x > f64::from(f32::MIN))));
     if nan_guard && sdpa {
-        return Ok(());
+        return Ok(None);
     }
     let axes = name("last_axis");
     prelude.push(ints_constant(&axes, &[-1]));
     let names = ["row_max", "least_row_max", "lowest", "visible"].map(|n| name(n));
-    conditions.push(rows_above(mask, &axes, f64::from(f32::MIN), names, prelude));
-    Ok(())
+    let visible = rows_above(mask, &axes, f64::from(f32::MIN), names, prelude);
+    conditions.push(visible.clone());
+    Ok(Some(visible))
+}
+
+/// A mask whose rows the guard tests (the condition `visible`), with the
+/// nodes that bound the scores (`bound`), which the kernel needs only
+/// where a row hides every key (`hidden_rows_lifted`).
+struct Lifted {
+    mask: String,
+    visible: String,
+    nodes: Vec<NodeProto>,
+    bound: String,
+    rows: Rows,
+}
+
+/// What the guard requires of a mask's rows, besides those it lifts.
+enum Rows {
+    /// An additive mask: each keeps a key (`visible_rows`).
+    Visible,
+    /// A replayed mask: each has its room (`replayed_mask`), `slack` per
+    /// row against `need`.
+    Room { slack: String, need: String },
+    /// A Where's kept keys, handed over as a boolean mask: each keeps a key
+    /// (`flags`, the keys kept as 1 and 0, `zero` the f32 0). A row that
+    /// keeps none is the fill throughout in the core, whatever the scores.
+    Kept { flags: String, zero: String },
+}
+
+/// The branch that runs where some row of the additive mask hides every
+/// key (the padding of a left-padded batch). In a row whose largest value
+/// is the type's lowest, every value is the lowest or -inf; the core
+/// computes `s + lowest`, which rounds to the lowest for every |s| <
+/// 2^103, and -inf: the softmax of equal values over the keys of the
+/// lowest, and their mean of v. The kernel gives zeros for such a row, but
+/// one whose lowest values are the next float above it it computes as any
+/// other: `s + m` rounds to m again (the same binade), -inf stays, the
+/// same softmax and the same product with v (measured bit for bit,
+/// `tests/kernel.rs`). So where every row either keeps a key or is such a
+/// row and has a value of the lowest (a row all -inf is the core's NaN),
+/// and the scores are bounded well inside 2^103 (2^100), the kernel runs
+/// on the mask with those rows lifted; elsewhere, the original ops. Each
+/// other row of a replayed mask needs its room. The conditions of the
+/// guard but the rows' hold here too (`others`).
+fn hidden_rows_lifted(
+    lifted: Lifted,
+    others: &[String],
+    kernel: &GraphProto,
+    a: &str,
+    name: &dyn Fn(&str) -> String,
+) -> GraphProto {
+    let Lifted { mask, visible, mut nodes, bound, rows } = lifted;
+    let axes = name("last_axis");
+    let [lift, lifted_mask, tops, fewest, rows_ok, limit, bounded] =
+        ["next_above_lowest", "lifted_mask", "lifted_tops", "least_lifted_top", "rows_lifted", "bound_limit", "bounded"]
+            .map(|n| name(n));
+    let next_above = f32::from_bits(f32::MIN.to_bits() - 1);
+    nodes.push(constant(&lift, scalar_tensor(FLOAT, f64::from(next_above))));
+    let mut conditions = Vec::new();
+    if let Rows::Kept { flags, zero } = &rows {
+        // The kept keys as the float mask the kernel makes of them (0 and
+        // the lowest), a row that keeps none the next float above.
+        let [any, none, floor, hidden] = ["row_keeps", "keeps_none", "lowest_fill", "hidden_value"].map(|n| name(n));
+        nodes.push(writing(&any, node("ReduceMax", &[flags, &axes], vec![int("keepdims", 1)])));
+        nodes.push(writing(&none, node("Equal", &[&any, zero], vec![])));
+        nodes.push(constant(&floor, scalar_tensor(FLOAT, f64::from(f32::MIN))));
+        nodes.push(writing(&hidden, node("Where", &[&none, &lift, &floor], vec![])));
+        nodes.push(writing(&lifted_mask, node("Where", &[&mask, zero, &hidden], vec![])));
+    } else {
+        let lowest = name("lowest");
+        let [top, whole, at_lowest, lifting] = ["row_top", "hidden_whole", "at_lowest", "lifting"].map(|n| name(n));
+        nodes.push(writing(&top, node("ReduceMax", &[&mask, &axes], vec![int("keepdims", 1)])));
+        nodes.push(writing(&whole, node("Equal", &[&top, &lowest], vec![])));
+        nodes.push(writing(&at_lowest, node("Equal", &[&mask, &lowest], vec![])));
+        nodes.push(writing(&lifting, node("And", &[&whole, &at_lowest], vec![])));
+        nodes.push(writing(&lifted_mask, node("Where", &[&lifting, &lift, &mask], vec![])));
+        let least = match rows {
+            // Every other row keeps a key.
+            Rows::Visible => {
+                nodes.push(writing(&tops, node("Where", &[&whole, &lift, &top], vec![])));
+                lowest
+            }
+            // Every other row has its room.
+            Rows::Room { slack, need } => {
+                let [slack_rows, ample] = ["row_slack", "ample"].map(|n| name(n));
+                nodes.push(writing(&slack_rows, node("Unsqueeze", &[&slack, &axes], vec![])));
+                nodes.push(constant(&ample, scalar_tensor(FLOAT, f64::INFINITY)));
+                nodes.push(writing(&tops, node("Where", &[&whole, &ample, &slack_rows], vec![])));
+                need
+            }
+            Rows::Kept { .. } => unreachable!("handled above"),
+        };
+        nodes.push(writing(&fewest, node("ReduceMin", &[&tops], vec![int("keepdims", 0)])));
+        nodes.push(writing(&rows_ok, node("Greater", &[&fewest, &least], vec![])));
+        conditions.push(rows_ok);
+    }
+    nodes.push(constant(&limit, scalar_tensor(FLOAT, 2f64.powi(100))));
+    nodes.push(writing(&bounded, node("Less", &[&bound, &limit], vec![])));
+    let mut ok = bounded;
+    for (i, c) in others.iter().filter(|c| **c != visible).chain(&conditions).enumerate() {
+        let both = name(&format!("lifted_ok_{i}"));
+        nodes.push(writing(&both, node("And", &[&ok, c], vec![])));
+        ok = both;
+    }
+    let mut kernel = kernel.clone();
+    reading_instead(&mut kernel, &mask, &lifted_mask);
+    nodes.push(writing(a, guard(&ok, kernel, original_ops())));
+    branch("ONNX Attention, rows hidden whole lifted", nodes, a, FLOAT)
 }
 
 /// The condition that every row (along `axes`, the last) of the f32 `x`
