@@ -8,7 +8,7 @@ each ratio is the median of the ratios of the same rounds. Peak memory is
 each model's own process's peak RSS (ru_maxrss) over a load and a prefill.
 
 Usage: bench_decode.py DIR MODEL_KIND [--rounds N] [--past P,P] [--prefill S,S]
-                       [--models M,M] [--batch B --left-pad P]
+                       [--models M,M] [--batch B --left-pad P] [--calls C]
   DIR/KIND/{export,fused,fused-apart,fused-before,builder}/model.onnx
   (fused-before: another onnx-fuse's output, to compare with)"""
 
@@ -26,7 +26,7 @@ import onnxruntime as ort
 THREADS = 2
 HEAD_SIZE = 64  # of every model scripts/bench_decode_models.py makes
 PAUSE = 0.2  # seconds between models: ONNX Runtime's idle threads spin for a while
-CALLS = 3  # calls per model per round
+CALLS = 3  # calls per model per round (--calls)
 
 
 def session(path):
@@ -93,6 +93,7 @@ def main():
     p.add_argument("--models", default="export,fused,builder")
     p.add_argument("--batch", type=int, default=1, help="rows per call")
     p.add_argument("--left-pad", type=int, default=0, help="padding tokens on the left of the first row")
+    p.add_argument("--calls", type=int, default=CALLS, help="calls per model per round (the best counts)")
     a = p.parse_args()
     paths = {m: os.path.join(a.dir, a.kind, m, "model.onnx") for m in a.models.split(",")}
     paths = {m: path for m, path in paths.items() if os.path.exists(path)}
@@ -115,7 +116,7 @@ def main():
                 # The last session's threads stop spinning first, and this
                 # one's caches are warm: the best of a few calls.
                 time.sleep(PAUSE)
-                times[m].append(min(timed(s, fed[m]) for _ in range(CALLS)))
+                times[m].append(min(timed(s, fed[m]) for _ in range(a.calls)))
         row = {"what": what, "past": past, "tokens": seq, "batch": a.batch, "left_pad": a.left_pad,
                "ms": {m: 1000 * statistics.median(t) for m, t in times.items()}}
         pairs = [("fused", "export"), ("fused", "builder"), ("fused-apart", "builder"), ("builder", "export"),

@@ -17,12 +17,18 @@ const SCALE: f64 = 0.35;
 /// with q [b, 4, 3, 8], k and v [b, kv, 3, 8] (kv heads repeated in
 /// place when 2), mask [b, 1, 3, 3].
 fn core(kv: i64) -> ModelProto {
+    core_of(kv, || D::N(3))
+}
+
+/// `core(kv)` whose queries and keys are `s()` long (kv 4 where not 3:
+/// the repeat's target is written for 3).
+fn core_of(kv: i64, s: impl Fn() -> D) -> ModelProto {
     let mut b = Builder::default();
-    let shape = |h: i64| [sym("b"), D::N(h), D::N(3), D::N(8)];
+    let shape = |h: i64| [sym("b"), D::N(h), s(), D::N(8)];
     let q = b.input("q", FLOAT, Some(&shape(4)));
     let k = b.input("k", FLOAT, Some(&shape(kv)));
     let v = b.input("v", FLOAT, Some(&shape(kv)));
-    let mask = b.input("mask", FLOAT, Some(&[sym("b"), D::N(1), D::N(3), D::N(3)]));
+    let mask = b.input("mask", FLOAT, Some(&[sym("b"), D::N(1), s(), s()]));
     // A cache of no rows yet: the kernel's form reads the cache's Concat.
     let past = [sym("b"), D::N(kv), D::N(0), D::N(8)];
     let (pk, pv) = (b.input("past_k", FLOAT, Some(&past)), b.input("past_v", FLOAT, Some(&past)));
@@ -239,8 +245,14 @@ fn the_guard_runs_the_original_ops_where_the_kernel_would_differ() {
 /// The model with every body of original ops computing its output plus 1:
 /// where it still computes the original, no original ops ran.
 fn fallback_shifted(model: &ModelProto) -> ModelProto {
-    fn shift(g: &mut GraphProto) {
-        if g.name().starts_with("the original ops of") {
+    shifted(model, "the original ops of")
+}
+
+/// The model with the result of each body whose name holds `name` shifted
+/// by 1.
+fn shifted(model: &ModelProto, name: &str) -> ModelProto {
+    fn shift(g: &mut GraphProto, name: &str) {
+        if g.name().contains(name) {
             let out = g.output[0].name().to_string();
             let unshifted = format!("{out}/unshifted");
             for o in g.node.iter_mut().flat_map(|n| n.output.iter_mut()).filter(|o| **o == out) {
@@ -262,12 +274,21 @@ fn fallback_shifted(model: &ModelProto) -> ModelProto {
             });
         }
         for sub in g.node.iter_mut().flat_map(|n| n.attribute.iter_mut()).filter_map(|a| a.g.as_mut()) {
-            shift(sub);
+            shift(sub, name);
         }
     }
     let mut m = model.clone();
-    shift(m.graph.as_mut().unwrap());
+    shift(m.graph.as_mut().unwrap(), name);
     m
+}
+
+/// How many bodies in `model` have a name that holds `name`.
+fn subgraphs_named(model: &ModelProto, name: &str) -> usize {
+    fn count(g: &GraphProto, name: &str) -> usize {
+        let subs = g.node.iter().flat_map(|n| n.subgraphs());
+        usize::from(g.name().contains(name)) + subs.map(|b| count(b, name)).sum::<usize>()
+    }
+    count(model.graph.as_ref().unwrap(), name)
 }
 
 /// `kernel(kv)` reading its mask with every value of the type's lowest
@@ -338,6 +359,115 @@ fn rows_hidden_whole_run_the_kernel_lifted_and_the_original_ops_only_where_the_l
         let inputs = scaled_feeds(dir.path().join(format!("bound_{qk}.npz")), qk, vec![("mask", mask.clone())]);
         assert!(same_bits(&core(4), &fused, &inputs), "q and k times {qk}");
         assert_eq!(runs_the_kernel(&fused, &inputs), runs_kernel, "q and k times {qk}: the bound 2^100 decides");
+    }
+}
+
+/// The kernel over q, k, v `[1, 4, s, 8]` (`[1, s, 32]` with `merged`)
+/// and mask `[1, 1, s, s]`: whole, or run on each of `pieces` pieces of
+/// the queries and concatenated, as `over_query_pieces` writes it.
+fn kernel_over(merged: bool, pieces: usize) -> ModelProto {
+    let mut b = Builder::default();
+    let shape = if merged { vec![D::N(1), sym("s"), D::N(32)] } else { vec![D::N(1), D::N(4), sym("s"), D::N(8)] };
+    let (q, k, v) = (b.input("q", FLOAT, Some(&shape)), b.input("k", FLOAT, Some(&shape)), b.input("v", FLOAT, Some(&shape)));
+    let mask = b.input("mask", FLOAT, Some(&[D::N(1), D::N(1), sym("s"), sym("s")]));
+    let mut attributes = vec![attr_float("scale", SCALE)];
+    if merged {
+        attributes.extend([attr_int("q_num_heads", 4), attr_int("kv_num_heads", 4)]);
+    }
+    let split = |b: &mut Builder, x: &str| {
+        let parts: Vec<String> = (0..pieces).map(|i| format!("{x}_piece_{i}")).collect();
+        let attributes = vec![attr_int("axis", -2), attr_int("num_outputs", pieces as i64)];
+        b.node_to("Split", &[x], &parts.iter().map(String::as_str).collect::<Vec<_>>(), attributes);
+        parts
+    };
+    let ys: Vec<String> = if pieces > 1 {
+        let (qs, masks) = (split(&mut b, &q), split(&mut b, &mask));
+        (0..pieces).map(|i| b.node("Attention", &[&qs[i], &k, &v, &masks[i]], attributes.clone())).collect()
+    } else {
+        vec![b.node("Attention", &[&q, &k, &v, &mask], attributes)]
+    };
+    let ys: Vec<&str> = ys.iter().map(String::as_str).collect();
+    b.node_to("Concat", &ys, &["out"], vec![attr_int("axis", -2)]);
+    b.output("out", FLOAT, None);
+    b.model(23)
+}
+
+/// Feeds of `s` queries and keys for `kernel_over` and `core_of(4, ..)`
+/// (q, k, v [1, 4, s, 8], or [1, s, 32] with `merged`): a causal mask of
+/// the lowest, its row `hidden` all the lowest where given.
+fn long_feeds(dir: &std::path::Path, s: u64, merged: bool, hidden: Option<u64>) -> std::path::PathBuf {
+    let path = dir.join(format!("long_{s}_{merged}_{hidden:?}.npz"));
+    let mut mask = vec![0f32; (s * s) as usize];
+    for (i, row) in mask.chunks_mut(s as usize).enumerate() {
+        for (j, x) in row.iter_mut().enumerate() {
+            if j > i || Some(i as u64) == hidden {
+                *x = f32::MIN;
+            }
+        }
+    }
+    let shape = if merged { vec![1, s, 32] } else { vec![1, 4, s, 8] };
+    let n = (s * 32) as usize;
+    let (q, k, v) = (values(n, 1).iter().map(|x| x * 4.0).collect(), values(n, 2), values(n, 3));
+    let mut f32s = vec![("q", shape.clone(), q), ("k", shape.clone(), k), ("v", shape, v), ("mask", vec![1, 1, s, s], mask)];
+    if !merged {
+        f32s.extend([("past_k", vec![1, 4, 0, 8], vec![]), ("past_v", vec![1, 4, 0, 8], vec![])]);
+    }
+    npz(&path, &f32s, &[]);
+    path
+}
+
+/// The fact the pieces rest on, run: ONNX Runtime's kernel computes each
+/// query row alone, so run on pieces of the queries (and of the mask's
+/// rows) and concatenated it computes the whole call, bit for bit, where
+/// each piece has two rows or more (a call of one query row takes another
+/// product, which rounds otherwise: 2 and 3 queries in halves differ by
+/// an ulp): 4-D and 3-D (merged heads), in halves and in the pass's 8
+/// pieces, even and odd lengths.
+#[test]
+fn onnx_runtimes_attention_over_pieces_of_the_queries_computes_the_whole_call() {
+    let dir = tempdir();
+    for merged in [false, true] {
+        let whole = kernel_over(merged, 1);
+        for (pieces, lengths) in [(2, vec![4, 5, 1031]), (8, vec![16, 64, 1024, 1031, 1100])] {
+            let split = kernel_over(merged, pieces);
+            for s in lengths {
+                let inputs = long_feeds(dir.path(), s, merged, Some(s / 3));
+                assert!(same_bits(&whole, &split, &inputs), "merged {merged}, {s} queries in {pieces} pieces");
+            }
+        }
+    }
+}
+
+/// The kernel branch that runs the pieces, its result shifted by 1: where
+/// the fused model computes otherwise than with it, the pieces ran.
+fn pieces_shifted(model: &ModelProto) -> ModelProto {
+    shifted(model, "over pieces of the queries")
+}
+
+/// A long call (1,024 queries or more, known only at run time) runs the
+/// kernel on pieces of its queries, a shorter one the whole kernel in one
+/// `If` (a decode step's); a long call with a row hidden whole runs the
+/// kernel lifted, whole. Each computes the core bit for bit.
+#[test]
+fn long_calls_run_the_kernel_over_pieces_of_their_queries() {
+    let dir = tempdir();
+    let core = core_of(4, || sym("s"));
+    let guarded = fused(&core);
+    for (s, hidden, long) in [(1023, None, false), (1024, None, true), (1031, Some(0), false), (1, None, false)] {
+        let inputs = long_feeds(dir.path(), s, false, hidden);
+        assert!(same_bits(&core, &guarded, &inputs), "{s} queries, row {hidden:?} hidden");
+        assert!(runs_the_kernel(&guarded, &inputs), "{s} queries, row {hidden:?} hidden: the kernel runs");
+        assert_eq!(!same_bits(&guarded, &pieces_shifted(&guarded), &inputs), long, "{s} queries: over pieces");
+    }
+    // A decode step's call is one If, its kernel the whole.
+    assert_eq!(kernels(&guarded).len(), 1);
+    // Queries of a known length need no second If: short, the kernel is
+    // whole; long, it is the pieces (the kernel's and the lifted kernel's).
+    for (s, pieces) in [(1023, 0), (1024, 2)] {
+        let known = fused(&core_of(4, || D::N(s)));
+        let within = |name: &str| subgraphs_named(&known, name);
+        assert_eq!(within("over pieces of the queries"), pieces, "{s} queries");
+        assert_eq!(within("long queries"), 0, "{s} queries");
     }
 }
 

@@ -92,6 +92,27 @@ fn split_transpose_and_unknown_ops() {
     assert_eq!(shape(&b, 17, &unknown), None);
 }
 
+/// `num_outputs` (opset 18) over an axis not known to divide: parts of
+/// ceil(n/k), the last the rest, as ONNX Runtime splits; concatenated
+/// again they are n long, known or not. Before opset 18 equal parts need
+/// a divisible axis.
+#[test]
+fn split_into_num_outputs_parts_adds_back_up_to_the_axis() {
+    let mut b = Builder::default();
+    let x = b.input("x", FLOAT, Some(&[sym("b"), sym("s"), D::N(10)]));
+    let split = vec![attr_int("axis", 1), attr_int("num_outputs", 3)];
+    b.node_to("Split", &[&x], &["p0", "p1", "p2"], split);
+    assert_eq!(shape(&b, 18, "p0").unwrap(), ["b", "p0#part", "10"]);
+    assert_eq!(shape(&b, 18, "p2").unwrap(), ["b", "s - 2·p0#part", "10"].map(|d| d.to_string()));
+    let whole = b.node("Concat", &["p0", "p1", "p2"], vec![attr_int("axis", 1)]);
+    assert_eq!(shape(&b, 18, &whole), shape(&b, 18, &x));
+    b.node_to("Split", &[&x], &["c0", "c1", "c2"], vec![attr_int("axis", 2), attr_int("num_outputs", 3)]);
+    assert_eq!(shape(&b, 18, "c1").unwrap(), ["b", "s", "4"]);
+    assert_eq!(shape(&b, 18, "c2").unwrap(), ["b", "s", "2"]);
+    b.node_to("Split", &[&x], &["e0", "e1"], vec![attr_int("axis", 1)]);
+    assert_eq!(shape(&b, 17, "e0"), None, "halves of an axis not known to be even");
+}
+
 #[test]
 fn a_slice_with_bounds_computed_at_run_time_keeps_the_axes_it_does_not_slice() {
     // GPT-2's causal mask: the [1, 1, N, N] buffer sliced on axis 2 to

@@ -65,8 +65,12 @@ impl Memo {
     }
 }
 
-/// How deep the views of If branches that shapes derive may nest.
-const MAX_BODY_DEPTH: usize = 2;
+/// How deep the views of If branches that shapes derive may nest: 3, the
+/// attention kernel's guard over a long call (`If` → `If` → the kernel's
+/// pieces with a NaN guard, or the lifted kernel's `If`). A hostile model
+/// of nested Ifs costs more the deeper: each view derives its nested Ifs'
+/// branches again.
+const MAX_BODY_DEPTH: usize = 3;
 
 pub struct Shapes<'g, 'a> {
     g: &'g Graph<'a>,
@@ -1089,14 +1093,32 @@ impl<'g, 'a> Shapes<'g, 'a> {
     }
 
     /// The shape of one output of a Split: sizes given (attribute before
-    /// opset 13, input from it on), or equal parts of a divisible axis.
+    /// opset 13, input from it on), or equal parts of a divisible axis, or
+    /// (`num_outputs`, opset 18, an axis not known to divide) parts of
+    /// ceil(n/k), an atom of the Split's where n is no number, the last
+    /// the rest: the parts add up to n.
     fn split_part(&self, node: &crate::onnx::NodeProto, value: &str, x: Vec<Dim>) -> Option<Vec<Dim>> {
         let index = node.output.iter().position(|o| o == value)?;
         let axis = normalize(node.attr_int("axis").unwrap_or(0), x.len())?;
+        let k = node.output.len() as i64;
         let part = match self.g.ints_argument(node, "split", 1, 13) {
             IntsArgument::Known(sizes) if sizes.len() == node.output.len() => Dim::known(*sizes.get(index)?),
-            IntsArgument::Absent if node.attr_int("num_outputs").is_none_or(|n| n == node.output.len() as i64) => {
-                x[axis].div(&Dim::known(node.output.len() as i64))?
+            IntsArgument::Absent if node.attr_int("num_outputs").is_none_or(|n| n == k) => {
+                match x[axis].div(&Dim::known(k)) {
+                    Some(part) => part,
+                    None if node.attr_int("num_outputs").is_some() => {
+                        let part = match x[axis].value() {
+                            Some(n) => Dim::known(n.checked_add(k - 1)? / k),
+                            None => Dim::atom(format!("{}#part", node.output.first()?)),
+                        };
+                        if index + 1 < node.output.len() {
+                            part
+                        } else {
+                            x[axis].sub(&part.mul(&Dim::known(k - 1))?)?
+                        }
+                    }
+                    None => return None,
+                }
             }
             _ => return None,
         };

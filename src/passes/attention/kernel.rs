@@ -30,7 +30,8 @@
 //! such an input runs the original ops instead (`If`), so the output is the
 //! original's on every input. A NaN guard after the softmax (SDPA exports:
 //! a row of NaN becomes zeros) is kept the same way: where the kernel's
-//! result holds a NaN, the original ops run.
+//! result holds a NaN, the original ops run. A long call (a prompt's) runs
+//! the kernel over pieces of its queries (`over_query_pieces`).
 
 use std::collections::HashMap;
 
@@ -463,32 +464,46 @@ pub(super) fn attention(
     } else {
         then.push(writing(a, attention));
     }
-    let kernel = branch("ONNX Attention", then, a, elem);
+    let whole = branch("ONNX Attention", then, a, elem);
+    let length = query_length(&sq[2], &q, if merged.is_some() { 1 } else { 2 }, &name, &mut prelude);
+    let kernel = match length {
+        Length::Long => over_query_pieces(&whole),
+        _ => whole.clone(),
+    };
+    // (The lifted kernel runs whole where the length is known only at run
+    // time: its pieces would nest one `If` deeper than shapes derive.)
     let otherwise = match lifted {
-        Some(lifted) => hidden_rows_lifted(lifted, &conditions, &kernel, a, &name),
+        Some(lifted) => {
+            let lifted_kernel = if matches!(length, Length::Long) { &kernel } else { &whole };
+            hidden_rows_lifted(lifted, &conditions, lifted_kernel, a, &name)
+        }
         None => original_ops(),
     };
-    let replacement = match conditions.as_slice() {
-        [] if !nan_guard => {
-            let attention = kernel.node.into_iter().last().expect("the kernel");
-            return Ok(replace(anchor, attention, shared, |r| grouped(r.needing_opset(23), n)));
+    let replacement = match (conditions.as_slice(), &length) {
+        ([], Length::Either(long)) => guard(long, over_query_pieces(&kernel), kernel),
+        // No guard at all: the kernel runs whole.
+        ([], _) if !nan_guard => {
+            let mut nodes = whole.node;
+            let attention = nodes.pop().expect("the kernel");
+            prelude.extend(nodes);
+            return Ok(replace(anchor, attention, shared, |r| grouped(r.after(prelude.clone()).needing_opset(23), n)));
         }
-        [] => {
+        ([], _) => {
             // Only the NaN guard: the kernel runs before it, unguarded.
             let mut nodes = kernel.node;
             let nan_guard = nodes.pop().expect("the NaN guard");
             prelude.extend(nodes);
             nan_guard
         }
-        [ok] => guard(ok, kernel, otherwise),
-        [first, rest @ ..] => {
+        ([ok], _) => by_length(ok, kernel, otherwise, &length, a, &name, &mut prelude),
+        ([first, rest @ ..], _) => {
             let mut ok = first.clone();
             for (i, next) in rest.iter().enumerate() {
                 let both = if i + 1 == rest.len() { name("ok") } else { name(&format!("ok_{i}")) };
                 prelude.push(writing(&both, node("And", &[&ok, next], vec![])));
                 ok = both;
             }
-            guard(&ok, kernel, otherwise)
+            by_length(&ok, kernel, otherwise, &length, a, &name, &mut prelude)
         }
     };
     Ok(replace(anchor, replacement, shared, |r| {
@@ -1140,6 +1155,99 @@ fn hidden_rows_lifted(
     reading_instead(&mut kernel, &mask, &lifted_mask);
     nodes.push(writing(a, guard(&ok, kernel, original_ops())));
     branch("ONNX Attention, rows hidden whole lifted", nodes, a, FLOAT)
+}
+
+/// The query length from which the kernel runs on pieces of the queries
+/// (`over_query_pieces`).
+const LONG_QUERIES: i64 = 1024;
+
+/// Whether a call's queries are long (`LONG_QUERIES` or more): known, or
+/// a condition computed at run time (`long`, pushed to `prelude`).
+enum Length {
+    Short,
+    Long,
+    Either(String),
+}
+
+/// The `Length` of the queries `s`, axis `at` of q.
+fn query_length(s: &Dim, q: &str, at: i64, name: &dyn Fn(&str) -> String, prelude: &mut Vec<NodeProto>) -> Length {
+    match s.value() {
+        Some(s) if s >= LONG_QUERIES => Length::Long,
+        Some(_) => Length::Short,
+        None => {
+            let [axis, length, least, long] = ["query_axis", "query_length", "long_from", "long"].map(|n| name(n));
+            prelude.push(writing(&axis, node("Shape", &[q], vec![int("start", at), int("end", at + 1)])));
+            prelude.push(writing(&length, node("Squeeze", &[&axis], vec![])));
+            prelude.push(constant(&least, scalar_tensor(INT64, (LONG_QUERIES - 1) as f64)));
+            prelude.push(writing(&long, node("Greater", &[&length, &least], vec![])));
+            Length::Either(long)
+        }
+    }
+}
+
+/// `If(ok) { kernel } else { otherwise }`, where the queries may be long
+/// or short: the kernel over pieces of long queries (`over_query_pieces`)
+/// in a second `If` of the first's else branch, so that a short call (a
+/// decode step) still runs one `If`.
+fn by_length(
+    ok: &str,
+    kernel: GraphProto,
+    otherwise: GraphProto,
+    length: &Length,
+    a: &str,
+    name: &dyn Fn(&str) -> String,
+    nodes: &mut Vec<NodeProto>,
+) -> NodeProto {
+    let Length::Either(long) = length else { return guard(ok, kernel, otherwise) };
+    let [short, ok_short, ok_long] = ["short", "ok_short", "ok_long"].map(|n| name(n));
+    nodes.push(writing(&short, node("Not", &[long], vec![])));
+    nodes.push(writing(&ok_short, node("And", &[ok, &short], vec![])));
+    nodes.push(writing(&ok_long, node("And", &[ok, long], vec![])));
+    let pieces = over_query_pieces(&kernel);
+    let long_call = branch("long queries", vec![writing(a, guard(&ok_long, pieces, otherwise))], a, FLOAT);
+    guard(&ok_short, kernel, long_call)
+}
+
+/// The pieces a long call's queries are run in (`over_query_pieces`).
+const QUERY_PIECES: usize = 8;
+
+/// The kernel branch with its `Attention` run on each of `QUERY_PIECES`
+/// pieces of the queries (axis -2 of q, of the mask and of the output, in
+/// both forms the pass writes: `Split` into pieces of ceil(s/8) rows, the
+/// last the rest) and the pieces concatenated. Each query row is computed
+/// alone, so the pieces compute the whole call (bit for bit where each
+/// has two rows or more, pinned by `tests/kernel.rs`). ONNX Runtime's
+/// kernel holds the scores of the call it runs: a piece holds an eighth,
+/// which fits where a whole call of a long prompt leaves the memory arena
+/// no room (docs/attention-kernel.md). Needs s ≥ 64 (no piece empty).
+fn over_query_pieces(kernel: &GraphProto) -> GraphProto {
+    let mut pieces = kernel.clone();
+    pieces.name = Some(format!("{}, over pieces of the queries", kernel.name()));
+    let at = pieces.node.iter().position(|n| n.is("Attention")).expect("the kernel branch runs Attention");
+    let attention = pieces.node.remove(at);
+    let y = &attention.output[0];
+    let mut nodes = Vec::new();
+    let mut split = |x: &str, what: &str| -> Vec<String> {
+        let parts: Vec<String> = (0..QUERY_PIECES).map(|i| format!("{y}/{what}_piece_{i}")).collect();
+        let mut s = node("Split", &[x], vec![int("axis", -2), int("num_outputs", QUERY_PIECES as i64)]);
+        s.output = parts.clone();
+        nodes.push(s);
+        parts
+    };
+    let qs = split(&attention.input[0], "q");
+    let masks = attention.input.get(3).map(|m| split(m, "mask"));
+    let outs: Vec<String> = (0..QUERY_PIECES).map(|i| format!("{y}/piece_{i}")).collect();
+    for (i, (q, out)) in qs.iter().zip(&outs).enumerate() {
+        let mut inputs = attention.input.clone();
+        inputs[0] = q.clone();
+        if let Some(masks) = &masks {
+            inputs[3] = masks[i].clone();
+        }
+        nodes.push(NodeProto { input: inputs, output: vec![out.clone()], ..attention.clone() });
+    }
+    nodes.push(writing(y, node("Concat", &refs(&outs), vec![int("axis", -2)])));
+    pieces.node.splice(at..at, nodes);
+    pieces
 }
 
 /// The condition that every row (along `axes`, the last) of the f32 `x`
