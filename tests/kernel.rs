@@ -242,6 +242,62 @@ fn the_guard_runs_the_original_ops_where_the_kernel_would_differ() {
     }
 }
 
+/// `core(kv)` with every size a known number (batch 1) and a constant
+/// mask of one row, `[1, 1, 1, 3]`, that hides no key: nothing for a
+/// guard to test.
+fn core_unguarded(kv: i64) -> ModelProto {
+    let mut b = Builder::default();
+    let shape = |h: i64| [D::N(1), D::N(h), D::N(3), D::N(8)];
+    let mut m = core(kv);
+    let g = m.graph.as_mut().unwrap();
+    for input in g.input.iter_mut() {
+        let dims = match input.name() {
+            "q" => shape(4).to_vec(),
+            "k" | "v" => shape(kv).to_vec(),
+            _ => vec![D::N(1), D::N(kv), D::N(0), D::N(8)],
+        };
+        *input = value_info(input.name(), FLOAT, Some(&dims));
+    }
+    g.input.retain(|i| i.name() != "mask");
+    b.init("mask", tensor(FLOAT, &[1, 1, 1, 3], &[0.0, -1.0, 0.5]));
+    g.initializer.extend(b.graph.initializer);
+    m
+}
+
+/// Where nothing needs a guard, the kernel runs unguarded, with the nodes
+/// its branch would hold (the one mask row expanded over the queries)
+/// before it.
+#[test]
+fn a_kernel_with_nothing_to_guard_runs_unguarded_with_its_mask_expanded() {
+    let dir = tempdir();
+    for kv in [4, 2] {
+        let core = core_unguarded(kv);
+        let fused = fused(&core);
+        assert!(guards(&fused).is_empty(), "kv {kv}: no guard");
+        let main = &fused.graph.as_ref().unwrap().node;
+        let attention = main.iter().find(|n| n.op_type() == "Attention").expect("the kernel, unguarded");
+        let expand = main.iter().find(|n| n.op_type() == "Expand" && n.output[0] == attention.input[3]);
+        assert!(expand.is_some(), "kv {kv}: the mask row expanded before the kernel");
+        let n = |h: u64| (h * 3 * 8) as usize;
+        let inputs = dir.path().join(format!("unguarded_{kv}.npz"));
+        let (h, kvs) = (vec![1, 4, 3, 8], vec![1, kv as u64, 3, 8]);
+        let past = vec![1, kv as u64, 0, 8];
+        npz(
+            &inputs,
+            &[
+                ("q", h, values(n(4), 1)),
+                ("k", kvs.clone(), values(n(kv as u64), 2)),
+                ("v", kvs, values(n(kv as u64), 3)),
+                ("past_k", past.clone(), vec![]),
+                ("past_v", past, vec![]),
+            ],
+            &[],
+        );
+        let v = compare(&core, &fused, &inputs).unwrap();
+        assert!(v.passed, "kv {kv}:\n{}", v.text());
+    }
+}
+
 /// The model with every body of original ops computing its output plus 1:
 /// where it still computes the original, no original ops ran.
 fn fallback_shifted(model: &ModelProto) -> ModelProto {
