@@ -109,6 +109,10 @@ fn split_into_num_outputs_parts_adds_back_up_to_the_axis() {
     b.node_to("Split", &[&x], &["c0", "c1", "c2"], vec![attr_int("axis", 2), attr_int("num_outputs", 3)]);
     assert_eq!(shape(&b, 18, "c1").unwrap(), ["b", "s", "4"]);
     assert_eq!(shape(&b, 18, "c2").unwrap(), ["b", "s", "2"]);
+    let eight: Vec<String> = (0..8).map(|i| format!("n{i}")).collect();
+    let eight: Vec<&str> = eight.iter().map(String::as_str).collect();
+    b.node_to("Split", &[&x], &eight, vec![attr_int("axis", 2), attr_int("num_outputs", 8)]);
+    assert_eq!(shape(&b, 18, "n0"), None, "10 in 8 parts of 2 leaves the last -4");
     b.node_to("Split", &[&x], &["e0", "e1"], vec![attr_int("axis", 1)]);
     assert_eq!(shape(&b, 17, "e0"), None, "halves of an axis not known to be even");
 }

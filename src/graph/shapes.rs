@@ -1111,10 +1111,15 @@ impl<'g, 'a> Shapes<'g, 'a> {
                             Some(n) => Dim::known(n.checked_add(k - 1)? / k),
                             None => Dim::atom(format!("{}#part", node.output.first()?)),
                         };
+                        let rest = x[axis].sub(&part.mul(&Dim::known(k - 1))?)?;
+                        // (No run splits a known axis into a negative rest.)
+                        if rest.value().is_some_and(|r| r < 0) {
+                            return None;
+                        }
                         if index + 1 < node.output.len() {
                             part
                         } else {
-                            x[axis].sub(&part.mul(&Dim::known(k - 1))?)?
+                            rest
                         }
                     }
                     None => return None,
