@@ -424,7 +424,8 @@ fn rows_hidden_whole_run_the_kernel_lifted_and_the_original_ops_only_where_the_l
 fn kernel_over(merged: bool, pieces: usize) -> ModelProto {
     let mut b = Builder::default();
     let shape = if merged { vec![D::N(1), sym("s"), D::N(32)] } else { vec![D::N(1), D::N(4), sym("s"), D::N(8)] };
-    let (q, k, v) = (b.input("q", FLOAT, Some(&shape)), b.input("k", FLOAT, Some(&shape)), b.input("v", FLOAT, Some(&shape)));
+    let (q, k, v) =
+        (b.input("q", FLOAT, Some(&shape)), b.input("k", FLOAT, Some(&shape)), b.input("v", FLOAT, Some(&shape)));
     let mask = b.input("mask", FLOAT, Some(&[D::N(1), D::N(1), sym("s"), sym("s")]));
     let mut attributes = vec![attr_float("scale", SCALE)];
     if merged {
@@ -464,7 +465,8 @@ fn long_feeds(dir: &std::path::Path, s: u64, merged: bool, hidden: Option<u64>) 
     let shape = if merged { vec![1, s, 32] } else { vec![1, 4, s, 8] };
     let n = (s * 32) as usize;
     let (q, k, v) = (values(n, 1).iter().map(|x| x * 4.0).collect(), values(n, 2), values(n, 3));
-    let mut f32s = vec![("q", shape.clone(), q), ("k", shape.clone(), k), ("v", shape, v), ("mask", vec![1, 1, s, s], mask)];
+    let mut f32s =
+        vec![("q", shape.clone(), q), ("k", shape.clone(), k), ("v", shape, v), ("mask", vec![1, 1, s, s], mask)];
     if !merged {
         f32s.extend([("past_k", vec![1, 4, 0, 8], vec![]), ("past_v", vec![1, 4, 0, 8], vec![])]);
     }
@@ -638,15 +640,26 @@ fn where_kernel(hides: bool) -> ModelProto {
 /// Feeds for `where_core`: q and k times `qk`, mask row 1 of batch 0 as
 /// `row` (1 keeps a key), every other row keeping all keys but its last.
 fn where_feeds(dir: &std::path::Path, qk: f32, row: [f32; 3], hides: bool) -> std::path::PathBuf {
+    scaled_feeds(dir.join(format!("where_{qk}_{row:?}_{hides}.npz")), qk, vec![("mask", where_mask(row, hides))])
+}
+
+/// The mask of `where_feeds`.
+fn where_mask(row: [f32; 3], hides: bool) -> Vec<f32> {
     let (keep, hide) = if hides { (0.0, 1.0) } else { (1.0, 0.0) };
     let mut mask: Vec<f32> = (0..18).map(|i| if i % 3 == 2 { hide } else { keep }).collect();
     mask[3..6].copy_from_slice(&row.map(|x| if hides { 1.0 - x } else { x }));
-    scaled_feeds(dir.join(format!("where_{qk}_{row:?}_{hides}.npz")), qk, vec![("mask", mask)])
+    mask
 }
 
 /// Feeds of batch 2 and 4 heads (no past) with q and k times `qk`, and
 /// `masks` of `[2, 1, 3, 3]`.
 fn scaled_feeds(path: std::path::PathBuf, qk: f32, masks: Vec<(&str, Vec<f32>)>) -> std::path::PathBuf {
+    npz(&path, &scaled_arrays(qk, masks), &[]);
+    path
+}
+
+/// The arrays of `scaled_feeds`.
+fn scaled_arrays(qk: f32, masks: Vec<(&str, Vec<f32>)>) -> Vec<(&str, Vec<u64>, Vec<f32>)> {
     let n = 2 * 4 * 3 * 8;
     let scaled = |seed: u64, by: f32| values(n, seed).into_iter().map(|x| x * by).collect::<Vec<f32>>();
     let mut arrays = vec![
@@ -657,8 +670,7 @@ fn scaled_feeds(path: std::path::PathBuf, qk: f32, masks: Vec<(&str, Vec<f32>)>)
         ("past_v", vec![2, 4, 0, 8], vec![]),
     ];
     arrays.extend(masks.into_iter().map(|(name, data)| (name, vec![2, 1, 3, 3], data)));
-    npz(&path, &arrays, &[]);
-    path
+    arrays
 }
 
 /// The facts of ONNX Runtime's `Attention` with a boolean mask that the
@@ -706,6 +718,32 @@ fn onnx_runtimes_attention_with_the_kept_keys_is_a_where_core_while_scores_stay_
     assert!(!runs_the_kernel(&fused, &none), "a fill of -inf: the original ops run");
     let v = compare(&core, &fused, &none).unwrap();
     assert!(v.passed, "a fill of -inf:\n{}", v.text());
+}
+
+/// A NaN in a key the Where hides: the core replaces its score by the fill
+/// (no NaN), the kernel's result is NaN. The guard's bound on the scores
+/// reads max|k|, which ONNX Runtime's `ReduceMax` computes passing over a
+/// NaN that is not the first value (a false fusion before): the bound adds
+/// 0 · Σk, and the original ops run.
+#[test]
+fn a_nan_in_a_key_the_where_hides_runs_the_original_ops() {
+    let dir = tempdir();
+    let some = [1.0, 1.0, 0.0];
+    let feeds = where_feeds(dir.path(), 1.0, some, false);
+    let (core, kernel) = (where_core(-1e9, false), where_kernel(false));
+    let fused = fused(&core);
+    // Key 2 is hidden in every row of batch 0; its element 1 of head 0
+    // (not the first value of k) becomes NaN.
+    let mut arrays = scaled_arrays(1.0, vec![("mask", where_mask(some, false))]);
+    arrays[1].2[2 * 8 + 1] = f32::NAN;
+    let with_nan = dir.path().join("nan_key.npz");
+    npz(&with_nan, &arrays, &[]);
+    let v = compare(&core, &kernel, &with_nan).unwrap();
+    assert!(!v.passed, "the kernel alone is expected to give NaN for a NaN key it drops");
+    let v = compare(&core, &fused, &with_nan).unwrap();
+    assert!(v.passed, "guarded:\n{}", v.text());
+    assert!(!runs_the_kernel(&fused, &with_nan), "the original ops run");
+    assert!(runs_the_kernel(&fused, &feeds), "without the NaN the kernel runs");
 }
 
 /// An encoder's cores (BERT: no cache, no grouped heads) become the 3-D
