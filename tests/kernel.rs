@@ -454,11 +454,17 @@ fn kernel_over(merged: bool, pieces: usize) -> ModelProto {
 /// the lowest, its row `hidden` all the lowest where given.
 fn long_feeds(dir: &std::path::Path, s: u64, merged: bool, hidden: Option<u64>) -> std::path::PathBuf {
     let path = dir.join(format!("long_{s}_{merged}_{hidden:?}.npz"));
+    npz(&path, &long_arrays(s, merged, hidden, f32::MIN), &[]);
+    path
+}
+
+/// The arrays of `long_feeds`, the causal mask's hidden keys `fill`.
+fn long_arrays(s: u64, merged: bool, hidden: Option<u64>, fill: f32) -> Vec<(&'static str, Vec<u64>, Vec<f32>)> {
     let mut mask = vec![0f32; (s * s) as usize];
     for (i, row) in mask.chunks_mut(s as usize).enumerate() {
         for (j, x) in row.iter_mut().enumerate() {
             if j > i || Some(i as u64) == hidden {
-                *x = f32::MIN;
+                *x = fill;
             }
         }
     }
@@ -470,8 +476,7 @@ fn long_feeds(dir: &std::path::Path, s: u64, merged: bool, hidden: Option<u64>) 
     if !merged {
         f32s.extend([("past_k", vec![1, 4, 0, 8], vec![]), ("past_v", vec![1, 4, 0, 8], vec![])]);
     }
-    npz(&path, &f32s, &[]);
-    path
+    f32s
 }
 
 /// The fact the pieces rest on, run: ONNX Runtime's kernel computes each
@@ -492,6 +497,136 @@ fn onnx_runtimes_attention_over_pieces_of_the_queries_computes_the_whole_call() 
                 let inputs = long_feeds(dir.path(), s, merged, Some(s / 3));
                 assert!(same_bits(&whole, &split, &inputs), "merged {merged}, {s} queries in {pieces} pieces");
             }
+        }
+    }
+}
+
+/// ONNX `Attention` of q [1, 4, s, 8] (or [1, s, 32] with `merged`) over
+/// keys, values and mask rows [.., t]; with `cut`, over their first `n`
+/// keys only (`n` an input, read by both).
+fn kernel_over_keys(merged: bool, cut: bool) -> ModelProto {
+    let mut b = Builder::default();
+    let shape =
+        |len: &str| if merged { vec![D::N(1), sym(len), D::N(32)] } else { vec![D::N(1), D::N(4), sym(len), D::N(8)] };
+    let q = b.input("q", FLOAT, Some(&shape("s")));
+    let (mut k, mut v) = (b.input("k", FLOAT, Some(&shape("t"))), b.input("v", FLOAT, Some(&shape("t"))));
+    let mut mask = b.input("mask", FLOAT, Some(&[D::N(1), D::N(1), sym("s"), sym("t")]));
+    let n = b.input("n", INT64, Some(&[D::N(1)]));
+    if cut {
+        let (zero, keys, last) = (b.ints(&[0]), b.ints(&[-2]), b.ints(&[-1]));
+        k = b.node("Slice", &[&k, &zero, &n, &keys], vec![]);
+        v = b.node("Slice", &[&v, &zero, &n, &keys], vec![]);
+        mask = b.node("Slice", &[&mask, &zero, &n, &last], vec![]);
+    } else {
+        // Read, so that both models take the same inputs.
+        let zero = b.ints(&[0]);
+        let none = b.node("Mul", &[&n, &zero], vec![]);
+        b.node_to("Identity", &[&none], &["n_read"], vec![]);
+        b.output("n_read", INT64, None);
+    }
+    let mut attributes = vec![attr_float("scale", SCALE)];
+    if merged {
+        attributes.extend([attr_int("q_num_heads", 4), attr_int("kv_num_heads", 4)]);
+    }
+    b.node_to("Attention", &[&q, &k, &v, &mask], &["out"], attributes);
+    b.output("out", FLOAT, None);
+    if cut {
+        let zero = b.ints(&[0]);
+        let none = b.node("Mul", &[&n, &zero], vec![]);
+        b.node_to("Identity", &[&none], &["n_read"], vec![]);
+        b.output("n_read", INT64, None);
+    }
+    b.model(23)
+}
+
+/// The fact a long call's pieces that read only the keys they see rest
+/// on, run: where a row's mask is -inf at every key from some n on (a
+/// causal prompt's rows past their position), ONNX Runtime's kernel over
+/// the first n keys computes it bit for bit as over all of them: the
+/// pieces of the pass's 8 of an even and an odd length, after no cache and
+/// a cache of 5 keys, for n from the piece's causal bound to all keys, a
+/// row hidden whole included (the kernel's zeros both ways); 4-D and 3-D.
+#[test]
+fn onnx_runtimes_attention_over_the_keys_a_minus_infinity_mask_leaves_computes_the_whole_call() {
+    let dir = tempdir();
+    for merged in [false, true] {
+        let (whole, cut) = (kernel_over_keys(merged, false), kernel_over_keys(merged, true));
+        for (s, past) in [(1031u64, 0u64), (1024, 5)] {
+            let t = s + past;
+            let rows = s.div_ceil(8);
+            for piece in 0..8 {
+                let (r0, r1) = (piece * rows, ((piece + 1) * rows).min(s));
+                let m = r1 - r0;
+                let mut mask = vec![0f32; (m * t) as usize];
+                for (i, row) in mask.chunks_mut(t as usize).enumerate() {
+                    let at = past + r0 + i as u64;
+                    for (j, x) in row.iter_mut().enumerate() {
+                        // Row 0 of the second piece is hidden whole.
+                        if j as u64 > at || (piece == 1 && i == 0) {
+                            *x = f32::NEG_INFINITY;
+                        }
+                    }
+                }
+                let qs = if merged { vec![1, m, 32] } else { vec![1, 4, m, 8] };
+                let ks = if merged { vec![1, t, 32] } else { vec![1, 4, t, 8] };
+                let need = past + r1;
+                for n in [need, need + 13, t].into_iter().filter(|&n| n <= t) {
+                    let path = dir.path().join(format!("keys_{merged}_{s}_{piece}_{n}.npz"));
+                    let (q, k, v) =
+                        (values((m * 32) as usize, 1), values((t * 32) as usize, 2), values((t * 32) as usize, 3));
+                    let q = q.iter().map(|x| x * 4.0).collect();
+                    npz(
+                        &path,
+                        &[
+                            ("q", qs.clone(), q),
+                            ("k", ks.clone(), k),
+                            ("v", ks.clone(), v),
+                            ("mask", vec![1, 1, m, t], mask.clone()),
+                        ],
+                        &[("n", vec![1], vec![n as i64])],
+                    );
+                    assert!(
+                        same_bits(&whole, &cut, &path),
+                        "merged {merged}, {s} after {past}, piece {piece}, {n} keys"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A long call whose mask hides the keys past each row by -inf runs its
+/// pieces over the keys they see, each computing the core bit for bit; a
+/// NaN or an infinity in a key or value a piece would drop, or a NaN in
+/// the mask there, makes it read every key (the core's NaN, not the
+/// kernel's finite piece).
+#[test]
+fn long_causal_calls_read_only_the_keys_each_piece_sees() {
+    let dir = tempdir();
+    let core = core_of(4, || sym("s"));
+    let guarded = fused(&core);
+    let pieces = all_nodes(&guarded).into_iter().filter(|n| n.op_type() == "Attention").count();
+    let slices = all_nodes(&guarded)
+        .into_iter()
+        .filter(|n| n.op_type() == "Slice" && n.output[0].contains("/seen_key_"))
+        .count();
+    assert_eq!((pieces, slices), (1 + 8 + 1, 8), "the whole kernel, its pieces and the lifted kernel; 8 cut keys");
+    for s in [1024, 1031] {
+        let base = long_arrays(s, false, None, f32::NEG_INFINITY);
+        let last_key = |x: &mut Vec<f32>| x[((s - 1) * 8 + 3) as usize] = f32::NAN;
+        let edits: [(&str, &dyn Fn(&mut Vec<(&str, Vec<u64>, Vec<f32>)>)); 5] = [
+            ("as it is", &|_| {}),
+            ("a NaN in the last value", &|a| last_key(&mut a[2].2)),
+            ("a NaN in the last key", &|a| last_key(&mut a[1].2)),
+            ("an infinity in the last value", &|a| a[2].2[((s - 1) * 8) as usize] = f32::INFINITY),
+            ("a NaN in the mask above the first row", &|a| a[3].2[(s - 1) as usize] = f32::NAN),
+        ];
+        for (what, edit) in edits {
+            let mut arrays = base.clone();
+            edit(&mut arrays);
+            let path = dir.path().join(format!("causal_{s}_{}.npz", what.replace(' ', "_")));
+            npz(&path, &arrays, &[]);
+            assert!(same_bits(&core, &guarded, &path), "{s} queries, {what}: the core's bits");
         }
     }
 }

@@ -31,7 +31,9 @@
 //! original's on every input. A NaN guard after the softmax (SDPA exports:
 //! a row of NaN becomes zeros) is kept the same way: where the kernel's
 //! result holds a NaN, the original ops run. A long call (a prompt's) runs
-//! the kernel over pieces of its queries (`over_query_pieces`).
+//! the kernel over pieces of its queries (`over_query_pieces`), each
+//! reading only the keys its rows see where a float mask hides the rest
+//! by -inf (`keys_seen`).
 
 use std::collections::HashMap;
 
@@ -461,9 +463,12 @@ pub(super) fn attention(
         then.push(writing(a, attention));
     }
     let whole = branch("ONNX Attention", then, a, elem);
+    // A float mask: a long call's pieces may read only the keys they see.
+    let float_mask = !masks.is_empty() && kept.is_none();
     let length = query_length(&sq[2], &q, if merged.is_some() { 1 } else { 2 }, &name, &mut prelude);
+    let pieces = over_query_pieces(&whole, float_mask);
     let kernel = match length {
-        Length::Long => over_query_pieces(&whole),
+        Length::Long => pieces.clone(),
         _ => whole.clone(),
     };
     // (The lifted kernel runs whole where the length is known only at run
@@ -476,7 +481,7 @@ pub(super) fn attention(
         None => original_ops(),
     };
     let replacement = match (conditions.as_slice(), &length) {
-        ([], Length::Either(long)) => guard(long, over_query_pieces(&kernel), kernel),
+        ([], Length::Either(long)) => guard(long, pieces, kernel),
         // No guard at all: the kernel runs whole.
         ([], _) if !nan_guard => {
             let mut nodes = whole.node;
@@ -491,7 +496,7 @@ pub(super) fn attention(
             prelude.extend(nodes);
             nan_guard
         }
-        ([ok], _) => by_length(ok, kernel, otherwise, &length, a, &name, &mut prelude),
+        ([ok], _) => by_length(ok, [kernel, pieces], otherwise, &length, a, &name, &mut prelude),
         ([first, rest @ ..], _) => {
             let mut ok = first.clone();
             for (i, next) in rest.iter().enumerate() {
@@ -499,7 +504,7 @@ pub(super) fn attention(
                 prelude.push(writing(&both, node("And", &[&ok, next], vec![])));
                 ok = both;
             }
-            by_length(&ok, kernel, otherwise, &length, a, &name, &mut prelude)
+            by_length(&ok, [kernel, pieces], otherwise, &length, a, &name, &mut prelude)
         }
     };
     Ok(replace(anchor, replacement, shared, |r| {
@@ -1189,12 +1194,12 @@ fn query_length(s: &Dim, q: &str, at: i64, name: &dyn Fn(&str) -> String, prelud
 }
 
 /// `If(ok) { kernel } else { otherwise }`, where the queries may be long
-/// or short: the kernel over pieces of long queries (`over_query_pieces`)
+/// or short: the kernel over pieces of long queries (`pieces`)
 /// in a second `If` of the first's else branch, so that a short call (a
 /// decode step) still runs one `If`.
 fn by_length(
     ok: &str,
-    kernel: GraphProto,
+    [kernel, pieces]: [GraphProto; 2],
     otherwise: GraphProto,
     length: &Length,
     a: &str,
@@ -1206,7 +1211,6 @@ fn by_length(
     nodes.push(writing(&short, node("Not", &[long], vec![])));
     nodes.push(writing(&ok_short, node("And", &[ok, &short], vec![])));
     nodes.push(writing(&ok_long, node("And", &[ok, long], vec![])));
-    let pieces = over_query_pieces(&kernel);
     let long_call = branch("long queries", vec![writing(a, guard(&ok_long, pieces, otherwise))], a, FLOAT);
     guard(&ok_short, kernel, long_call)
 }
@@ -1223,7 +1227,9 @@ const QUERY_PIECES: usize = 8;
 /// kernel holds the scores of the call it runs: a piece holds an eighth,
 /// which fits where a whole call of a long prompt leaves the memory arena
 /// no room (docs/attention-kernel.md). Needs s ≥ 64 (no piece empty).
-fn over_query_pieces(kernel: &GraphProto) -> GraphProto {
+/// With a float mask, each piece reads the keys its rows can see
+/// (`keys_seen`).
+fn over_query_pieces(kernel: &GraphProto, float_mask: bool) -> GraphProto {
     let mut pieces = kernel.clone();
     pieces.name = Some(format!("{}, over pieces of the queries", kernel.name()));
     let at = pieces.node.iter().position(|n| n.is("Attention")).expect("the kernel branch runs Attention");
@@ -1239,6 +1245,7 @@ fn over_query_pieces(kernel: &GraphProto) -> GraphProto {
     };
     let qs = split(&attention.input[0], "q");
     let masks = attention.input.get(3).map(|m| split(m, "mask"));
+    let seen = masks.as_ref().filter(|_| float_mask).map(|masks| keys_seen(&attention, masks, &mut nodes));
     let outs: Vec<String> = (0..QUERY_PIECES).map(|i| format!("{y}/piece_{i}")).collect();
     for (i, (q, out)) in qs.iter().zip(&outs).enumerate() {
         let mut inputs = attention.input.clone();
@@ -1246,11 +1253,97 @@ fn over_query_pieces(kernel: &GraphProto) -> GraphProto {
         if let Some(masks) = &masks {
             inputs[3] = masks[i].clone();
         }
+        if let Some(seen) = &seen {
+            inputs[1..4].clone_from_slice(&seen[i]);
+        }
         nodes.push(NodeProto { input: inputs, output: vec![out.clone()], ..attention.clone() });
     }
     nodes.push(writing(y, node("Concat", &refs(&outs), vec![int("axis", -2)])));
     pieces.node.splice(at..at, nodes);
     pieces
+}
+
+/// The key, value and mask each piece of a long call reads (`masks`, the
+/// pieces of a float mask): the keys up to the last its rows can see.
+/// Piece i's rows are queries up to `end_i = min((i+1)·ceil(S/8), S)`;
+/// in a causal prompt of S queries after T − S keys of a cache, no row of
+/// the piece sees a key from `T − S + end_i` on. Where the piece's mask
+/// is -inf at every such key (checked at run time, a NaN failing it) and
+/// every score and value is finite (q, the key and the value bounded:
+/// `scale · D · max|q| · max|k| < 2^100`, D q's last axis, and max|v|
+/// finite), each of those keys has the weight 0 in the whole call and
+/// adds exactly nothing; ONNX Runtime's kernel over the keys before them
+/// computes the piece bit for bit (pinned by `tests/kernel.rs`), with
+/// about half the work of a causal prompt's scores. Elsewhere the piece
+/// reads every key. The first dropped key is held within [1, T − 1], so
+/// that a piece reads a key and the region tested is never empty.
+fn keys_seen(attention: &NodeProto, masks: &[String], nodes: &mut Vec<NodeProto>) -> Vec<[String; 3]> {
+    let y = &attention.output[0];
+    let name = |what: &str| format!("{y}/seen_{what}");
+    let (q, key, value) = (&attention.input[0], &attention.input[1], &attention.input[2]);
+    let ints = |what: &str, values: &[i64], nodes: &mut Vec<NodeProto>| {
+        nodes.push(ints_constant(&name(what), values));
+        name(what)
+    };
+    let step = |what: &str, op: &str, inputs: &[&str], attributes: Vec<AttributeProto>, nodes: &mut Vec<NodeProto>| {
+        nodes.push(writing(&name(what), node(op, inputs, attributes)));
+        name(what)
+    };
+    // S, T and the first key no row of each piece sees, [8].
+    let s = step("queries", "Shape", &[q], vec![int("start", -2), int("end", -1)], nodes);
+    let t = step("keys", "Shape", &[key], vec![int("start", -2), int("end", -1)], nodes);
+    let (one, pieces) = (ints("one", &[1], nodes), QUERY_PIECES as i64);
+    let (spare, count) = (ints("spare", &[pieces - 1], nodes), ints("piece_count", &[pieces], nodes));
+    let rounded = step("queries_rounded_up", "Add", &[&s, &spare], vec![], nodes);
+    let rows = step("piece_rows", "Div", &[&rounded, &count], vec![], nodes);
+    let nth = ints("nth_piece", &(1..=pieces).collect::<Vec<_>>(), nodes);
+    let reach = step("piece_reach", "Mul", &[&nth, &rows], vec![], nodes);
+    let ends = step("piece_ends", "Min", &[&reach, &s], vec![], nodes);
+    let past = step("cached_keys", "Sub", &[&t, &s], vec![], nodes);
+    let unseen = step("first_unseen", "Add", &[&ends, &past], vec![], nodes);
+    let last = step("last_key", "Sub", &[&t, &one], vec![], nodes);
+    let below_last = step("first_unseen_below_last", "Min", &[&unseen, &last], vec![], nodes);
+    let firsts = step("first_dropped", "Max", &[&below_last, &one], vec![], nodes);
+    // Every score and value finite.
+    let (lq, lk, lv) =
+        (largest(q, "q", &name, nodes), largest(key, "key", &name, nodes), largest(value, "value", &name, nodes));
+    let axis = step("q_last_axis", "Shape", &[q], vec![int("start", -1)], nodes);
+    let d = step("q_last_axis_f32", "Cast", &[&axis], vec![int("to", i64::from(FLOAT))], nodes);
+    let qk = step("largest_qk", "Mul", &[&lq, &lk], vec![], nodes);
+    let per = step("largest_qk_d", "Mul", &[&qk, &d], vec![], nodes);
+    let scale = attention.attr_float("scale").unwrap_or(f32::NAN);
+    nodes.push(constant(&name("scale"), scalar_tensor(FLOAT, f64::from(scale))));
+    let bound = step("score_bound", "Mul", &[&per, &name("scale")], vec![], nodes);
+    nodes.push(constant(&name("bound_limit"), scalar_tensor(FLOAT, 2f64.powi(100))));
+    let bounded = step("scores_bounded", "Less", &[&bound, &name("bound_limit")], vec![], nodes);
+    nodes.push(constant(&name("infinity"), scalar_tensor(FLOAT, f64::INFINITY)));
+    let finite_v = step("values_finite", "Less", &[&lv, &name("infinity")], vec![], nodes);
+    let finite = step("finite", "And", &[&bounded, &finite_v], vec![], nodes);
+    nodes.push(constant(&name("minus_infinity"), scalar_tensor(FLOAT, f64::NEG_INFINITY)));
+    nodes.push(constant(&name("one_f32"), scalar_tensor(FLOAT, 1.0)));
+    let (zero, to_end) = (ints("zero", &[0], nodes), ints("to_end", &[i64::MAX], nodes));
+    let (key_axis, mask_axis) = (ints("key_axis", &[-2], nodes), ints("mask_axis", &[-1], nodes));
+    masks
+        .iter()
+        .enumerate()
+        .map(|(i, mask)| {
+            let at = |what: &str| format!("{what}_{i}");
+            let (from, to) =
+                (ints(&at("piece_index"), &[i as i64], nodes), ints(&at("next_piece_index"), &[i as i64 + 1], nodes));
+            let first = step(&at("first_dropped"), "Slice", &[&firsts, &from, &to], vec![], nodes);
+            let region = step(&at("dropped_mask"), "Slice", &[mask, &first, &to_end, &mask_axis], vec![], nodes);
+            let hidden = step(&at("dropped_hidden"), "Equal", &[&region, &name("minus_infinity")], vec![], nodes);
+            let flags = step(&at("dropped_hidden_f32"), "Cast", &[&hidden], vec![int("to", i64::from(FLOAT))], nodes);
+            let fewest = step(&at("fewest_hidden"), "ReduceMin", &[&flags], vec![int("keepdims", 0)], nodes);
+            let all = step(&at("all_hidden"), "Equal", &[&fewest, &name("one_f32")], vec![], nodes);
+            let ok = step(&at("drop"), "And", &[&all, &finite], vec![], nodes);
+            let n = step(&at("keys_read"), "Where", &[&ok, &first, &t], vec![], nodes);
+            let k = step(&at("key"), "Slice", &[key, &zero, &n, &key_axis], vec![], nodes);
+            let v = step(&at("value"), "Slice", &[value, &zero, &n, &key_axis], vec![], nodes);
+            let m = step(&at("mask"), "Slice", &[mask, &zero, &n, &mask_axis], vec![], nodes);
+            [k, v, m]
+        })
+        .collect()
 }
 
 /// The largest |x| of the f32 `x` (named for `of`), NaN where x holds a
