@@ -161,6 +161,7 @@ impl VerifyArgs {
             seed: self.seed,
             dims: self.dim.iter().cloned().collect(),
             inputs: self.inputs.clone(),
+            specials: false,
         }
     }
 }

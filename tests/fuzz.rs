@@ -28,6 +28,12 @@ const SHAPES: &[&[(&str, i64)]] = &[
     &[("b", 1), ("s", 2), ("t", 1), ("d", 4)],
 ];
 const SEEDS: &[u64] = &[0, 7];
+/// Seeds of the first shapes whose float inputs also hold special values
+/// (NaN, ±∞, the lowest and largest f32, -1e9: `verify::Options::specials`),
+/// for the passes whose replacement is guarded at run time: a guard is
+/// where an input beyond the finite can slip through.
+const SPECIAL_SEEDS: &[u64] = &[1, 2, 3, 4];
+const GUARDED: &[&str] = &["attention"];
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Verdict {
@@ -46,7 +52,8 @@ fn differential(model: &ModelProto, passes: &[&str], target: Target) -> Verdict 
     let pipeline = passes::pipeline(&names, &[]).expect("known passes");
     let mut fused = model.clone();
     let outcome = rewrite::run_for(&mut fused, &pipeline, target);
-    judge(model, (!outcome.fused.is_empty()).then_some(&fused))
+    let specials = passes.iter().all(|p| GUARDED.contains(p));
+    judge(model, (!outcome.fused.is_empty()).then_some(&fused), specials)
 }
 
 /// Upgrades `model` to opset `to` (`--opset`), fuses the upgraded model
@@ -57,7 +64,7 @@ fn upgraded_differential(model: &ModelProto, to: i64, passes: &[&str], target: T
     let (mut up, _) = onnx_fuse::upgrade::upgrade(model, to).map_err(|e| format!("--opset {to} refused: {e}"))?;
     let names: Vec<String> = passes.iter().map(|p| p.to_string()).collect();
     let outcome = rewrite::run_for(&mut up, &passes::pipeline(&names, &[]).expect("known passes"), target);
-    Ok(match judge(model, Some(&up)) {
+    Ok(match judge(model, Some(&up), false) {
         Verdict::Fused if outcome.fused.is_empty() => Verdict::NotFused,
         verdict => verdict,
     })
@@ -81,7 +88,7 @@ fn upgrade_target(model: &ModelProto, seed: u64) -> Option<i64> {
 }
 
 /// The verdict on `model` and what was fused of it (`None`: nothing).
-fn judge(model: &ModelProto, fused: Option<&ModelProto>) -> Verdict {
+fn judge(model: &ModelProto, fused: Option<&ModelProto>, specials: bool) -> Verdict {
     let dir = std::env::temp_dir();
     let dir = dir.as_path();
     let original_runs = |options: &verify::Options| verify::verify((model, dir), (model, dir), options).is_ok();
@@ -92,19 +99,25 @@ fn judge(model: &ModelProto, fused: Option<&ModelProto>) -> Verdict {
         return if ran { Verdict::NotFused } else { Verdict::Invalid };
     };
     let mut ran = false;
+    let mut runs: Vec<(&[(&str, i64)], u64, bool)> = Vec::new();
     for (i, dims) in SHAPES.iter().enumerate() {
-        for &seed in if i == 0 { SEEDS } else { &SEEDS[..1] } {
-            let options = verify::Options { dims: to_map(dims), seed, ..Default::default() };
-            match verify::verify((model, dir), (fused, dir), &options) {
-                // Tiny models accumulate no rounding: the outputs must agree too.
-                Ok(v) if v.passed && v.outputs.iter().all(|c| c.passed) => ran = true,
-                Ok(v) => return Verdict::False(format!("dims {dims:?} seed {seed}: {}", v.text())),
-                Err(e) if original_runs(&options) => {
-                    return Verdict::False(format!("dims {dims:?}: the original runs, the fused model fails: {e:#}"));
-                }
-                // The original does not run on these shapes.
-                Err(_) => {}
+        runs.extend((if i == 0 { SEEDS } else { &SEEDS[..1] }).iter().map(|&seed| (*dims, seed, false)));
+    }
+    if specials {
+        runs.extend(SPECIAL_SEEDS.iter().map(|&seed| (SHAPES[0], seed, true)));
+    }
+    for (dims, seed, specials) in runs {
+        let options = verify::Options { dims: to_map(dims), seed, specials, ..Default::default() };
+        let special = if specials { " with special values" } else { "" };
+        match verify::verify((model, dir), (fused, dir), &options) {
+            // Tiny models accumulate no rounding: the outputs must agree too.
+            Ok(v) if v.passed && v.outputs.iter().all(|c| c.passed) => ran = true,
+            Ok(v) => return Verdict::False(format!("dims {dims:?} seed {seed}{special}: {}", v.text())),
+            Err(e) if original_runs(&options) => {
+                return Verdict::False(format!("dims {dims:?}: the original runs, the fused model fails: {e:#}"));
             }
+            // The original does not run on these shapes.
+            Err(_) => {}
         }
     }
     if ran {
@@ -388,8 +401,8 @@ fn the_model_that_fails_decides() {
     };
     // Reshape to 7 elements: no shape of SHAPES has them.
     let broken = model(7.0, "the rewritten model");
-    assert_eq!(judge(&broken, Some(&broken)), Verdict::Invalid);
+    assert_eq!(judge(&broken, Some(&broken), false), Verdict::Invalid);
     let (runs, fails) = (model(-1.0, "flatten"), model(7.0, "flatten"));
-    assert!(matches!(judge(&runs, Some(&fails)), Verdict::False(_)));
-    assert_eq!(judge(&runs, Some(&runs)), Verdict::Fused);
+    assert!(matches!(judge(&runs, Some(&fails), false), Verdict::False(_)));
+    assert_eq!(judge(&runs, Some(&runs), false), Verdict::Fused);
 }

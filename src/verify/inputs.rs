@@ -305,7 +305,16 @@ pub(super) fn synthesize_inputs(model: &ModelProto, options: &Options) -> Result
                 (0..n).map(|_| (rng.next() % vocab as u64) as i64).collect()
             }
         };
-        let mut floats = |n: usize| -> Vec<f64> { (0..n).map(|_| rng.uniform() * 2.0 - 1.0).collect() };
+        let mut floats = |n: usize| -> Vec<f64> {
+            let mut values: Vec<f64> = (0..n).map(|_| rng.uniform() * 2.0 - 1.0).collect();
+            if options.specials && n > 0 && rng.next() % 2 == 0 {
+                const SPECIALS: [f64; 6] =
+                    [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, f32::MIN as f64, f32::MAX as f64, -1e9];
+                let at = (rng.next() % n as u64) as usize;
+                values[at] = SPECIALS[(rng.next() % SPECIALS.len() as u64) as usize];
+            }
+            values
+        };
         let data = match DataType::try_from(t.elem_type()) {
             Ok(DataType::Float) => Data::F32(floats(n).into_iter().map(|v| v as f32).collect()),
             Ok(DataType::Float16) => Data::F16(floats(n).into_iter().map(half::f16::from_f64).collect()),
@@ -313,6 +322,9 @@ pub(super) fn synthesize_inputs(model: &ModelProto, options: &Options) -> Result
             Ok(DataType::Double) => Data::F64(floats(n)),
             Ok(DataType::Int64) => Data::I64(ints(&mut rng)),
             Ok(DataType::Int32) => Data::I32(ints(&mut rng).into_iter().map(|v| v as i32).collect()),
+            // With special values, a boolean (a mask's keep) is false one
+            // time in four: hidden keys, and rows that hide every key.
+            Ok(DataType::Bool) if options.specials => Data::Bool((0..n).map(|_| rng.next() % 4 != 0).collect()),
             Ok(DataType::Bool) => Data::Bool(vec![true; n]),
             _ => bail!("input {name} has an element type onnx-fuse cannot synthesize ({})", t.elem_type()),
         };

@@ -52,6 +52,11 @@ pub struct Options {
     pub dims: HashMap<String, i64>,
     /// An `.npz` file whose arrays, by input name, replace synthesized inputs.
     pub inputs: Option<PathBuf>,
+    /// Synthesized float inputs hold a special value (NaN, ±∞, the f32
+    /// lowest or largest, -1e9) at one element, one input in two, and
+    /// booleans are false one time in four: the differential fuzzer's
+    /// inputs beyond the finite and masks that hide keys.
+    pub specials: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
