@@ -517,12 +517,6 @@ fn kernel_over_keys(merged: bool, cut: bool) -> ModelProto {
         k = b.node("Slice", &[&k, &zero, &n, &keys], vec![]);
         v = b.node("Slice", &[&v, &zero, &n, &keys], vec![]);
         mask = b.node("Slice", &[&mask, &zero, &n, &last], vec![]);
-    } else {
-        // Read, so that both models take the same inputs.
-        let zero = b.ints(&[0]);
-        let none = b.node("Mul", &[&n, &zero], vec![]);
-        b.node_to("Identity", &[&none], &["n_read"], vec![]);
-        b.output("n_read", INT64, None);
     }
     let mut attributes = vec![attr_float("scale", SCALE)];
     if merged {
@@ -530,12 +524,11 @@ fn kernel_over_keys(merged: bool, cut: bool) -> ModelProto {
     }
     b.node_to("Attention", &[&q, &k, &v, &mask], &["out"], attributes);
     b.output("out", FLOAT, None);
-    if cut {
-        let zero = b.ints(&[0]);
-        let none = b.node("Mul", &[&n, &zero], vec![]);
-        b.node_to("Identity", &[&none], &["n_read"], vec![]);
-        b.output("n_read", INT64, None);
-    }
+    // n read by both, so that both models take the same inputs.
+    let zero = b.ints(&[0]);
+    let none = b.node("Mul", &[&n, &zero], vec![]);
+    b.node_to("Identity", &[&none], &["n_read"], vec![]);
+    b.output("n_read", INT64, None);
     b.model(23)
 }
 
