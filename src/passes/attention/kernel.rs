@@ -1151,9 +1151,7 @@ fn hidden_rows_lifted(
         nodes.push(writing(&rows_ok, node("Greater", &[&fewest, &least], vec![])));
         conditions.push(rows_ok);
     }
-    nodes.push(constant(&limit, scalar_tensor(FLOAT, 2f64.powi(100))));
-    nodes.push(writing(&bounded, node("Less", &[&bound, &limit], vec![])));
-    let mut ok = bounded;
+    let mut ok = scores_bounded(&bound, [limit, bounded], &mut nodes);
     for (i, c) in others.iter().filter(|c| **c != visible).chain(&conditions).enumerate() {
         let both = name(&format!("lifted_ok_{i}"));
         nodes.push(writing(&both, node("And", &[&ok, c], vec![])));
@@ -1314,8 +1312,7 @@ fn keys_seen(attention: &NodeProto, masks: &[String], nodes: &mut Vec<NodeProto>
     let scale = attention.attr_float("scale").unwrap_or(f32::NAN);
     nodes.push(constant(&name("scale"), scalar_tensor(FLOAT, f64::from(scale))));
     let bound = step("score_bound", "Mul", &[&per, &name("scale")], vec![], nodes);
-    nodes.push(constant(&name("bound_limit"), scalar_tensor(FLOAT, 2f64.powi(100))));
-    let bounded = step("scores_bounded", "Less", &[&bound, &name("bound_limit")], vec![], nodes);
+    let bounded = scores_bounded(&bound, [name("bound_limit"), name("scores_bounded")], nodes);
     nodes.push(constant(&name("infinity"), scalar_tensor(FLOAT, f64::INFINITY)));
     let finite_v = step("values_finite", "Less", &[&lv, &name("infinity")], vec![], nodes);
     let finite = step("finite", "And", &[&bounded, &finite_v], vec![], nodes);
@@ -1344,6 +1341,16 @@ fn keys_seen(attention: &NodeProto, masks: &[String], nodes: &mut Vec<NodeProto>
             [k, v, m]
         })
         .collect()
+}
+
+/// The condition `bound < 2^100` on a bound of the scores (named
+/// `[limit, ok]`): every score is finite and well inside 2^103, below which
+/// `s + lowest` rounds to the lowest (`hidden_rows_lifted`) and `s − ∞` is
+/// −∞ (`keys_seen`).
+fn scores_bounded(bound: &str, [limit, ok]: [String; 2], nodes: &mut Vec<NodeProto>) -> String {
+    nodes.push(constant(&limit, scalar_tensor(FLOAT, 2f64.powi(100))));
+    nodes.push(writing(&ok, node("Less", &[bound, &limit], vec![])));
+    ok
 }
 
 /// The largest |x| of the f32 `x` (named for `of`), NaN where x holds a
