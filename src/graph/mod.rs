@@ -911,8 +911,12 @@ impl<'a> Graph<'a> {
                     _ => None,
                 }
             };
-            if let Some(t) = inferred {
-                self.types.insert(out, t);
+            // Split's every output is a part of its input.
+            let parts = if node.is("Split") { node.output.len() } else { 1 };
+            for out in node.output.iter().take(parts).filter(|o| !o.is_empty()) {
+                if let Some(t) = inferred {
+                    self.types.entry(out).or_insert(t);
+                }
             }
         }
     }
