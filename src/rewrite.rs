@@ -105,6 +105,20 @@ pub struct Rewrite {
     /// What a report says of the replacement besides (why a core is not
     /// the kernel the runtime runs).
     pub note: Option<String>,
+    /// Where the replacement computes the anchor's values in another
+    /// shape: see `viewed_as`.
+    pub view: Option<View>,
+}
+
+/// The replacement writes `inner`, and a `Reshape` of it to `dims`
+/// (a `Constant` named `shape`) writes the anchor's output (a 3-D
+/// `RotaryEmbedding` of heads laid out `[b, s, h, d]`, viewed back as
+/// those four axes).
+#[derive(Debug, Clone)]
+pub struct View {
+    pub inner: String,
+    pub shape: String,
+    pub dims: Vec<i64>,
 }
 
 /// The name of a body a rule leaves for the driver to fill with the
@@ -177,6 +191,15 @@ impl Rewrite {
     /// The replacement is a guard that runs `op` where it holds.
     pub fn running(self, op: &'static str) -> Self {
         Rewrite { runs: Some(op), ..self }
+    }
+
+    /// The replacement computes the anchor's values with the same elements
+    /// in another shape: it writes `inner` (a new value), and a `Reshape`
+    /// to `shape` (int64; 0 copies the axis) gives back the anchor's
+    /// output. Both names are made unique by the driver.
+    pub fn viewed_as(self, inner: &str, shape: &[i64]) -> Self {
+        let view = View { inner: inner.to_string(), shape: format!("{inner}_shape"), dims: shape.to_vec() };
+        Rewrite { view: Some(view), ..self }
     }
 
     /// `nodes` are computed before the replacement (see `prelude`).
@@ -309,6 +332,7 @@ impl Match {
             runs: None,
             opset: None,
             note: None,
+            view: None,
         }
     }
 
@@ -954,6 +978,7 @@ fn name_new_values(g: &Graph, rewrite: &mut Rewrite, taken: &mut HashSet<String>
     for body in rewrite.replacement.subgraphs().filter(|b| b.name() != ORIGINAL) {
         defined_by_nodes(body, &mut new);
     }
+    new.extend(rewrite.view.iter().flat_map(|v| [v.inner.clone(), v.shape.clone()]));
     let mut renamed: HashMap<String, String> = HashMap::new();
     for base in
         new.into_iter().filter(|v| !v.is_empty() && !keep.contains(v) && !rewrite.replacement.output.contains(v))
@@ -977,6 +1002,10 @@ fn name_new_values(g: &Graph, rewrite: &mut Rewrite, taken: &mut HashSet<String>
     }
     for node in rewrite.prelude.iter_mut().chain([&mut rewrite.replacement]) {
         rename_in_node(node, &rename);
+    }
+    if let Some(view) = &mut rewrite.view {
+        rename(&mut view.inner);
+        rename(&mut view.shape);
     }
 }
 
@@ -1430,12 +1459,22 @@ fn apply(graph: &mut GraphProto, mut rewrites: Vec<Rewrite>, pass: &'static str,
         }
         graph.initializer.extend(rewrite.constants);
         removed.extend(rewrite.nodes);
+        // The replacement writes its own shape; a Reshape gives the anchor's.
+        let view = rewrite.view.map(|view| {
+            let mut shape = ints_constant(&view.shape, &view.dims);
+            shape.name = Some(unique_name(&mut names, anchor.name(), "Constant"));
+            let mut back = self::node("Reshape", &[&view.inner, &view.shape], vec![]);
+            back.name = Some(unique_name(&mut names, anchor.name(), "Reshape"));
+            back.output = vec![std::mem::replace(&mut node.output[0], view.inner)];
+            [shape, back]
+        });
         for (mut before, at) in rewrite.prelude.into_iter().zip(rewrite.prelude_at) {
             before.name = Some(unique_name(&mut names, anchor.name(), before.op_type()));
             replacement_at.entry(at).or_default().push((0, before));
         }
         let slot = replacement_at.entry(rewrite.place).or_default();
-        slot.push((if rewrite.place == rewrite.anchor { 2 } else { 1 }, node));
+        let rank = if rewrite.place == rewrite.anchor { 2 } else { 1 };
+        slot.extend([(rank, node)].into_iter().chain(view.into_iter().flatten().map(|n| (rank, n))));
         slot.sort_by_key(|(rank, _)| *rank);
     }
     let old = std::mem::take(&mut graph.node);
@@ -1517,16 +1556,34 @@ fn take_dead_kept_nodes(graph: &GraphProto, rewrites: &mut [Rewrite]) {
             }
         }
     }
-    // With the Constants only it read (its axes).
+    // With what only it computed from, as a match takes everything back to
+    // what survives (a table's repeat and the Constants of its axes): a
+    // node goes once every reader of its outputs has gone.
+    let mut producer: HashMap<&str, usize> = HashMap::new();
+    let mut readers: HashMap<String, Vec<usize>> = HashMap::new();
+    for (i, node) in graph.node.iter().enumerate() {
+        producer.extend(node.output.iter().map(|o| (o.as_str(), i)));
+        let captured: Vec<String> = node.subgraphs().flat_map(free_values).collect();
+        for v in node.input.iter().chain(&captured) {
+            readers.entry(v.clone()).or_default().push(i);
+        }
+    }
     let mut gone: HashSet<usize> = removed.clone();
     gone.extend(last_keeper.keys().copied());
-    for (p, r) in last_keeper {
+    let mut todo: Vec<(usize, usize)> = last_keeper.into_iter().collect();
+    todo.sort_unstable();
+    while let Some((p, r)) = todo.pop() {
         rewrites[r].nodes.insert(p);
         for input in &graph.node[p].input {
-            let Some(c) = graph.node.iter().position(|n| n.output.first() == Some(input)) else { continue };
-            let only_here = graph.node.iter().enumerate().all(|(i, n)| gone.contains(&i) || !n.input.contains(input));
-            if graph.node[c].op_type() == "Constant" && only_here && !read.contains(input.as_str()) {
-                rewrites[r].nodes.insert(c);
+            let Some(&c) = producer.get(input.as_str()) else { continue };
+            let node = &graph.node[c];
+            let dead = |o: &String| {
+                !read.contains(o.as_str()) && readers.get(o).is_none_or(|rs| rs.iter().all(|i| gone.contains(i)))
+            };
+            let plain = crate::onnx::is_default_domain(node.domain()) && node.subgraphs().next().is_none();
+            if !gone.contains(&c) && plain && node.output.iter().all(dead) {
+                gone.insert(c);
+                todo.push((c, r));
             }
         }
     }

@@ -166,8 +166,8 @@ pub fn verify(
         // What the replaced nodes read too: a failed node is run again as
         // those nodes in f64 (`exact`).
         let replaced = exact::reads(&exact::replaced(original.0, node));
-        let (_, reads) = with_prelude(rewritten.0, node, &computed);
-        for v in reads.iter().chain(node.output.iter().filter(|o| !o.is_empty())).chain(&replaced) {
+        let (_, reads, outputs) = with_prelude(rewritten.0, node, &computed);
+        for v in reads.iter().chain(&outputs).chain(&replaced) {
             let wanted = computed.contains(v.as_str()) && !constants.contains_key(v.as_str());
             if wanted && !model_inputs.contains(v.as_str()) && !probe.contains(v) {
                 probe.push(v.clone());
@@ -202,8 +202,8 @@ pub fn verify(
     let mut nodes = Vec::new();
     for node in &fused {
         let label = crate::rewrite::provenance_entry(node);
-        let (isolated, reads) = with_prelude(rewritten.0, node, &computed);
-        let alone = isolate(rewritten.0, isolated, &reads, &a, &constants)?;
+        let (isolated, reads, outs) = with_prelude(rewritten.0, node, &computed);
+        let alone = isolate(rewritten.0, isolated, &reads, &outs, &a, &constants)?;
         let mut fed = Vec::new();
         for v in reads.iter().filter(|v| !constants.contains_key(v.as_str())) {
             let value = a.get(v).ok_or_else(|| anyhow!("the original does not compute {v}, which {label} reads"))?;
@@ -212,7 +212,7 @@ pub fn verify(
         let got =
             run(env, &alone, rewritten.1, &format!("fused node {label} alone"), &[], feeds(&fed)?, &mut reference_ops)?;
         // Every output it has: a skip-norm's sum too.
-        for out in node.output.iter().filter(|o| !o.is_empty()) {
+        for out in &outs {
             let expected = a.get(out).ok_or_else(|| anyhow!("the original does not compute {out}"))?;
             let got = got.get(out).ok_or_else(|| anyhow!("{label} alone did not compute {out}"))?;
             let mut c = compare_values(out, Some(label.clone()), expected, got, tolerance_for(expected.elem_type));
@@ -476,7 +476,18 @@ fn same_outside_fused(original: &ModelProto, rewritten: &ModelProto) -> bool {
     let computed: std::collections::HashSet<&str> =
         a.node.iter().flat_map(|n| n.output.iter().map(String::as_str)).collect();
     let new = |n: &NodeProto| n.output.iter().all(|o| !computed.contains(o.as_str()));
-    b.node.iter().filter(|n| n.metadata(FUSED_KEY).is_none() && !new(n)).all(|n| nodes.contains(&n.encode_to_vec()))
+    // A node reading what a fused node writes and the original does not (the
+    // Reshape viewing a 3-D rotary back as heads) is part of that fused node.
+    let by_fused: std::collections::HashSet<&str> = b
+        .node
+        .iter()
+        .filter(|f| f.metadata(FUSED_KEY).is_some())
+        .flat_map(|f| f.output.iter().map(String::as_str))
+        .filter(|o| !computed.contains(o))
+        .collect();
+    let fused_view = |n: &NodeProto| n.input.iter().any(|v| by_fused.contains(v.as_str()));
+    let outside = |n: &&NodeProto| n.metadata(FUSED_KEY).is_none() && !new(n) && !fused_view(n);
+    b.node.iter().filter(outside).all(|n| nodes.contains(&n.encode_to_vec()))
         && b.initializer.iter().all(|t| initializers.get(t.name()).is_some_and(|o| *o == t))
 }
 
@@ -518,14 +529,16 @@ fn main_constants(model: &ModelProto) -> HashMap<&str, crate::onnx::TensorProto>
 }
 
 /// A fused node with the nodes of the rewritten graph that compute what it
-/// reads and the original does not (the condition of a guard), in order,
-/// and the values they read from the original (inputs, and what bodies
-/// capture).
+/// reads and the original does not (the condition of a guard), and those
+/// that turn an output the original does not compute into one it does
+/// (the Reshape that views a 3-D rotary back as heads), in order; the
+/// values they read from the original (inputs, and what bodies capture);
+/// and the outputs to compare.
 fn with_prelude(
     model: &ModelProto,
     node: &NodeProto,
     computed: &std::collections::HashSet<&str>,
-) -> (Vec<NodeProto>, Vec<String>) {
+) -> (Vec<NodeProto>, Vec<String>, Vec<String>) {
     let producers: HashMap<&str, &NodeProto> = model
         .graph
         .iter()
@@ -548,22 +561,38 @@ fn with_prelude(
         at += 1;
     }
     nodes.reverse();
-    (nodes, reads)
+    let mut outputs = Vec::new();
+    for out in node.output.iter().filter(|o| !o.is_empty()) {
+        if computed.contains(out.as_str()) {
+            outputs.push(out.clone());
+            continue;
+        }
+        for view in model.graph.iter().flat_map(|g| &g.node).filter(|n| n.input.contains(out)) {
+            for v in view.input.iter().filter(|v| *v != out) {
+                if !reads.contains(v) {
+                    reads.push(v.clone());
+                }
+            }
+            outputs.extend(view.output.iter().filter(|o| computed.contains(o.as_str())).cloned());
+            nodes.push(view.clone());
+        }
+    }
+    (nodes, reads, outputs)
 }
 
-/// A model of `nodes` alone (a fused node and what computes its guard):
-/// the values they read become graph inputs (typed as the original's
-/// values), or initializers where constant, with the rewritten model's
-/// opsets and functions.
+/// A model of `nodes` alone (a fused node and what computes its guard)
+/// computing `outputs`: the values they read become graph inputs (typed as
+/// the original's values), or initializers where constant, with the
+/// rewritten model's opsets and functions.
 fn isolate(
     model: &ModelProto,
     nodes: Vec<NodeProto>,
     reads: &[String],
+    outputs: &[String],
     values: &HashMap<String, Values>,
     constants: &HashMap<&str, crate::onnx::TensorProto>,
 ) -> Result<ModelProto> {
     use crate::onnx::{GraphProto, TensorProto};
-    let node = nodes.last().cloned().expect("the fused node");
     let mut graph = GraphProto { name: Some("fused node alone".into()), node: nodes, ..Default::default() };
     for v in reads.iter().filter(|v| !v.is_empty()) {
         if graph.input.iter().any(|i| i.name() == v) || graph.initializer.iter().any(|t| t.name() == v) {
@@ -577,7 +606,7 @@ fn isolate(
             }
         }
     }
-    for out in node.output.iter().filter(|o| !o.is_empty()) {
+    for out in outputs {
         let elem = values.get(out).map_or(0, |v| v.elem_type);
         graph.output.push(tensor_info(out, elem, None));
     }
