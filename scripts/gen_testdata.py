@@ -110,6 +110,11 @@ def configs():
         # layer's two norms read one sum; rotary on a quarter of each head.
         "neox": t.GPTNeoXConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                 intermediate_size=64, max_position_embeddings=64, use_parallel_residual=True),
+        # Interleaved rotary (`rotate_every_two`: pairs, not halves) on the
+        # first half of each head, with `repeat_interleave`d sin and cos, on
+        # heads laid out [b, s, heads, d] (GPT-J; CodeGen writes the same).
+        "gptj": t.GPTJConfig(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_inner=64, n_positions=64,
+                             rotary_dim=4),
         # Dynamic convolution beside attention: unfolded values times a
         # softmax over the kernel (`x · softmax`, no attention core).
         "convbert": t.ConvBertConfig(vocab_size=64, hidden_size=32, embedding_size=32, num_hidden_layers=2,
@@ -954,6 +959,7 @@ def main():
         ("hubert_ts_op17.onnx", lambda n: export_torch(n, "hubert", opset=17)),
         ("dinov2_ts_op17.onnx", lambda n: export_torch(n, "dinov2", opset=17)),
         ("neox_ts_op17.onnx", lambda n: export_torch(n, "neox", opset=17)),
+        ("gptj_ts_op17.onnx", lambda n: export_torch(n, "gptj", opset=17)),
         ("convbert_ts_op14.onnx", lambda n: export_torch(n, "convbert", opset=14)),
         ("funnel_ts_op14.onnx", lambda n: export_torch(n, "funnel", opset=14)),
         ("longt5_ts_op17.onnx", lambda n: export_torch(n, "longt5", opset=17)),

@@ -1,5 +1,6 @@
-//! The rotary pass: `x·cos + rotate_half(x)·sin` → ONNX `RotaryEmbedding`,
-//! the node written, and a near-miss for each precondition.
+//! The rotary pass: `x·cos + rotate_half(x)·sin` and its interleaved form
+//! (GPT-J's `rotate_every_two`) → ONNX `RotaryEmbedding`, the node
+//! written, and a near-miss for each precondition.
 
 mod common;
 
@@ -50,6 +51,66 @@ fn rotary_model(broken: Break) -> ModelProto {
     } else {
         b.node("Concat", &[&neg, &x1], vec![attr_int("axis", -1)])
     };
+    let plain = b.node("Mul", &[&x, &c], vec![]);
+    let rotated = b.node("Mul", &[&turned, &s], vec![]);
+    b.node_to("Add", &[&plain, &rotated], &["y"], vec![]);
+    b.output("y", FLOAT, None);
+    b.model(23)
+}
+
+/// Which precondition a hand-made interleaved rotary breaks.
+#[derive(Clone, Copy, PartialEq)]
+enum Pairs {
+    None,
+    /// Each pair turned as (−xₑ, x₀): the even values negated.
+    Turn,
+    /// x₀ sliced by 1, not by 2.
+    Step,
+    /// The tables repeated whole (`[c₀ … c₃, c₀ … c₃]`), not each value twice.
+    Whole,
+    /// Heads second: x `[b, 4, s, 8]`, the tables broadcast over axis 1.
+    HeadsSecond,
+}
+
+/// GPT-J's rotary as its TorchScript export writes it: x `[b, s, 4, 8]`
+/// (the heads before their transpose), `rotate_every_two(x)` stacked and
+/// viewed back, and the tables `repeat_interleave(rows, 2)` of rows `[1,
+/// s, 4]`, unsqueezed at the heads axis and at the end, tiled and
+/// reshaped to `Shape(tiled)[:3] + [-1]`.
+fn interleaved_model(broken: Pairs) -> ModelProto {
+    let mut b = Builder::default();
+    let heads = if broken == Pairs::HeadsSecond { 1 } else { 2 };
+    let dims = if heads == 1 { [sym("b"), D::N(4), sym("s"), D::N(8)] } else { [sym("b"), sym("s"), D::N(4), D::N(8)] };
+    let x = b.input("x", FLOAT, Some(&dims));
+    let table = |b: &mut Builder, name: &str| {
+        let rows = b.input(name, FLOAT, Some(&[D::N(1), sym("s"), D::N(4)]));
+        let (axes, reps) = if broken == Pairs::Whole { ([heads, 3], [1, 1, 1, 2, 1]) } else { ([heads, 4], [1, 1, 1, 1, 2]) };
+        let axes = b.ints(&axes);
+        let u = b.node("Unsqueeze", &[&rows, &axes], vec![]);
+        let reps = b.ints(&reps);
+        let tiled = b.node("Tile", &[&u, &reps], vec![]);
+        let shape = b.node("Shape", &[&tiled], vec![]);
+        let (zero, three, minus_one) = (b.ints(&[0]), b.ints(&[3]), b.ints(&[-1]));
+        let first = b.node("Slice", &[&shape, &zero, &three, &zero], vec![]);
+        let to = b.node("Concat", &[&first, &minus_one], vec![attr_int("axis", 0)]);
+        b.node("Reshape", &[&tiled, &to], vec![])
+    };
+    let (c, s) = (table(&mut b, "cos"), table(&mut b, "sin"));
+    let (zero, one, end, last, two) = (b.ints(&[0]), b.ints(&[1]), b.ints(&[i64::MAX]), b.ints(&[3]), b.ints(&[2]));
+    let step = if broken == Pairs::Step { one.clone() } else { two };
+    let even = b.node("Slice", &[&x, &zero, &end, &last, &step], vec![]);
+    let odd = b.node("Slice", &[&x, &one, &end, &last, &step], vec![]);
+    let (negated, kept) = if broken == Pairs::Turn { (even, odd) } else { (odd, even) };
+    let neg = b.node("Neg", &[&negated], vec![]);
+    let minus_one = b.ints(&[-1]);
+    let first = b.node("Unsqueeze", &[&neg, &minus_one], vec![]);
+    let second = b.node("Unsqueeze", &[&kept, &minus_one], vec![]);
+    let stacked = b.node("Concat", &[&first, &second], vec![attr_int("axis", -1)]);
+    let shape = b.node("Shape", &[&stacked], vec![]);
+    let minus_two = b.ints(&[-2]);
+    let lead = b.node("Slice", &[&shape, &zero, &minus_two, &zero], vec![]);
+    let to = b.node("Concat", &[&lead, &minus_one], vec![attr_int("axis", 0)]);
+    let turned = b.node("Reshape", &[&stacked, &to], vec![]);
     let plain = b.node("Mul", &[&x, &c], vec![]);
     let rotated = b.node("Mul", &[&turned, &s], vec![]);
     b.node_to("Add", &[&plain, &rotated], &["y"], vec![]);
@@ -136,4 +197,87 @@ fn exports_rotaries_become_rotary_embeddings_and_compute_the_same() {
         assert_eq!(slices.count(), 2, "{name}: cos and sin sliced once");
         assert_equivalent(&original, &model, name);
     }
+}
+
+/// GPT-J's form: each pair (x₂ᵢ, x₂ᵢ₊₁) turned, the tables repeated per
+/// pair. Its heads come before their transpose, so the kernel takes x as
+/// `[b, s, 4 · 8]` with `num_heads` 4, and a Reshape views the result back.
+#[test]
+fn an_interleaved_rotary_of_heads_before_their_transpose_is_a_3d_rotary_embedding() {
+    let model = interleaved_model(Pairs::None);
+    let (fused, outcome) = fuse(&model);
+    assert_eq!(outcome.fused.len(), 1, "{:?}", outcome.declined);
+    let nodes = all_nodes(&fused);
+    let rotary = nodes.iter().find(|n| n.op_type() == "RotaryEmbedding").expect("the op");
+    let attrs: Vec<(&str, i64)> = rotary.attribute.iter().map(|a| (a.name(), a.i())).collect();
+    assert_eq!(attrs, [("interleaved", 1), ("num_heads", 4)]);
+    let producer = |v: &str| *nodes.iter().find(|n| n.output.iter().any(|o| o == v)).unwrap();
+    let constant = |v: &str| producer(v).attr("value").and_then(|a| a.t.as_ref()).unwrap().int64_data.clone();
+    let merged = producer(&rotary.input[0]);
+    assert_eq!((merged.op_type(), merged.input[0].as_str()), ("Reshape", "x"), "x's heads merged");
+    assert_eq!(constant(&merged.input[1]), [0, 0, 32]);
+    for cache in &rotary.input[1..] {
+        assert_eq!(producer(cache).op_type(), "Expand", "rows of one batch repeated over x's");
+        assert!(["cos", "sin"].contains(&producer(cache).input[0].as_str()), "the rows themselves are the cache");
+    }
+    let back = nodes.iter().find(|n| n.input.contains(&rotary.output[0])).expect("the view back");
+    assert_eq!((back.op_type(), back.output[0].as_str()), ("Reshape", "y"), "the anchor's output, as heads");
+    assert_eq!(constant(&back.input[1]), [0, 0, 4, 8]);
+    let list = fused_list(rotary);
+    assert!(list[0].starts_with("Add "), "the anchor first: {list:?}");
+    for op in ["Mul", "Slice", "Neg", "Unsqueeze", "Concat", "Reshape", "Tile"] {
+        assert!(list.iter().any(|e| e.starts_with(op)), "{op} replaced: {list:?}");
+    }
+    assert_eq!(count_op(&fused, "Tile"), 0, "the tables' repeats go with the rotary");
+    assert_equivalent(&model, &fused, "interleaved rotary");
+}
+
+/// Heads second (`[b, h, s, d]`): the kernel's 4-D input, no view.
+#[test]
+fn an_interleaved_rotary_of_heads_second_reads_x_itself() {
+    let model = interleaved_model(Pairs::HeadsSecond);
+    let (fused, outcome) = fuse(&model);
+    assert_eq!(outcome.fused.len(), 1, "{:?}", outcome.declined);
+    let rotary = all_nodes(&fused).into_iter().find(|n| n.op_type() == "RotaryEmbedding").expect("the op");
+    assert_eq!((rotary.input[0].as_str(), rotary.output[0].as_str()), ("x", "y"));
+    let attrs: Vec<(&str, i64)> = rotary.attribute.iter().map(|a| (a.name(), a.i())).collect();
+    assert_eq!(attrs, [("interleaved", 1)]);
+    assert_eq!(count_op(&fused, "Reshape"), 0, "no view, and the repeats are gone");
+    assert_equivalent(&model, &fused, "interleaved rotary, heads second");
+}
+
+#[test]
+fn interleaved_near_misses_do_not_fuse_and_say_why() {
+    for (broken, why) in [
+        // −xₑ first: the value read as xₑ is x₀.
+        (Pairs::Turn, "does not cut [0, 8) by 2 of the last axis of 8"),
+        (Pairs::Step, "does not cut [0, 8) by 2 of the last axis of 8"),
+        (Pairs::Whole, "the cos table is not proved a repeat of each value twice on the last axis"),
+    ] {
+        let model = interleaved_model(broken);
+        let (fused, outcome) = fuse(&model);
+        assert_eq!(count_op(&fused, "RotaryEmbedding"), 0, "{why}");
+        let said: Vec<&str> = outcome.declined.iter().map(|d| d.reason.as_str()).collect();
+        assert!(said.iter().any(|r| r.contains(why)), "{why}: {said:?}");
+    }
+}
+
+/// GPT-J's TorchScript export: q's and k's rotary of both layers, on the
+/// first 4 of each head's 8 channels.
+#[test]
+fn gptjs_interleaved_rotaries_become_rotary_embeddings_and_compute_the_same() {
+    let name = "gptj_ts_op17.onnx";
+    let original = load(name);
+    let (mut model, upgrade) = onnx_fuse::upgrade::upgrade(&original, 23).unwrap();
+    let outcome = rewrite::run_upgraded(&mut model, &[&rotary::PASS], Default::default(), upgrade.added);
+    assert_eq!(outcome.fused.len(), 4, "q and k of both layers: {:?}", outcome.declined);
+    for rotary in all_nodes(&model).into_iter().filter(|n| n.op_type() == "RotaryEmbedding") {
+        let attrs: Vec<(&str, i64)> = rotary.attribute.iter().map(|a| (a.name(), a.i())).collect();
+        assert_eq!(attrs, [("interleaved", 1), ("num_heads", 4)], "{}", rotary.name());
+    }
+    // The export computes the tables once for every layer: the repeats of
+    // cos and sin go with the last rotary reading them, and the Tiles that
+    // gather the positions stay.
+    assert_eq!(count_op(&model, "Tile"), count_op(&original, "Tile") - 2, "each table's repeat goes with its last rotary");
+    assert_equivalent(&original, &model, name);
 }

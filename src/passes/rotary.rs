@@ -1,24 +1,35 @@
-//! rotary: `x · cos + rotate_half(x) · sin` → ONNX `RotaryEmbedding`
-//! (opset 23), which ONNX Runtime runs as one kernel.
+//! rotary: `x · cos + turn(x) · sin` → ONNX `RotaryEmbedding` (opset 23),
+//! which ONNX Runtime runs as one kernel.
 //!
 //! ```text
-//! out  = Add(Mul(x, c), Mul(r, s))      every operand either order
-//! r    = Concat(Neg(x₂), x₁, axis −1)   x₁ = x[…, :d/2], x₂ = x[…, d/2:] (Slices of x)
-//! c, s = Unsqueeze(cos, 1), Unsqueeze(sin, 1)
-//! cos  = g(Concat(f, f, axis −1))       g elementwise, or times one value: each
-//!                                       half of cos is the other (every Hugging
-//!                                       Face export computes `cat(freqs, freqs)`)
-//! → RotaryEmbedding(x, cos[…, :d/2], sin[…, :d/2])
+//! out  = Add(Mul(x, c), Mul(r, s))          every operand either order
+//! rotate-half (Llama, NeoX):
+//!   r    = Concat(Neg(x₂), x₁, axis −1)     x₁ = x[…, :d/2], x₂ = x[…, d/2:] (Slices of x)
+//!   c    = Unsqueeze(cos, heads axis)
+//!   cos  = g(Concat(f, f, axis −1))         g elementwise, or times one value: each
+//!                                           half of cos is the other (every Hugging
+//!                                           Face export computes `cat(freqs, freqs)`)
+//!   → RotaryEmbedding(x, cos[…, :d/2], sin[…, :d/2])
+//! interleaved (GPT-J's rotate_every_two):
+//!   r    = Reshape(Concat(Unsqueeze(Neg(x₀), −1), Unsqueeze(xₑ, −1), axis −1))  to x's shape
+//!                                           xₑ = x[…, 0::2], x₀ = x[…, 1::2]
+//!   c    = Reshape(Tile or Expand(Unsqueeze(cos, heads axis, −1), ×2 on the last axis))
+//!                                           `repeat_interleave(cos, 2)`: c[…, 2i + j] = cos[…, i]
+//!   → RotaryEmbedding(x, cos, sin, interleaved = 1)
 //! ```
 //!
-//! x is `[b, heads, s, d]`, cos and sin `[b, s, d]` with the same b and s
-//! (ONNX Runtime's kernel takes caches of x's batch exactly, measured), d
-//! even. The first half of each table is the cache without
-//! `position_ids`: the prelude slices it, once per table. Nothing but the
-//! rotary's own nodes is replaced; the Unsqueezes of the tables stay while
-//! another rotary reads them.
+//! The tables' heads axis says how x is laid out: `[b, heads, s, d]` is
+//! the kernel's 4-D input; `[b, s, heads, d]` (GPT-J's heads before their
+//! transpose) is its 3-D input with `num_heads`, x viewed as
+//! `[b, s, heads · d]` and the result viewed back. cos and sin are
+//! `[b, s, d]` (or their halves) with x's b and s, or of one batch row
+//! (ONNX Runtime's kernel takes caches of x's batch exactly, measured, so
+//! the prelude repeats them), d even. Nothing but the rotary's own nodes
+//! is replaced; the tables' Unsqueezes and repeats stay while another
+//! rotary reads them.
 
-use crate::graph::{Check, Graph};
+use crate::graph::shapes::Dim;
+use crate::graph::{Check, Graph, IntsArgument};
 use crate::onnx::{type_text, AttributeProto, NodeProto, BFLOAT16, FLOAT, FLOAT16};
 use crate::pattern;
 use crate::rewrite::{ints_constant, node, writing, Kept, Match, Pass, Portable, Rewrite};
@@ -38,21 +49,41 @@ pub const PASS: Pass = Pass {
 /// What `--target portable` writes (the same op as for ONNX Runtime).
 const PORTABLE: Portable = Portable { op: "RotaryEmbedding", since: 23 };
 
+/// How x is turned: its two halves, or each pair of neighbours.
+#[derive(Clone, Copy, PartialEq)]
+enum Turn {
+    Halves,
+    Pairs,
+}
+
+/// A table the rotary reads: the value whose rows are the cache (`[b or
+/// 1, s, d]` for halves, `[b or 1, s, d/2]` for pairs), whether it has one
+/// batch row, and the axis of x it is broadcast over (x's heads).
+struct Table {
+    rows: String,
+    one: bool,
+    heads: usize,
+}
+
 fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     let add = pattern::anchor(g, index, "Add")?;
     let (a, b) = (add.input[0].as_str(), add.input[1].as_str());
-    // Which product holds rotate_half(x) says which is which.
-    let rotated = |v: &str| g.produced_by(v, "Mul").is_ok_and(|m| g.node(m).input.iter().any(|i| half_turn(g, i)));
-    let (plain, turned) = match (rotated(a), rotated(b)) {
+    // Which product holds turn(x) says which is which.
+    let turning = |v: &str| g.produced_by(v, "Mul").is_ok_and(|m| g.node(m).input.iter().any(|i| turn(g, i).is_some()));
+    let (plain, turned) = match (turning(a), turning(b)) {
         (false, true) => (a, b),
         (true, false) => (b, a),
         _ => no_candidate!(),
     };
-    let (r, s) = product_with(g, turned, "a rotated half", |v| half_turn(g, v))?;
-    let (first, second) = halves_turned(g, r)?;
-    let (x1, x2) = (g.node(first).input[0].as_str(), g.node(second).input[0].as_str());
-    require!(g.same_value(x1, x2).is_some(), "the halves turned are not of one value");
-    let (x, c) = product_with(g, plain, "the value whose halves are turned", |v| g.same_value(v, x1).is_some())?;
+    let (r, s) = product_with(g, turned, "a turned x", |v| turn(g, v).is_some())?;
+    let form = turn(g, r).ok_or(crate::graph::Miss::NotCandidate)?;
+    let (kept, negated) = match form {
+        Turn::Halves => halves_turned(g, r)?,
+        Turn::Pairs => pairs_turned(g, r)?,
+    };
+    let (x1, x2) = (g.node(kept).input[0].as_str(), g.node(negated).input[0].as_str());
+    require!(g.same_value(x1, x2).is_some(), "the parts turned are not of one value");
+    let (x, c) = product_with(g, plain, "the value whose parts are turned", |v| g.same_value(v, x1).is_some())?;
 
     let shapes = g.shapes();
     let elem = g.elem_type(x);
@@ -61,57 +92,165 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
         "RotaryEmbedding is written for f32, f16 and bf16 (x is {})",
         type_text(elem)
     );
-    let sx = shapes.shape(x).filter(|s| s.len() == 4).ok_or_else(|| miss("x is not proved 4-D [b, heads, s, d]"))?;
+    let sx = shapes.shape(x).filter(|s| s.len() == 4).ok_or_else(|| miss("x is not proved 4-D"))?;
     let d = sx[3].value().filter(|d| d % 2 == 0 && *d > 0);
     let d = d.ok_or_else(|| miss(&format!("the last axis of x ({}) is not a known even number", sx[3])))?;
-    cut(g, first, 0, d / 2, d)?;
-    cut(g, second, d / 2, d, d)?;
-    // A table [b, s, d] unsqueezed at axis 1 (of x's b, or of 1 where its
-    // rows are the same for every sequence of the batch).
-    let table = |v: &str, what: &str| -> Check<(String, bool)> {
-        let u = g.produced_by(v, "Unsqueeze")?;
-        let axes = g.ints_argument(g.node(u), "axes", 1, 13);
-        require!(axes == crate::graph::IntsArgument::Known(vec![1]), "the {what} table is not unsqueezed at axis 1");
-        let t = g.node(u).input[0].as_str();
-        let st = shapes.shape(t).filter(|st| st.len() == 3);
-        let batch = st.as_ref().map(|st| &st[0]).filter(|b| **b == sx[0] || b.value() == Some(1));
-        let fits = st.as_ref().is_some_and(|st| batch.is_some() && st[1] == sx[2] && st[2].value() == Some(d));
-        require!(fits, "the {what} table is not proved [b or 1, s, d] of x's b, s and d");
-        require!(g.elem_type(t) == elem, "the {what} table is not of x's type");
-        require!(halves_equal(g, t, 16), "the two halves of the {what} table are not proved equal");
-        Ok((t.to_string(), batch != Some(&sx[0])))
+    match form {
+        Turn::Halves => {
+            cut(g, kept, 0, d / 2, d, 1)?;
+            cut(g, negated, d / 2, d, d, 1)?;
+        }
+        Turn::Pairs => {
+            cut(g, kept, 0, d, d, 2)?;
+            cut(g, negated, 1, d, d, 2)?;
+            // The pairs, stacked [..., d/2, 2], merge back in x's shape.
+            require!(shapes.shape(r).as_ref() == Some(&sx), "the turned pairs are not proved to be viewed in x's shape");
+        }
+    }
+    let table = |v: &str, what: &str| -> Check<Table> {
+        let t = match form {
+            Turn::Halves => halves_table(g, v, what, &sx, d)?,
+            Turn::Pairs => repeated_table(g, v, what, &sx, d)?,
+        };
+        require!(g.elem_type(&t.rows) == elem, "the {what} table is not of x's type");
+        Ok(t)
     };
-    let ((cos, cos_one), (sin, sin_one)) = (table(c, "cos")?, table(s, "sin")?);
+    let (cos, sin) = (table(c, "cos")?, table(s, "sin")?);
+    require!(cos.heads == sin.heads, "the cos and sin tables are broadcast over different axes of x");
 
     let mut m = Match::new(index);
     m.keep(Kept::Shared(c.to_string()));
     m.keep(Kept::Shared(s.to_string()));
     let mut prelude = Vec::new();
-    // The first half of a table; repeated over x's batch where it has one
-    // row of sequences (ONNX Runtime's kernel takes caches of x's batch).
-    let cache = |prelude: &mut Vec<NodeProto>, t: &str, one: bool| -> String {
-        let (start, end, axis, half) =
-            (format!("{t}/half_start"), format!("{t}/half_end"), format!("{t}/half_axis"), format!("{t}/half"));
-        prelude.push(ints_constant(&start, &[0]));
-        prelude.push(ints_constant(&end, &[d / 2]));
-        prelude.push(ints_constant(&axis, &[-1]));
-        prelude.push(writing(&half, node("Slice", &[t, &start, &end, &axis], vec![])));
-        if !one {
-            return half;
+    // The cache of a table: its rows (the first half of them for halves);
+    // repeated over x's batch where it has one row of sequences (ONNX
+    // Runtime's kernel takes caches of x's batch).
+    let cache = |prelude: &mut Vec<NodeProto>, t: &Table| -> String {
+        let rows = match form {
+            Turn::Pairs => t.rows.clone(),
+            Turn::Halves => {
+                let t = &t.rows;
+                let (start, end, axis, half) =
+                    (format!("{t}/half_start"), format!("{t}/half_end"), format!("{t}/half_axis"), format!("{t}/half"));
+                prelude.push(ints_constant(&start, &[0]));
+                prelude.push(ints_constant(&end, &[d / 2]));
+                prelude.push(ints_constant(&axis, &[-1]));
+                prelude.push(writing(&half, node("Slice", &[t, &start, &end, &axis], vec![])));
+                half
+            }
+        };
+        if !t.one {
+            return rows;
         }
         let (batch, ones, shape, out) =
-            (format!("{x}/batch"), format!("{t}/ones"), format!("{x}/batch_shape"), format!("{half}_per_batch"));
+            (format!("{x}/batch"), format!("{}/ones", t.rows), format!("{x}/batch_shape"), format!("{rows}_per_batch"));
         let first = vec![AttributeProto::int("start", 0), AttributeProto::int("end", 1)];
         prelude.push(writing(&batch, node("Shape", &[x], first)));
         prelude.push(ints_constant(&ones, &[1, 1]));
         prelude.push(writing(&shape, node("Concat", &[&batch, &ones], vec![AttributeProto::int("axis", 0)])));
-        prelude.push(writing(&out, node("Expand", &[&half, &shape], vec![])));
+        prelude.push(writing(&out, node("Expand", &[&rows, &shape], vec![])));
         out
     };
-    let (cos_cache, sin_cache) = (cache(&mut prelude, &cos, cos_one), cache(&mut prelude, &sin, sin_one));
+    let (cos_cache, sin_cache) = (cache(&mut prelude, &cos), cache(&mut prelude, &sin));
     g.require_opset(23, "RotaryEmbedding")?;
-    let rotary = node("RotaryEmbedding", &[x, &cos_cache, &sin_cache], vec![]);
-    Ok(m.replace_with(rotary).after(prelude).needing_opset(23))
+    let mut attributes = Vec::new();
+    if form == Turn::Pairs {
+        attributes.push(AttributeProto::int("interleaved", 1));
+    }
+    if cos.heads == 1 {
+        let rotary = node("RotaryEmbedding", &[x, &cos_cache, &sin_cache], attributes);
+        return Ok(m.replace_with(rotary).after(prelude).needing_opset(23));
+    }
+    // Heads third: the kernel's 3-D input, x's last two axes merged.
+    let h = sx[2].value().ok_or_else(|| miss(&format!("the heads of x ({}) are not a known number", sx[2])))?;
+    let (shape, merged) = (format!("{x}/merged_heads_shape"), format!("{x}/merged_heads"));
+    prelude.push(ints_constant(&shape, &[0, 0, h * d]));
+    prelude.push(writing(&merged, node("Reshape", &[x, &shape], vec![])));
+    attributes.push(AttributeProto::int("num_heads", h));
+    let rotary = node("RotaryEmbedding", &[&merged, &cos_cache, &sin_cache], attributes);
+    let inner = format!("{}/merged_heads", add.output[0]);
+    Ok(m.replace_with(rotary).after(prelude).needing_opset(23).viewed_as(&inner, &[0, 0, h, d]))
+}
+
+/// The axis of x's heads and of its sequence a table `[.., ..]` with a
+/// one at `heads` is broadcast over: heads second (`[b, h, s, d]`) or
+/// third (`[b, s, h, d]`).
+fn sequence_axis(heads: usize) -> usize {
+    3 - heads
+}
+
+/// Whether a table's rows `[B, S, k]` are of x's batch (or one row) and
+/// sequence, and their last axis `k`: Some(one row) where they are.
+fn rows_fit(rows: &[Dim], sx: &[Dim], heads: usize, k: i64) -> Option<bool> {
+    let [b, s, last] = rows else { return None };
+    let batch = *b == sx[0] || b.value() == Some(1);
+    (batch && *s == sx[sequence_axis(heads)] && last.value() == Some(k)).then_some(*b != sx[0])
+}
+
+/// A rotate-half table: `Unsqueeze(t, heads axis)` with t `[b or 1, s, d]`
+/// whose halves are proved equal; its rows are t.
+fn halves_table(g: &Graph, v: &str, what: &str, sx: &[Dim], d: i64) -> Check<Table> {
+    let u = g.produced_by(v, "Unsqueeze")?;
+    let heads = match g.ints_argument(g.node(u), "axes", 1, 13) {
+        IntsArgument::Known(axes) if axes == [1] => 1,
+        IntsArgument::Known(axes) if axes == [2] => 2,
+        _ => decline!("the {what} table is not unsqueezed at the heads axis (1 or 2)"),
+    };
+    let t = g.node(u).input[0].as_str();
+    let rows = g.shapes().shape(t);
+    let one = rows.and_then(|rows| rows_fit(&rows, sx, heads, d));
+    let one = one.ok_or_else(|| miss(&format!("the {what} table is not proved [b or 1, s, d] of x's b, s and d")))?;
+    require!(halves_equal(g, t, 16), "the two halves of the {what} table are not proved equal");
+    Ok(Table { rows: t.to_string(), one, heads })
+}
+
+/// An interleaved table: `repeat_interleave(rows, 2)` on the last axis,
+/// broadcast over x's heads, as exporters write it:
+/// `Reshape(Tile(u, [1, 1, 1, 1, 2]))` or `Reshape(Expand(u, …))`, u the
+/// rows `[b or 1, s, d/2]` unsqueezed to `[.., .., .., d/2, 1]` with a one
+/// at the heads axis. The Reshape merges the last two axes: c[…, 2i + j] =
+/// rows[…, i].
+fn repeated_table(g: &Graph, v: &str, what: &str, sx: &[Dim], d: i64) -> Check<Table> {
+    let shapes = g.shapes();
+    let reshape = g.node(g.produced_by(v, "Reshape")?);
+    let repeated = reshape.input[0].as_str();
+    let step = g.node(g.computing(repeated)?);
+    let u = step.input[0].as_str();
+    let (st, sr, su) = (shapes.shape(v), shapes.shape(repeated), shapes.shape(u));
+    let (Some(st), Some(sr), Some(su)) = (st, sr, su) else {
+        decline!("the shapes of the {what} table's repeat are not proved")
+    };
+    let heads = match (&st[..], st.len()) {
+        (t, 4) if t[1].value() == Some(1) => 1,
+        (t, 4) if t[2].value() == Some(1) => 2,
+        _ => decline!("the {what} table is not proved [b or 1, 1, s, d] or [b or 1, s, 1, d]"),
+    };
+    // u [.., .., .., d/2, 1] → repeated [.., .., .., d/2, 2] → c [.., .., .., d].
+    let pairs = su.len() == 5
+        && sr.len() == 5
+        && su[..4] == sr[..4]
+        && su[..3] == st[..3]
+        && su[3].value() == Some(d / 2)
+        && su[4].value() == Some(1)
+        && sr[4].value() == Some(2)
+        && st[3].value() == Some(d);
+    require!(pairs, "the {what} table is not proved a repeat of each value twice on the last axis");
+    match step.op_type() {
+        "Tile" => {
+            let reps = g.constant(&step.input[1]).and_then(|t| t.ints());
+            require!(reps.as_deref() == Some(&[1, 1, 1, 1, 2]), "the {what} table's Tile repeats more than its last axis");
+        }
+        "Expand" => {}
+        op => decline!("the {what} table is repeated by {op}, not Tile or Expand"),
+    }
+    // Unsqueezes only add axes of one: the rows are u's values in order.
+    let mut rows = u;
+    while shapes.rank(rows) != Some(3) {
+        rows = g.node(g.produced_by(rows, "Unsqueeze")?).input[0].as_str();
+    }
+    let one = shapes.shape(rows).and_then(|r| rows_fit(&r, sx, heads, d / 2));
+    let one = one.ok_or_else(|| miss(&format!("the {what} table's rows are not proved [b or 1, s, d/2] of x's b, s and d")))?;
+    Ok(Table { rows: rows.to_string(), one, heads })
 }
 
 fn miss(why: &str) -> crate::graph::Miss {
@@ -129,7 +268,21 @@ fn product_with<'a>(g: &Graph<'a>, value: &str, what: &str, first: impl Fn(&str)
     }
 }
 
-/// Whether `value` is `Concat(Neg(…), …)` on the last axis: a half turn.
+/// How `value` turns x, if it is a turn.
+fn turn(g: &Graph, value: &str) -> Option<Turn> {
+    if half_turn(g, value) {
+        return Some(Turn::Halves);
+    }
+    let stacked = g.produced_by(value, "Reshape").and_then(|r| g.produced_by(&g.node(r).input[0], "Concat"));
+    let first_negated = stacked.is_ok_and(|c| {
+        let concat = g.node(c);
+        let unsqueezed = g.produced_by(&concat.input[0], "Unsqueeze");
+        concat.input.len() == 2 && unsqueezed.is_ok_and(|u| g.produced_by(&g.node(u).input[0], "Neg").is_ok())
+    });
+    first_negated.then_some(Turn::Pairs)
+}
+
+/// Whether `value` is `Concat(Neg(…), …)`: a half turn.
 fn half_turn(g: &Graph, value: &str) -> bool {
     g.produced_by(value, "Concat").is_ok_and(|c| {
         let concat = g.node(c);
@@ -137,29 +290,52 @@ fn half_turn(g: &Graph, value: &str) -> bool {
     })
 }
 
+/// Whether `axis` of `node` is the last axis of `value`.
+fn on_last_axis(g: &Graph, axis: i64, value: &str) -> bool {
+    axis == -1 || g.shapes().rank(value).is_some_and(|n| axis == n as i64 - 1)
+}
+
 /// `Concat(Neg(x₂), x₁, axis −1)`: the Slices computing x₁ and x₂.
 fn halves_turned(g: &Graph, r: &str) -> Check<(usize, usize)> {
     let concat = g.node(g.produced_by(r, "Concat")?);
-    let rank = g.shapes().rank(r);
-    let axis = concat.attr_int("axis").unwrap_or(0);
-    require!(
-        axis == -1 || rank.is_some_and(|n| axis == n as i64 - 1),
-        "the half turn is not concatenated on the last axis"
-    );
+    require!(on_last_axis(g, concat.attr_int("axis").unwrap_or(0), r), "the half turn is not concatenated on the last axis");
     let neg = g.node(g.produced_by(&concat.input[0], "Neg")?);
     Ok((g.produced_by(&concat.input[1], "Slice")?, g.produced_by(&neg.input[0], "Slice")?))
 }
 
-/// Slice `slice` cuts `[from, to)` of the last axis (of `d`) and nothing
-/// else: one axis, the last (−1 or 3 of 4), step 1; an end at or past d
-/// is d.
-fn cut(g: &Graph, slice: usize, from: i64, to: i64, d: i64) -> Check<()> {
+/// `Reshape(Concat(Unsqueeze(Neg(x₀), −1), Unsqueeze(xₑ, −1), axis −1))`,
+/// each pair (−x₀, xₑ) stacked on a new last axis: the Slices computing
+/// xₑ and x₀. That the Reshape merges the last two axes back is the
+/// caller's to prove (x's shape).
+fn pairs_turned(g: &Graph, r: &str) -> Check<(usize, usize)> {
+    let stack = g.node(g.produced_by(r, "Reshape")?).input[0].as_str();
+    let concat = g.node(g.produced_by(stack, "Concat")?);
+    require!(on_last_axis(g, concat.attr_int("axis").unwrap_or(0), stack), "the pairs are not stacked on the last axis");
+    let part = |v: &str| -> Check<&str> {
+        let u = g.node(g.produced_by(v, "Unsqueeze")?);
+        let last = match g.ints_argument(u, "axes", 1, 13) {
+            IntsArgument::Known(axes) => matches!(axes[..], [a] if on_last_axis(g, a, v)),
+            _ => false,
+        };
+        require!(last, "the pairs are not stacked on a new last axis");
+        Ok(u.input[0].as_str())
+    };
+    let neg = g.node(g.produced_by(part(&concat.input[0])?, "Neg")?);
+    Ok((g.produced_by(part(&concat.input[1])?, "Slice")?, g.produced_by(&neg.input[0], "Slice")?))
+}
+
+/// Slice `slice` cuts `[from, to)` of the last axis (of `d`) by `step`
+/// and nothing else: one axis, the last (−1 or 3 of 4); an end at or past
+/// d is d.
+fn cut(g: &Graph, slice: usize, from: i64, to: i64, d: i64, step: i64) -> Check<()> {
     let node = g.node(slice);
     let [starts, ends, axes, steps] = crate::graph::fold::slice_arguments(g, &g.shapes(), node)
         .ok_or_else(|| miss(&format!("Slice {} cuts where its arguments are computed at run time", node.name())))?;
     let end_fits = |e: i64| if to == d { e >= d } else { e == to };
-    let fits = matches!((&starts[..], &ends[..], &axes[..], &steps[..]), ([s], [e], [-1 | 3], [1]) if *s == from && end_fits(*e));
-    require!(fits, "Slice {} does not cut [{from}, {to}) of the last axis of {d}", node.name());
+    let fits = matches!((&starts[..], &ends[..], &axes[..], &steps[..]),
+        ([s], [e], [-1 | 3], [k]) if *s == from && end_fits(*e) && *k == step);
+    let by = if step == 1 { String::new() } else { format!(" by {step}") };
+    require!(fits, "Slice {} does not cut [{from}, {to}){by} of the last axis of {d}", node.name());
     Ok(())
 }
 
@@ -203,10 +379,8 @@ fn halves_equal(g: &Graph, value: &str, depth: usize) -> bool {
                     && halves_equal(g, &node.input[1], depth - 1)
         }
         "Concat" if node.input.len() == 2 => {
-            let rank = g.shapes().rank(value);
-            let axis = node.attr_int("axis").unwrap_or(0);
-            let last = axis == -1 || rank.is_some_and(|n| axis == n as i64 - 1);
-            last && g.same_value(&node.input[0], &node.input[1]).is_some()
+            on_last_axis(g, node.attr_int("axis").unwrap_or(0), value)
+                && g.same_value(&node.input[0], &node.input[1]).is_some()
         }
         _ => false,
     }
