@@ -147,6 +147,7 @@ const GENERATORS: &[(&str, Generator)] = &[
     // The label before a colon is the pass.
     ("attention:decoder", forms::decoder_attention),
     ("rotary", forms::rotary),
+    ("rotary:interleaved", forms::interleaved_rotary),
 ];
 
 /// A new pass cannot be left out of the campaign: every pass has a form.

@@ -2157,6 +2157,138 @@ fn key_present(b: &Builder) -> String {
     concat.map(|n| n.output[0].clone()).unwrap_or_default()
 }
 
+/// The interleaved rotary (GPT-J's `rotate_every_two`): each pair of x
+/// turned, `Reshape(Concat(Unsqueeze(−x₀), Unsqueeze(xₑ)))`, the tables
+/// `repeat_interleave(rows, 2)` of rows `[b or 1, s, d/2]` as the
+/// TorchScript (nested Unsqueezes, Tile, a Reshape to `Shape(…)[:3] + [-1]`)
+/// and dynamo (one Unsqueeze, Expand, constant sizes) exports write them,
+/// broadcast over x's heads second or third; every operand either order.
+pub fn interleaved_rotary(rng: &mut Rng) -> Case {
+    let mut c = Ctx::new();
+    let mut b = Builder::default();
+    let opset = rng.pick(&[18i64, 23, 23]);
+    if opset < 23 {
+        c.unsure("opset 18: RotaryEmbedding is written from 23 (after an upgrade)");
+    }
+    let elem = kernel_elem(rng, &mut c);
+    let d = rng.pick(&[4i64, 8]);
+    let last = if rng.chance(0.08) {
+        c.breaks("x's last axis is symbolic");
+        sym("d")
+    } else {
+        D::N(d)
+    };
+    let heads = if rng.chance(0.5) {
+        c.note("heads third ([b, s, h, d]): the 3-D kernel");
+        2
+    } else {
+        1
+    };
+    let heads_dim = match rng.chance(0.08) {
+        true if heads == 2 => {
+            c.breaks("x's heads are symbolic: the 3-D kernel needs their number");
+            sym("h")
+        }
+        true => {
+            c.note("x's heads are symbolic");
+            sym("h")
+        }
+        false => D::N(2),
+    };
+    let dims = if heads == 2 { [sym("b"), sym("s"), heads_dim, last] } else { [sym("b"), heads_dim, sym("s"), last] };
+    let x = b.input("x", elem, Some(&dims));
+    let batch = match rng.below(8) {
+        0 => {
+            c.note("rows of x's batch");
+            sym("b")
+        }
+        1 => {
+            c.unsure("rows of batch 2 where x's is b");
+            D::N(2)
+        }
+        _ => D::N(1),
+    };
+    let whole = rng.chance(0.08);
+    if whole {
+        c.breaks("the tables repeated whole, not each value twice");
+    }
+    let torchscript = rng.chance(0.5);
+    let ints = |b: &mut Builder, v: &[i64]| b.ints(v);
+    let table = |b: &mut Builder, c: &mut Ctx, rng: &mut Rng, name: &str| -> String {
+        let rows = b.input(name, elem, Some(&[batch.clone(), sym("s"), D::N(d / 2)]));
+        let new_axis = if whole { 3 } else { 4 };
+        let u = if torchscript {
+            let (first, second) = (ints(b, &[heads]), ints(b, &[new_axis]));
+            let u = b.node("Unsqueeze", &[&rows, &first], vec![]);
+            b.node("Unsqueeze", &[&u, &second], vec![])
+        } else {
+            let axes = ints(b, &[heads, new_axis]);
+            b.node("Unsqueeze", &[&rows, &axes], vec![])
+        };
+        let mut reps = vec![1i64; 5];
+        reps[new_axis as usize] = 2;
+        let repeated = if rng.chance(0.5) {
+            c.note(format!("the {name} rows tiled"));
+            let reps = ints(b, &reps);
+            b.node("Tile", &[&u, &reps], vec![])
+        } else {
+            c.note(format!("the {name} rows expanded"));
+            let shape = ints(b, &reps);
+            b.node("Expand", &[&u, &shape], vec![])
+        };
+        let to = if torchscript {
+            let shape = b.node("Shape", &[&repeated], vec![]);
+            let (zero, three, minus_one) = (ints(b, &[0]), ints(b, &[3]), ints(b, &[-1]));
+            let lead = b.node("Slice", &[&shape, &zero, &three, &zero], vec![]);
+            b.node("Concat", &[&lead, &minus_one], vec![attr_int("axis", 0)])
+        } else {
+            ints(b, &[0, 0, 0, -1])
+        };
+        b.node("Reshape", &[&repeated, &to], vec![])
+    };
+    let cos = table(&mut b, &mut c, rng, "cos");
+    let sin = table(&mut b, &mut c, rng, "sin");
+    let before = b.graph.node.len();
+    let step = if rng.chance(0.08) {
+        c.breaks("the odd values sliced by 1");
+        1
+    } else {
+        2
+    };
+    let end = if rng.chance(0.5) { i64::MAX } else { d };
+    let (zero, one, end, axis) = (ints(&mut b, &[0]), ints(&mut b, &[1]), ints(&mut b, &[end]), ints(&mut b, &[-1]));
+    let (two, by) = (ints(&mut b, &[2]), ints(&mut b, &[step]));
+    let even = b.node("Slice", &[&x, &zero, &end, &axis, &two], vec![]);
+    let odd = b.node("Slice", &[&x, &one, &end, &axis, &by], vec![]);
+    let (negated, kept) = if rng.chance(0.08) {
+        c.breaks("each pair turned as (−xₑ, x₀)");
+        (even, odd)
+    } else {
+        (odd, even)
+    };
+    let neg = b.node("Neg", &[&negated], vec![]);
+    let new_last = ints(&mut b, &[rng.pick(&[-1, 4])]);
+    let first = b.node("Unsqueeze", &[&neg, &new_last], vec![]);
+    let second = b.node("Unsqueeze", &[&kept, &new_last], vec![]);
+    let stacked = b.node("Concat", &[&first, &second], vec![attr_int("axis", rng.pick(&[-1, 4]))]);
+    let to = if torchscript {
+        let shape = b.node("Shape", &[&stacked], vec![]);
+        let (zero, minus_two, minus_one) = (ints(&mut b, &[0]), ints(&mut b, &[-2]), ints(&mut b, &[-1]));
+        let lead = b.node("Slice", &[&shape, &zero, &minus_two, &zero], vec![]);
+        b.node("Concat", &[&lead, &minus_one], vec![attr_int("axis", 0)])
+    } else {
+        ints(&mut b, &[0, 0, 0, -1])
+    };
+    let turned = b.node("Reshape", &[&stacked, &to], vec![]);
+    let plain = commuted(rng, &mut b, "Mul", &x, &cos);
+    let rotated = commuted(rng, &mut b, "Mul", &turned, &sin);
+    let inner = computed_since(&b, before);
+    let out = commuted(rng, &mut b, "Add", &plain, &rotated);
+    b.output(&out, elem, None);
+    leak(rng, &mut c, &mut b, &inner, elem);
+    finish(rng, c, b, opset, elem)
+}
+
 /// rotary: `x·cos + rotate_half(x)·sin` with tables `[b or 1, s, d]`
 /// unsqueezed at axis 1, each the `cat(freqs, freqs)` of Hugging Face's
 /// exports through elementwise steps; every operand either order.
