@@ -960,6 +960,9 @@ def main():
         ("dinov2_ts_op17.onnx", lambda n: export_torch(n, "dinov2", opset=17)),
         ("neox_ts_op17.onnx", lambda n: export_torch(n, "neox", opset=17)),
         ("gptj_ts_op17.onnx", lambda n: export_torch(n, "gptj", opset=17)),
+        # GPT-J with its cache: the present key Cast to float, the causal
+        # mask sized by the attention mask and sliced at the key's length.
+        ("gptj_optimum_past.onnx", lambda n: export_optimum(n, "gptj", "text-generation-with-past")),
         ("convbert_ts_op14.onnx", lambda n: export_torch(n, "convbert", opset=14)),
         ("funnel_ts_op14.onnx", lambda n: export_torch(n, "funnel", opset=14)),
         ("longt5_ts_op17.onnx", lambda n: export_torch(n, "longt5", opset=17)),

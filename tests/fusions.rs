@@ -94,6 +94,7 @@ pub const EXPORTS: &[(&str, &[(&str, usize)], f32)] = &[
     // GPT-J: its rotary interleaved on the heads before their transpose
     // (tests/rotary.rs); the exporter writes LayerNormalization.
     ("gptj_ts_op17.onnx", &[("attention", 2)], 1e-5),
+    ("gptj_optimum_past.onnx", &[("attention", 2)], 1e-5),
     // Relative attention (its scores a sum of three products, no core);
     // pooled blocks (ceil_mode) before the residual norms.
     ("funnel_ts_op14.onnx", &[("layer-norm", 7)], 1e-9),

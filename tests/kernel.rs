@@ -1291,3 +1291,82 @@ fn onnx_runtimes_pools_rounded_up_start_every_window_inside() {
         assert_eq!(lengths((2, 3), (2, 3, 2), len), len % 3 != 0, "kernel 2, stride 3, len {len}");
     }
 }
+
+/// `core(4)` whose mask's last axis is a length of its own, `m`, not
+/// proved the key's (GPT-J's causal mask is sized by the attention mask
+/// and sliced at the key's length); feeds of mask `[1, 1, 3, m]`.
+fn core_of_mask_length() -> ModelProto {
+    let mut m = core(4);
+    let g = m.graph.as_mut().unwrap();
+    set_dims(g.input.iter_mut().find(|i| i.name() == "mask").unwrap(), &["b", "1", "3", "m"]);
+    m
+}
+
+fn mask_length_feeds(dir: &std::path::Path, m: u64) -> std::path::PathBuf {
+    let path = dir.join(format!("mask_length_{m}.npz"));
+    let n = (4 * 3 * 8) as usize;
+    let f32s = [
+        ("q", vec![1, 4, 3, 8], values(n, 1)),
+        ("k", vec![1, 4, 3, 8], values(n, 2)),
+        ("v", vec![1, 4, 3, 8], values(n, 3)),
+        ("mask", vec![1, 1, 3, m], values((3 * m) as usize, 4)),
+        ("past_k", vec![1, 4, 0, 8], vec![]),
+        ("past_v", vec![1, 4, 0, 8], vec![]),
+    ];
+    npz(&path, &f32s, &[]);
+    path
+}
+
+/// A mask of one key column broadcasts over the keys in the core; ONNX
+/// Runtime's kernel takes a mask of the keys' length only (it refuses one
+/// column, measured), so the guard compares the mask's length with the
+/// key's at run time: the kernel where they are equal, the original ops
+/// where not.
+#[test]
+fn a_mask_whose_length_is_not_proved_the_keys_is_compared_with_them_at_run_time() {
+    let dir = tempdir();
+    let core = core_of_mask_length();
+    let fused = fused(&core);
+    assert_eq!(guards(&fused).len(), 1, "one guarded kernel");
+    let compared = fused.graph.as_ref().unwrap().node.iter().find(|n| n.output[0].ends_with("/mask_length_is_keys"));
+    assert_eq!(compared.map(|n| n.op_type()), Some("Equal"), "the lengths compared before the guard");
+    let (same, one) = (mask_length_feeds(dir.path(), 3), mask_length_feeds(dir.path(), 1));
+    let v = compare(&core, &fused, &same).unwrap();
+    assert!(v.passed, "{}", v.text());
+    assert!(runs_the_kernel(&fused, &same), "a mask of the keys' length runs the kernel");
+    let v = compare(&core, &fused, &one).unwrap();
+    assert!(v.passed, "{}", v.text());
+    assert!(!runs_the_kernel(&fused, &one), "a mask of one column runs the original ops");
+    assert!(
+        compare(&core, &unguarded(&fused), &one).is_err_and(|e| format!("{e:#}").contains("mask")),
+        "ONNX Runtime's kernel is expected to refuse a mask of one key column"
+    );
+}
+
+/// GPT-J's decoder with its cache (Optimum): the present key is a Cast of
+/// the cache's Concat to the float it is, and the causal mask is sized by
+/// the attention mask and sliced at the key's length, which no shape
+/// proves equal: the kernel runs where the lengths agree at run time, on
+/// a decode step of a left-padded batch too.
+#[test]
+fn gptjs_cache_runs_the_kernel_where_its_masks_length_is_the_keys() {
+    let dir = tempdir();
+    let (original, fused) = fused_at_23("gptj_optimum_past.onnx", "default");
+    assert_eq!(kernels(&fused).len(), 2, "both layers' cores");
+    let inputs = dir.path().join("gptj_step.npz");
+    let (past, kv) = (5u64, 2 * 4 * 5 * 8);
+    let cache: Vec<(String, Vec<u64>, Vec<f32>)> = (0..2)
+        .flat_map(|l| ["key", "value"].map(|x| (format!("past_key_values.{l}.{x}"), vec![2, 4, past, 8], values(kv, l * 2 + 7))))
+        .collect();
+    let f32s: Vec<(&str, Vec<u64>, Vec<f32>)> = cache.iter().map(|(n, s, v)| (n.as_str(), s.clone(), v.clone())).collect();
+    let i64s = [
+        ("input_ids", vec![2, 1], vec![5, 9]),
+        // Row 0 left-padded by 2.
+        ("attention_mask", vec![2, past + 1], vec![0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]),
+        ("position_ids", vec![2, 1], vec![3, 5]),
+    ];
+    npz(&inputs, &f32s, &i64s);
+    let v = compare(&original, &fused, &inputs).unwrap();
+    assert!(v.passed, "{}", v.text());
+    assert!(runs_the_kernel(&fused, &inputs), "the step runs the kernel");
+}

@@ -262,22 +262,25 @@ fn interleaved_near_misses_do_not_fuse_and_say_why() {
     }
 }
 
-/// GPT-J's TorchScript export: q's and k's rotary of both layers, on the
+/// GPT-J's TorchScript export, and Optimum's with the cache (positions
+/// given: rows of x's batch): q's and k's rotary of both layers, on the
 /// first 4 of each head's 8 channels.
 #[test]
 fn gptjs_interleaved_rotaries_become_rotary_embeddings_and_compute_the_same() {
-    let name = "gptj_ts_op17.onnx";
-    let original = load(name);
-    let (mut model, upgrade) = onnx_fuse::upgrade::upgrade(&original, 23).unwrap();
-    let outcome = rewrite::run_upgraded(&mut model, &[&rotary::PASS], Default::default(), upgrade.added);
-    assert_eq!(outcome.fused.len(), 4, "q and k of both layers: {:?}", outcome.declined);
-    for rotary in all_nodes(&model).into_iter().filter(|n| n.op_type() == "RotaryEmbedding") {
-        let attrs: Vec<(&str, i64)> = rotary.attribute.iter().map(|a| (a.name(), a.i())).collect();
-        assert_eq!(attrs, [("interleaved", 1), ("num_heads", 4)], "{}", rotary.name());
+    for name in ["gptj_ts_op17.onnx", "gptj_optimum_past.onnx"] {
+        let original = load(name);
+        let (mut model, upgrade) = onnx_fuse::upgrade::upgrade(&original, 23).unwrap();
+        let outcome = rewrite::run_upgraded(&mut model, &[&rotary::PASS], Default::default(), upgrade.added);
+        assert_eq!(outcome.fused.len(), 4, "{name}: q and k of both layers: {:?}", outcome.declined);
+        for rotary in all_nodes(&model).into_iter().filter(|n| n.op_type() == "RotaryEmbedding") {
+            let attrs: Vec<(&str, i64)> = rotary.attribute.iter().map(|a| (a.name(), a.i())).collect();
+            assert_eq!(attrs, [("interleaved", 1), ("num_heads", 4)], "{name}: {}", rotary.name());
+        }
+        // The exports compute the tables once for every layer: the repeats
+        // of cos and sin go with the last rotary reading them, and the
+        // Tiles that gather the positions stay.
+        let tiles = (count_op(&original, "Tile"), count_op(&model, "Tile"));
+        assert_eq!(tiles.1, tiles.0 - 2, "{name}: each table's repeat goes with its last rotary");
+        assert_equivalent(&original, &model, name);
     }
-    // The export computes the tables once for every layer: the repeats of
-    // cos and sin go with the last rotary reading them, and the Tiles that
-    // gather the positions stay.
-    assert_eq!(count_op(&model, "Tile"), count_op(&original, "Tile") - 2, "each table's repeat goes with its last rotary");
-    assert_equivalent(&original, &model, name);
 }

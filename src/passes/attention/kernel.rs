@@ -416,11 +416,26 @@ pub(super) fn attention(
             dims(&sm)
         );
         let (r, (s, t)) = (sm.len(), (&sq[2], &sk[2]));
+        // A cache's mask whose last axis is not proved the key's length
+        // (GPT-J's causal mask, sized by the attention mask and sliced at
+        // the key's length): the two are compared at run time, and the
+        // original ops run where they differ.
+        let length_unproved = merged.is_none() && r >= 2 && &sm[r - 1] != t && sm[r - 1].value().is_none();
         require!(
-            (2..=4).contains(&r) && &sm[r - 1] == t && (&sm[r - 2] == s || sm[r - 2].value() == Some(1)),
+            (2..=4).contains(&r)
+                && (&sm[r - 1] == t || length_unproved)
+                && (&sm[r - 2] == s || sm[r - 2].value() == Some(1)),
             "the mask's shape ({}) does not end with the scores' ({s}, {t}) or (1, {t})",
             dims(&sm)
         );
+        if length_unproved {
+            let (length, keys, same) = (name("mask_length"), name("key_length"), name("mask_length_is_keys"));
+            let at = key_perm.as_ref().map_or(2, |p| p[2]);
+            prelude.push(writing(&length, node("Shape", &[&mask], vec![int("start", r as i64 - 1)])));
+            prelude.push(writing(&keys, node("Shape", &[key], vec![int("start", at), int("end", at + 1)])));
+            prelude.push(writing(&same, node("Equal", &[&length, &keys], vec![])));
+            conditions.push(same);
+        }
         let leading_fit = match r {
             4 => fits(&sm[0], &sq[0]) && fits(&sm[1], &sq[1]),
             3 => fits(&sm[0], &sq[1]),
@@ -815,9 +830,17 @@ fn mask_values(g: &Graph, shapes: &Shapes, value: &str, depth: usize) -> Option<
 /// call, which the written-out core transposes (or repeats) whole at every
 /// step and the kernel reads as it is: a cache, `Concat(past, new)` on the
 /// sequence axis (2 of 4), or a graph input (a cross-attention's encoder
-/// key and value, passed back in by the caller).
+/// key and value, passed back in by the caller); seen through a `Cast` to
+/// the type it has (GPT-J's present key is `Cast(Concat(past, k), float)`).
 fn kept_whole(g: &Graph, value: &str) -> bool {
-    let value = g.unchanged(value);
+    let mut value = g.unchanged(value);
+    while let Ok(c) = g.produced_by(value, "Cast") {
+        let input = g.node(c).input[0].as_str();
+        if g.elem_type(input).is_none_or(|t| g.node(c).attr_int("to") != Some(t as i64)) {
+            break;
+        }
+        value = g.unchanged(input);
+    }
     let concat = g.produced_by(value, "Concat");
     let cache = concat.is_ok_and(|c| matches!(g.node(c).attr_int("axis"), Some(2 | -2)) && g.node(c).input.len() == 2);
     cache || g.proto.input.iter().any(|i| i.name() == value)
