@@ -1342,31 +1342,3 @@ fn a_mask_whose_length_is_not_proved_the_keys_is_compared_with_them_at_run_time(
         "ONNX Runtime's kernel is expected to refuse a mask of one key column"
     );
 }
-
-/// GPT-J's decoder with its cache (Optimum): the present key is a Cast of
-/// the cache's Concat to the float it is, and the causal mask is sized by
-/// the attention mask and sliced at the key's length, which no shape
-/// proves equal: the kernel runs where the lengths agree at run time, on
-/// a decode step of a left-padded batch too.
-#[test]
-fn gptjs_cache_runs_the_kernel_where_its_masks_length_is_the_keys() {
-    let dir = tempdir();
-    let (original, fused) = fused_at_23("gptj_optimum_past.onnx", "default");
-    assert_eq!(kernels(&fused).len(), 2, "both layers' cores");
-    let inputs = dir.path().join("gptj_step.npz");
-    let (past, kv) = (5u64, 2 * 4 * 5 * 8);
-    let cache: Vec<(String, Vec<u64>, Vec<f32>)> = (0..2)
-        .flat_map(|l| ["key", "value"].map(|x| (format!("past_key_values.{l}.{x}"), vec![2, 4, past, 8], values(kv, l * 2 + 7))))
-        .collect();
-    let f32s: Vec<(&str, Vec<u64>, Vec<f32>)> = cache.iter().map(|(n, s, v)| (n.as_str(), s.clone(), v.clone())).collect();
-    let i64s = [
-        ("input_ids", vec![2, 1], vec![5, 9]),
-        // Row 0 left-padded by 2.
-        ("attention_mask", vec![2, past + 1], vec![0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]),
-        ("position_ids", vec![2, 1], vec![3, 5]),
-    ];
-    npz(&inputs, &f32s, &i64s);
-    let v = compare(&original, &fused, &inputs).unwrap();
-    assert!(v.passed, "{}", v.text());
-    assert!(runs_the_kernel(&fused, &inputs), "the step runs the kernel");
-}

@@ -830,17 +830,9 @@ fn mask_values(g: &Graph, shapes: &Shapes, value: &str, depth: usize) -> Option<
 /// call, which the written-out core transposes (or repeats) whole at every
 /// step and the kernel reads as it is: a cache, `Concat(past, new)` on the
 /// sequence axis (2 of 4), or a graph input (a cross-attention's encoder
-/// key and value, passed back in by the caller); seen through a `Cast` to
-/// the type it has (GPT-J's present key is `Cast(Concat(past, k), float)`).
+/// key and value, passed back in by the caller).
 fn kept_whole(g: &Graph, value: &str) -> bool {
-    let mut value = g.unchanged(value);
-    while let Ok(c) = g.produced_by(value, "Cast") {
-        let input = g.node(c).input[0].as_str();
-        if g.elem_type(input).is_none_or(|t| g.node(c).attr_int("to") != Some(t as i64)) {
-            break;
-        }
-        value = g.unchanged(input);
-    }
+    let value = g.unchanged(value);
     let concat = g.produced_by(value, "Concat");
     let cache = concat.is_ok_and(|c| matches!(g.node(c).attr_int("axis"), Some(2 | -2)) && g.node(c).input.len() == 2);
     cache || g.proto.input.iter().any(|i| i.name() == value)
