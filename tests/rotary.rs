@@ -22,13 +22,19 @@ enum Break {
     Cut,
     /// The table's batch is 2 where x's is b.
     Batch,
+    /// No break: heads third, x `[b, s, 4, 8]`, the tables unsqueezed at
+    /// axis 2 (the kernel's 3-D input).
+    HeadsThird,
 }
 
 /// A rotary as Hugging Face exports write it: x [b, 4, s, 8], the tables
 /// [1, s, 8] computed from `freqs` [1, s, 4].
 fn rotary_model(broken: Break) -> ModelProto {
     let mut b = Builder::default();
-    let x = b.input("x", FLOAT, Some(&[sym("b"), D::N(4), sym("s"), D::N(8)]));
+    let heads_third = broken == Break::HeadsThird;
+    let dims =
+        if heads_third { [sym("b"), sym("s"), D::N(4), D::N(8)] } else { [sym("b"), D::N(4), sym("s"), D::N(8)] };
+    let x = b.input("x", FLOAT, Some(&dims));
     let batch = if broken == Break::Batch { D::N(2) } else { D::N(1) };
     let f = b.input("freqs", FLOAT, Some(&[batch.clone(), sym("s"), D::N(4)]));
     let g = b.input("other", FLOAT, Some(&[batch, sym("s"), D::N(4)]));
@@ -36,9 +42,9 @@ fn rotary_model(broken: Break) -> ModelProto {
     let emb = b.node("Concat", &[&f, &second], vec![attr_int("axis", -1)]);
     let cos = b.node("Cos", &[&emb], vec![]);
     let sin = b.node("Sin", &[&emb], vec![]);
-    let one = b.constant(tensor(INT64, &[1], &[1.0]));
-    let c = b.node("Unsqueeze", &[&cos, &one], vec![]);
-    let s = b.node("Unsqueeze", &[&sin, &one], vec![]);
+    let heads = b.constant(tensor(INT64, &[1], &[if heads_third { 2.0 } else { 1.0 }]));
+    let c = b.node("Unsqueeze", &[&cos, &heads], vec![]);
+    let s = b.node("Unsqueeze", &[&sin, &heads], vec![]);
     let ints = |b: &mut Builder, v: i64| b.constant(tensor(INT64, &[1], &[v as f64]));
     let (zero, half, end, last) = (ints(&mut b, 0), ints(&mut b, 4), ints(&mut b, i64::MAX), ints(&mut b, -1));
     let cut = if broken == Break::Cut { ints(&mut b, 3) } else { half.clone() };
@@ -84,7 +90,8 @@ fn interleaved_model(broken: Pairs) -> ModelProto {
     let x = b.input("x", FLOAT, Some(&dims));
     let table = |b: &mut Builder, name: &str| {
         let rows = b.input(name, FLOAT, Some(&[D::N(1), sym("s"), D::N(4)]));
-        let (axes, reps) = if broken == Pairs::Whole { ([heads, 3], [1, 1, 1, 2, 1]) } else { ([heads, 4], [1, 1, 1, 1, 2]) };
+        let (axes, reps) =
+            if broken == Pairs::Whole { ([heads, 3], [1, 1, 1, 2, 1]) } else { ([heads, 4], [1, 1, 1, 1, 2]) };
         let axes = b.ints(&axes);
         let u = b.node("Unsqueeze", &[&rows, &axes], vec![]);
         let reps = b.ints(&reps);
@@ -148,6 +155,22 @@ fn a_rotate_half_rotary_is_one_rotary_embedding() {
     assert_eq!(count_op(&fused, "Unsqueeze"), 0);
     assert_eq!(count_op(&fused, "Cos") + count_op(&fused, "Sin"), 2);
     assert_equivalent(&model, &fused, "rotary");
+}
+
+/// Heads third (`[b, s, h, d]`): the kernel's 3-D input with `num_heads`,
+/// viewed back.
+#[test]
+fn a_rotate_half_rotary_of_heads_third_is_a_3d_rotary_embedding() {
+    let model = rotary_model(Break::HeadsThird);
+    let (fused, outcome) = fuse(&model);
+    assert_eq!(outcome.fused.len(), 1, "{:?}", outcome.declined);
+    let nodes = all_nodes(&fused);
+    let rotary = nodes.iter().find(|n| n.op_type() == "RotaryEmbedding").expect("the op");
+    let attrs: Vec<(&str, i64)> = rotary.attribute.iter().map(|a| (a.name(), a.i())).collect();
+    assert_eq!(attrs, [("num_heads", 4)]);
+    let back = nodes.iter().find(|n| n.input.contains(&rotary.output[0])).expect("the view back");
+    assert_eq!((back.op_type(), back.output[0].as_str()), ("Reshape", "y"));
+    assert_equivalent(&model, &fused, "rotary, heads third");
 }
 
 /// Every product and the sum either order: the value whose halves are

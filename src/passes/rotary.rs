@@ -104,7 +104,10 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
             cut(g, kept, 0, d, d, 2)?;
             cut(g, negated, 1, d, d, 2)?;
             // The pairs, stacked [..., d/2, 2], merge back in x's shape.
-            require!(shapes.shape(r).as_ref() == Some(&sx), "the turned pairs are not proved to be viewed in x's shape");
+            require!(
+                shapes.shape(r).as_ref() == Some(&sx),
+                "the turned pairs are not proved to be viewed in x's shape"
+            );
         }
     }
     let table = |v: &str, what: &str| -> Check<Table> {
@@ -117,6 +120,11 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     };
     let (cos, sin) = (table(c, "cos")?, table(s, "sin")?);
     require!(cos.heads == sin.heads, "the cos and sin tables are broadcast over different axes of x");
+    // Heads third: the kernel's 3-D input, which needs their number.
+    let h = match cos.heads {
+        1 => None,
+        _ => Some(sx[2].value().ok_or_else(|| miss(&format!("the heads of x ({}) are not a known number", sx[2])))?),
+    };
 
     let mut m = Match::new(index);
     m.keep(Kept::Shared(c.to_string()));
@@ -157,12 +165,11 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     if form == Turn::Pairs {
         attributes.push(AttributeProto::int("interleaved", 1));
     }
-    if cos.heads == 1 {
+    let Some(h) = h else {
         let rotary = node("RotaryEmbedding", &[x, &cos_cache, &sin_cache], attributes);
         return Ok(m.replace_with(rotary).after(prelude).needing_opset(23));
-    }
-    // Heads third: the kernel's 3-D input, x's last two axes merged.
-    let h = sx[2].value().ok_or_else(|| miss(&format!("the heads of x ({}) are not a known number", sx[2])))?;
+    };
+    // x's last two axes merged, the result viewed back.
     let (shape, merged) = (format!("{x}/merged_heads_shape"), format!("{x}/merged_heads"));
     prelude.push(ints_constant(&shape, &[0, 0, h * d]));
     prelude.push(writing(&merged, node("Reshape", &[x, &shape], vec![])));
@@ -238,7 +245,10 @@ fn repeated_table(g: &Graph, v: &str, what: &str, sx: &[Dim], d: i64) -> Check<T
     match step.op_type() {
         "Tile" => {
             let reps = g.constant(&step.input[1]).and_then(|t| t.ints());
-            require!(reps.as_deref() == Some(&[1, 1, 1, 1, 2]), "the {what} table's Tile repeats more than its last axis");
+            require!(
+                reps.as_deref() == Some(&[1, 1, 1, 1, 2]),
+                "the {what} table's Tile repeats more than its last axis"
+            );
         }
         "Expand" => {}
         op => decline!("the {what} table is repeated by {op}, not Tile or Expand"),
@@ -249,7 +259,8 @@ fn repeated_table(g: &Graph, v: &str, what: &str, sx: &[Dim], d: i64) -> Check<T
         rows = g.node(g.produced_by(rows, "Unsqueeze")?).input[0].as_str();
     }
     let one = shapes.shape(rows).and_then(|r| rows_fit(&r, sx, heads, d / 2));
-    let one = one.ok_or_else(|| miss(&format!("the {what} table's rows are not proved [b or 1, s, d/2] of x's b, s and d")))?;
+    let one =
+        one.ok_or_else(|| miss(&format!("the {what} table's rows are not proved [b or 1, s, d/2] of x's b, s and d")))?;
     Ok(Table { rows: rows.to_string(), one, heads })
 }
 
@@ -298,7 +309,10 @@ fn on_last_axis(g: &Graph, axis: i64, value: &str) -> bool {
 /// `Concat(Neg(x₂), x₁, axis −1)`: the Slices computing x₁ and x₂.
 fn halves_turned(g: &Graph, r: &str) -> Check<(usize, usize)> {
     let concat = g.node(g.produced_by(r, "Concat")?);
-    require!(on_last_axis(g, concat.attr_int("axis").unwrap_or(0), r), "the half turn is not concatenated on the last axis");
+    require!(
+        on_last_axis(g, concat.attr_int("axis").unwrap_or(0), r),
+        "the half turn is not concatenated on the last axis"
+    );
     let neg = g.node(g.produced_by(&concat.input[0], "Neg")?);
     Ok((g.produced_by(&concat.input[1], "Slice")?, g.produced_by(&neg.input[0], "Slice")?))
 }
@@ -310,7 +324,10 @@ fn halves_turned(g: &Graph, r: &str) -> Check<(usize, usize)> {
 fn pairs_turned(g: &Graph, r: &str) -> Check<(usize, usize)> {
     let stack = g.node(g.produced_by(r, "Reshape")?).input[0].as_str();
     let concat = g.node(g.produced_by(stack, "Concat")?);
-    require!(on_last_axis(g, concat.attr_int("axis").unwrap_or(0), stack), "the pairs are not stacked on the last axis");
+    require!(
+        on_last_axis(g, concat.attr_int("axis").unwrap_or(0), stack),
+        "the pairs are not stacked on the last axis"
+    );
     let part = |v: &str| -> Check<&str> {
         let u = g.node(g.produced_by(v, "Unsqueeze")?);
         let last = match g.ints_argument(u, "axes", 1, 13) {

@@ -384,7 +384,6 @@ fn rms_core(
 
 /// A weight (or gamma, beta) for x's last axis `last`, x of rank
 /// `x_rank` where declared.
-#[allow(clippy::too_many_arguments)]
 fn weight(
     rng: &mut Rng,
     c: &mut Ctx,
@@ -449,7 +448,6 @@ fn weight(
 /// A LayerNorm's gamma or beta. One that breaks the rewrite leaves the
 /// norm to fuse without it (a scale of ones where D is known, no bias),
 /// beside its Mul or Add: the same function.
-#[allow(clippy::too_many_arguments)]
 fn norm_weight(
     rng: &mut Rng,
     c: &mut Ctx,
@@ -2236,14 +2234,7 @@ pub fn interleaved_rotary(rng: &mut Rng) -> Case {
             let shape = ints(b, &reps);
             b.node("Expand", &[&u, &shape], vec![])
         };
-        let to = if torchscript {
-            let shape = b.node("Shape", &[&repeated], vec![]);
-            let (zero, three, minus_one) = (ints(b, &[0]), ints(b, &[3]), ints(b, &[-1]));
-            let lead = b.node("Slice", &[&shape, &zero, &three, &zero], vec![]);
-            b.node("Concat", &[&lead, &minus_one], vec![attr_int("axis", 0)])
-        } else {
-            ints(b, &[0, 0, 0, -1])
-        };
+        let to = if torchscript { leading_then_merged(b, &repeated, 3) } else { ints(b, &[0, 0, 0, -1]) };
         b.node("Reshape", &[&repeated, &to], vec![])
     };
     let cos = table(&mut b, &mut c, rng, "cos");
@@ -2271,17 +2262,24 @@ pub fn interleaved_rotary(rng: &mut Rng) -> Case {
     let first = b.node("Unsqueeze", &[&neg, &new_last], vec![]);
     let second = b.node("Unsqueeze", &[&kept, &new_last], vec![]);
     let stacked = b.node("Concat", &[&first, &second], vec![attr_int("axis", rng.pick(&[-1, 4]))]);
-    let to = if torchscript {
-        let shape = b.node("Shape", &[&stacked], vec![]);
-        let (zero, minus_two, minus_one) = (ints(&mut b, &[0]), ints(&mut b, &[-2]), ints(&mut b, &[-1]));
-        let lead = b.node("Slice", &[&shape, &zero, &minus_two, &zero], vec![]);
-        b.node("Concat", &[&lead, &minus_one], vec![attr_int("axis", 0)])
-    } else {
-        ints(&mut b, &[0, 0, 0, -1])
-    };
+    let to = if torchscript { leading_then_merged(&mut b, &stacked, -2) } else { ints(&mut b, &[0, 0, 0, -1]) };
     let turned = b.node("Reshape", &[&stacked, &to], vec![]);
-    let plain = commuted(rng, &mut b, "Mul", &x, &cos);
-    let rotated = commuted(rng, &mut b, "Mul", &turned, &sin);
+    rotary_sum(rng, c, b, [&x, &cos, &turned, &sin], before, opset, elem)
+}
+
+/// `x·cos + turned·sin`, every operand either order, as the case's output;
+/// what was computed since `before` may get another reader.
+fn rotary_sum(
+    rng: &mut Rng,
+    mut c: Ctx,
+    mut b: Builder,
+    [x, cos, turned, sin]: [&str; 4],
+    before: usize,
+    opset: i64,
+    elem: i32,
+) -> Case {
+    let plain = commuted(rng, &mut b, "Mul", x, cos);
+    let rotated = commuted(rng, &mut b, "Mul", turned, sin);
     let inner = computed_since(&b, before);
     let out = commuted(rng, &mut b, "Add", &plain, &rotated);
     b.output(&out, elem, None);
@@ -2289,9 +2287,19 @@ pub fn interleaved_rotary(rng: &mut Rng) -> Case {
     finish(rng, c, b, opset, elem)
 }
 
+/// The sizes `Shape(v)[:end] + [-1]`: a Reshape target merging v's axes
+/// from `end` on, as TorchScript exports compute it.
+fn leading_then_merged(b: &mut Builder, v: &str, end: i64) -> String {
+    let shape = b.node("Shape", &[v], vec![]);
+    let (zero, end, minus_one) = (b.ints(&[0]), b.ints(&[end]), b.ints(&[-1]));
+    let lead = b.node("Slice", &[&shape, &zero, &end, &zero], vec![]);
+    b.node("Concat", &[&lead, &minus_one], vec![attr_int("axis", 0)])
+}
+
 /// rotary: `x·cos + rotate_half(x)·sin` with tables `[b or 1, s, d]`
-/// unsqueezed at axis 1, each the `cat(freqs, freqs)` of Hugging Face's
-/// exports through elementwise steps; every operand either order.
+/// unsqueezed at x's heads axis (second, or third: the 3-D kernel), each
+/// the `cat(freqs, freqs)` of Hugging Face's exports through elementwise
+/// steps; every operand either order.
 pub fn rotary(rng: &mut Rng) -> Case {
     let mut c = Ctx::new();
     let mut b = Builder::default();
@@ -2308,7 +2316,14 @@ pub fn rotary(rng: &mut Rng) -> Case {
         }
         _ => D::N(d),
     };
-    let x = b.input("x", elem, Some(&[sym("b"), D::N(2), sym("s"), last]));
+    let heads_third = rng.chance(0.3);
+    let dims = if heads_third {
+        c.note("heads third ([b, s, h, d]): the 3-D kernel");
+        [sym("b"), sym("s"), D::N(2), last]
+    } else {
+        [sym("b"), D::N(2), sym("s"), last]
+    };
+    let x = b.input("x", elem, Some(&dims));
     let batch = match rng.below(8) {
         0 => {
             c.note("tables of x's batch");
@@ -2346,11 +2361,12 @@ pub fn rotary(rng: &mut Rng) -> Case {
         table(&mut b, &mut c, rng, "Sin")
     };
     let ints = |b: &mut Builder, v: i64| b.constant(tensor(INT64, &[1], &[v as f64]));
+    let heads = if heads_third { 2 } else { 1 };
     let at = if rng.chance(0.08) {
-        c.unsure("the tables unsqueezed at axis 2");
-        2
+        c.unsure("the tables unsqueezed at the other heads axis");
+        3 - heads
     } else {
-        1
+        heads
     };
     let axis = ints(&mut b, at);
     let cos = b.node("Unsqueeze", &[&cos, &axis], vec![]);
@@ -2374,11 +2390,5 @@ pub fn rotary(rng: &mut Rng) -> Case {
         let neg = b.node("Neg", &[&x2], vec![]);
         b.node("Concat", &[&neg, &x1], vec![attr_int("axis", rng.pick(&[-1, 3]))])
     };
-    let plain = commuted(rng, &mut b, "Mul", &x, &cos);
-    let rotated = commuted(rng, &mut b, "Mul", &turned, &sin);
-    let inner = computed_since(&b, before);
-    let out = commuted(rng, &mut b, "Add", &plain, &rotated);
-    b.output(&out, elem, None);
-    leak(rng, &mut c, &mut b, &inner, elem);
-    finish(rng, c, b, opset, elem)
+    rotary_sum(rng, c, b, [&x, &cos, &turned, &sin], before, opset, elem)
 }
