@@ -13,7 +13,10 @@
 //!
 //! An encoder's core (neither cache nor grouped heads) is written in the
 //! kernel's 3-D form, reading the `[b, s, h·d]` values its heads are split
-//! from and writing the merged output (`merged_heads`). A `Where` mask is
+//! from and writing the merged output (`merged_heads`). A cache without
+//! grouped heads is written where the export scales its transposed key by a
+//! value computed at run time (`scaled_at_run_time`); elsewhere ONNX
+//! Runtime's own MatMuls are faster, and it stays `AttentionCore`. A `Where` mask is
 //! the kernel's boolean mask, the keys kept, where a bound on the scores
 //! proves the fill gives hidden keys no weight.
 //!
@@ -136,6 +139,7 @@ pub(super) fn attention(
         unscaled.to_string()
     };
     let q = scaled(q);
+    let key_scaled_at_run_time = scaled_at_run_time(g, shapes, &k, elem);
     let k = scaled(k);
     require!(scale.is_finite() && (scale as f32).is_normal() && scale > 0.0, "the scale {scale} is no positive f32");
 
@@ -189,6 +193,21 @@ pub(super) fn attention(
     // 0.62–0.79× the ops it replaces). On 4-D heads its gain is within the
     // guard's cost and the machine's spread (docs/benchmarks.md).
     let merged = if n > 1 || (kept_whole(g, key) && kept_whole(g, value)) {
+        // Without grouped heads, a cache gains where the export works on
+        // the whole cached key at every step besides its product: GPT-2
+        // scales the transposed key by a value it computes at run time
+        // (0.83–0.90× the export's decode time). Where the export only
+        // transposes it, or scales it by a constant, ONNX Runtime folds
+        // both into its MatMul, and the kernel is slower than the ops it
+        // replaces (GPT-J, a Llama without grouped heads, T5's decoder:
+        // 0.98–1.15× the export's time, where AttentionCore takes
+        // 0.89–1.06×; docs/benchmarks.md).
+        require!(
+            n > 1 || key_scaled_at_run_time,
+            "a cache without grouped heads whose key the export only transposes, or scales by a constant (ONNX \
+             Runtime folds both into its MatMul): ONNX Runtime's Attention is slower than the MatMuls it replaces \
+             here"
+        );
         None
     } else {
         let found = merged_heads(g, shapes, anchor, &q, x, key_perm.as_deref(), v);
@@ -824,6 +843,15 @@ fn mask_values(g: &Graph, shapes: &Shapes, value: &str, depth: usize) -> Option<
         }
         _ => None,
     }
+}
+
+/// Whether `k` is the transposed key times one value the export computes at
+/// run time (GPT-2's `1/√√d` from the key's shape), which ONNX Runtime
+/// cannot fold into its MatMul, as it folds a constant scale.
+fn scaled_at_run_time(g: &Graph, shapes: &Shapes, k: &str, elem: i32) -> bool {
+    let (unscaled, c) = super::scaled_by_one_value(g, shapes, k, elem);
+    let scale = g.producer(k).map(|p| g.node(p).input.iter().find(|i| i.as_str() != unscaled));
+    c != 1.0 && unscaled != k && scale.flatten().is_some_and(|s| g.constant(s).is_none())
 }
 
 /// Whether `value` is a key or value the model keeps whole from call to
