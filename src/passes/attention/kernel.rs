@@ -133,14 +133,15 @@ pub(super) fn attention(
     // (A scale computed from the head size, as SDPA exports write it, is
     // a constant too.)
     // (DistilBERT divides q by √d: Div(q, c) is a scale of 1/c.)
-    let mut scaled = |value: &str| -> String {
+    let mut scaled = |value: &str| -> (String, f64) {
         let (unscaled, c) = super::scaled_by_one_value(g, shapes, value, elem);
         scale *= c;
-        unscaled.to_string()
+        (unscaled.to_string(), c)
     };
-    let q = scaled(q);
-    let key_scaled_at_run_time = scaled_at_run_time(g, shapes, &k, elem);
-    let k = scaled(k);
+    let (q, _) = scaled(q);
+    let (unscaled_k, c) = scaled(k);
+    let key_scaled_at_run_time = c != 1.0 && scaled_at_run_time(g, k, &unscaled_k);
+    let k = unscaled_k;
     require!(scale.is_finite() && (scale as f32).is_normal() && scale > 0.0, "the scale {scale} is no positive f32");
 
     // k = Transpose(x, perm), the key [b, h, d, t]: Attention reads
@@ -184,24 +185,20 @@ pub(super) fn attention(
     };
     let (value, n_v) = repeated(g, shapes, v, 4).unwrap_or((v, 1));
     require!(n == n_v, "the key's heads are repeated {n} times and the value's {n_v} times");
-    // Where the kernel gains: a key and value read from a cache (which the
-    // written-out core scales and transposes whole at every step) or
-    // repeated for grouped heads (copied n times). A core without either
+    // Where the kernel gains: a key and value repeated for grouped heads
+    // (copied n times), or read from a cache whose transposed key the
+    // export scales by a value it computes at run time (GPT-2: 0.83–0.90×
+    // the export's decode time). Where the export only transposes the
+    // cached key, or scales it by a constant, ONNX Runtime folds both into
+    // its MatMul, and the kernel is slower than the ops it replaces (GPT-J,
+    // a Llama without grouped heads, T5's decoder: 0.98–1.15× the export's
+    // time, where AttentionCore takes 0.89–1.06×). A core without either
     // (an encoder's) gains where the kernel reads and writes the heads
     // merged, `[b, s, h·d]`, as the model computes them: no Transpose of
     // q, k, v or the output is left (ONNX Runtime 1.31.1, BERT-base heads:
     // 0.62–0.79× the ops it replaces). On 4-D heads its gain is within the
     // guard's cost and the machine's spread (docs/benchmarks.md).
     let merged = if n > 1 || (kept_whole(g, key) && kept_whole(g, value)) {
-        // Without grouped heads, a cache gains where the export works on
-        // the whole cached key at every step besides its product: GPT-2
-        // scales the transposed key by a value it computes at run time
-        // (0.83–0.90× the export's decode time). Where the export only
-        // transposes it, or scales it by a constant, ONNX Runtime folds
-        // both into its MatMul, and the kernel is slower than the ops it
-        // replaces (GPT-J, a Llama without grouped heads, T5's decoder:
-        // 0.98–1.15× the export's time, where AttentionCore takes
-        // 0.89–1.06×; docs/benchmarks.md).
         require!(
             n > 1 || key_scaled_at_run_time,
             "a cache without grouped heads whose key the export only transposes, or scales by a constant (ONNX \
@@ -845,13 +842,13 @@ fn mask_values(g: &Graph, shapes: &Shapes, value: &str, depth: usize) -> Option<
     }
 }
 
-/// Whether `k` is the transposed key times one value the export computes at
-/// run time (GPT-2's `1/√√d` from the key's shape), which ONNX Runtime
-/// cannot fold into its MatMul, as it folds a constant scale.
-fn scaled_at_run_time(g: &Graph, shapes: &Shapes, k: &str, elem: i32) -> bool {
-    let (unscaled, c) = super::scaled_by_one_value(g, shapes, k, elem);
-    let scale = g.producer(k).map(|p| g.node(p).input.iter().find(|i| i.as_str() != unscaled));
-    c != 1.0 && unscaled != k && scale.flatten().is_some_and(|s| g.constant(s).is_none())
+/// Whether `k`, the transposed key `unscaled` times one value
+/// (`scaled_by_one_value`), is scaled by a value the export computes at run
+/// time (GPT-2's `1/√√d` from the key's shape), which ONNX Runtime cannot
+/// fold into its MatMul, as it folds a constant scale.
+fn scaled_at_run_time(g: &Graph, k: &str, unscaled: &str) -> bool {
+    let scale = g.producer(k).and_then(|p| g.node(p).input.iter().find(|i| i.as_str() != unscaled));
+    unscaled != k && scale.is_some_and(|s| g.constant(s).is_none())
 }
 
 /// Whether `value` is a key or value the model keeps whole from call to
