@@ -6,13 +6,15 @@ prefill, decoder_with_past_model.onnx for decode steps, past and present
 separate). The onnxruntime-genai model builder builds its model from the
 same `hf/` folder (scripts/bench_decode.sh, in an environment of its own).
 
-Usage: bench_decode_models.py OUT_DIR [llama] [gpt2] [bert] [tinyllama] [gptj]   (default: llama gpt2 bert)
+Usage: bench_decode_models.py OUT_DIR [llama] [gpt2] [bert] [tinyllama] [gptj] [opt]   (default: llama gpt2 bert)
   llama: Llama, hidden 1,024, 8 layers, 16 heads of 64, 4 KV heads (grouped)
   tinyllama: TinyLlama's shape (1.1B), hidden 2,048, 22 layers, 32 heads of 64,
          4 KV heads (an export over 2 GB: external data)
   gpt2:  GPT-2 (124M)
   bert:  BERT-base encoder (feature extraction)
-  gptj:  GPT-J's shape at hidden 1,024, 8 layers, 16 heads of 64, rotary on 32"""
+  gptj:  GPT-J's shape at hidden 1,024, 8 layers, 16 heads of 64, rotary on 32
+  opt:   OPT at hidden 1,024, 8 layers, 16 heads of 64 (its causal mask hides
+         keys by the float's lowest, not -inf)"""
 
 import os
 import sys
@@ -43,6 +45,11 @@ def configs():
         "gptj": (transformers.GPTJConfig(vocab_size=32000, n_embd=1024, n_layer=8, n_head=16, n_inner=4096,
                                          rotary_dim=32, n_positions=8192, tie_word_embeddings=False),
                  transformers.GPTJForCausalLM, "text-generation-with-past"),
+        # No builder model (onnxruntime-genai's builder has no OPT).
+        "opt": (transformers.OPTConfig(vocab_size=32000, hidden_size=1024, ffn_dim=4096, num_hidden_layers=8,
+                                       num_attention_heads=16, max_position_embeddings=4096,
+                                       word_embed_proj_dim=1024, tie_word_embeddings=False),
+                transformers.OPTForCausalLM, "text-generation-with-past"),
         "bert": (transformers.BertConfig(), transformers.BertModel, "feature-extraction"),
     }
 

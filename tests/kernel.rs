@@ -8,7 +8,7 @@ mod common;
 
 use common::build::*;
 use common::*;
-use onnx_fuse::onnx::{AttributeProto, GraphProto, ModelProto, NodeProto, FLOAT, INT64, RUNS_KEY};
+use onnx_fuse::onnx::{AttributeProto, GraphProto, ModelProto, NodeProto, BOOL, FLOAT, INT64, RUNS_KEY};
 use onnx_fuse::{rewrite, upgrade, verify};
 
 /// A power of two: scaling the transposed key by it scales every score
@@ -518,13 +518,16 @@ fn onnx_runtimes_attention_over_pieces_of_the_queries_computes_the_whole_call() 
 /// ONNX `Attention` of q [1, 4, s, 8] (or [1, s, 32] with `merged`) over
 /// keys, values and mask rows [.., t]; with `cut`, over their first `n`
 /// keys only (`n` an input, read by both).
-fn kernel_over_keys(merged: bool, cut: bool) -> ModelProto {
+fn kernel_over_keys(merged: bool, cut: bool, kept: bool) -> ModelProto {
     let mut b = Builder::default();
     let shape =
         |len: &str| if merged { vec![D::N(1), sym(len), D::N(32)] } else { vec![D::N(1), D::N(4), sym(len), D::N(8)] };
     let q = b.input("q", FLOAT, Some(&shape("s")));
     let (mut k, mut v) = (b.input("k", FLOAT, Some(&shape("t"))), b.input("v", FLOAT, Some(&shape("t"))));
     let mut mask = b.input("mask", FLOAT, Some(&[D::N(1), D::N(1), sym("s"), sym("t")]));
+    if kept {
+        mask = b.node("Cast", &[&mask], vec![attr_int("to", i64::from(BOOL))]);
+    }
     let n = b.input("n", INT64, Some(&[D::N(1)]));
     if cut {
         let (zero, keys, last) = (b.ints(&[0]), b.ints(&[-2]), b.ints(&[-1]));
@@ -547,95 +550,165 @@ fn kernel_over_keys(merged: bool, cut: bool) -> ModelProto {
 }
 
 /// The fact a long call's pieces that read only the keys they see rest
-/// on, run: where a row's mask is -inf at every key from some n on (a
-/// causal prompt's rows past their position), ONNX Runtime's kernel over
-/// the first n keys computes it bit for bit as over all of them: the
-/// pieces of the pass's 8 of an even and an odd length, after no cache and
-/// a cache of 5 keys, for n from the piece's causal bound to all keys, a
-/// row hidden whole included (the kernel's zeros both ways); 4-D and 3-D.
+/// on, run: where a row's mask hides every key from some n on (a causal
+/// prompt's rows past their position) by -inf, by the float's lowest, or
+/// as a boolean mask's false, ONNX Runtime's kernel over the first n keys
+/// computes it bit for bit as over all of them: the pieces of the pass's 8
+/// of an even and an odd length, after no cache and a cache of 5 keys, for
+/// n from the piece's causal bound to all keys, a row hidden whole
+/// included (the kernel's zeros both ways), and a row whose kept keys are
+/// the next float above the hidden ones' value (the lowest's: the ulp
+/// there, 2^104, is what gives a hidden key no weight); 4-D and 3-D.
 #[test]
-fn onnx_runtimes_attention_over_the_keys_a_minus_infinity_mask_leaves_computes_the_whole_call() {
+fn onnx_runtimes_attention_over_the_keys_a_mask_leaves_computes_the_whole_call() {
     let dir = tempdir();
-    for merged in [false, true] {
-        let (whole, cut) = (kernel_over_keys(merged, false), kernel_over_keys(merged, true));
-        for (s, past) in [(1031u64, 0u64), (1024, 5)] {
-            let t = s + past;
-            let rows = s.div_ceil(8);
-            for piece in 0..8 {
-                let (r0, r1) = (piece * rows, ((piece + 1) * rows).min(s));
-                let m = r1 - r0;
-                let mut mask = vec![0f32; (m * t) as usize];
-                for (i, row) in mask.chunks_mut(t as usize).enumerate() {
-                    let at = past + r0 + i as u64;
-                    for (j, x) in row.iter_mut().enumerate() {
-                        // Row 0 of the second piece is hidden whole.
-                        if j as u64 > at || (piece == 1 && i == 0) {
-                            *x = f32::NEG_INFINITY;
+    let next_above = |x: f32| if x == f32::NEG_INFINITY { f32::MIN } else { f32::from_bits(x.to_bits() - 1) };
+    // (hidden, kept, the kept value of the row kept just above hidden ones)
+    let masks = [
+        ("-inf", f32::NEG_INFINITY, 0.0, next_above(f32::NEG_INFINITY)),
+        ("lowest", f32::MIN, 0.0, next_above(f32::MIN)),
+        ("boolean", 0.0, 1.0, 1.0),
+    ];
+    for (what, hidden, kept, close) in masks {
+        for merged in [false, true] {
+            let boolean = what == "boolean";
+            let (whole, cut) = (kernel_over_keys(merged, false, boolean), kernel_over_keys(merged, true, boolean));
+            for (s, past) in [(1031u64, 0u64), (1024, 5)] {
+                let t = s + past;
+                let rows = s.div_ceil(8);
+                for piece in 0..8 {
+                    let (r0, r1) = (piece * rows, ((piece + 1) * rows).min(s));
+                    let m = r1 - r0;
+                    let mut mask = vec![kept; (m * t) as usize];
+                    for (i, row) in mask.chunks_mut(t as usize).enumerate() {
+                        let at = past + r0 + i as u64;
+                        for (j, x) in row.iter_mut().enumerate() {
+                            // Row 0 of the second piece is hidden whole; row
+                            // 2 of each keeps keys just above the hidden.
+                            if j as u64 > at || (piece == 1 && i == 0) {
+                                *x = hidden;
+                            } else if i == 2 {
+                                *x = close;
+                            }
                         }
                     }
-                }
-                let qs = if merged { vec![1, m, 32] } else { vec![1, 4, m, 8] };
-                let ks = if merged { vec![1, t, 32] } else { vec![1, 4, t, 8] };
-                let need = past + r1;
-                for n in [need, need + 13, t].into_iter().filter(|&n| n <= t) {
-                    let path = dir.path().join(format!("keys_{merged}_{s}_{piece}_{n}.npz"));
-                    let (q, k, v) =
-                        (values((m * 32) as usize, 1), values((t * 32) as usize, 2), values((t * 32) as usize, 3));
-                    let q = q.iter().map(|x| x * 4.0).collect();
-                    npz(
-                        &path,
-                        &[
-                            ("q", qs.clone(), q),
-                            ("k", ks.clone(), k),
-                            ("v", ks.clone(), v),
-                            ("mask", vec![1, 1, m, t], mask.clone()),
-                        ],
-                        &[("n", vec![1], vec![n as i64])],
-                    );
-                    assert!(
-                        same_bits(&whole, &cut, &path),
-                        "merged {merged}, {s} after {past}, piece {piece}, {n} keys"
-                    );
+                    let qs = if merged { vec![1, m, 32] } else { vec![1, 4, m, 8] };
+                    let ks = if merged { vec![1, t, 32] } else { vec![1, 4, t, 8] };
+                    let need = past + r1;
+                    for n in [need, need + 13, t].into_iter().filter(|&n| n <= t) {
+                        let path = dir.path().join(format!("keys_{what}_{merged}_{s}_{piece}_{n}.npz"));
+                        let (q, k, v) =
+                            (values((m * 32) as usize, 1), values((t * 32) as usize, 2), values((t * 32) as usize, 3));
+                        let q = q.iter().map(|x| x * 4.0).collect();
+                        npz(
+                            &path,
+                            &[
+                                ("q", qs.clone(), q),
+                                ("k", ks.clone(), k),
+                                ("v", ks.clone(), v),
+                                ("mask", vec![1, 1, m, t], mask.clone()),
+                            ],
+                            &[("n", vec![1], vec![n as i64])],
+                        );
+                        assert!(
+                            same_bits(&whole, &cut, &path),
+                            "{what} mask, merged {merged}, {s} after {past}, piece {piece}, {n} keys"
+                        );
+                    }
                 }
             }
         }
     }
 }
 
-/// A long call whose mask hides the keys past each row by -inf runs its
-/// pieces over the keys they see, each computing the core bit for bit; a
-/// NaN or an infinity in a key or value a piece would drop, or a NaN in
-/// the mask there, makes it read every key (the core's NaN, not the
-/// kernel's finite piece).
+/// A long call whose mask hides the keys past each row (by -inf, by the
+/// float's lowest, or a Where's boolean kept keys) runs its pieces over the
+/// keys they see, each computing the core bit for bit; a NaN or an
+/// infinity in a key or value a piece would drop, or a NaN in the mask
+/// there, makes it read every key (the core's NaN, not the kernel's finite
+/// piece).
 #[test]
 fn long_causal_calls_read_only_the_keys_each_piece_sees() {
     let dir = tempdir();
-    let core = core_of(4, || sym("s"));
-    let guarded = fused(&core);
-    let pieces = all_nodes(&guarded).into_iter().filter(|n| n.op_type() == "Attention").count();
-    let slices = all_nodes(&guarded)
-        .into_iter()
-        .filter(|n| n.op_type() == "Slice" && n.output[0].contains("/seen_key_"))
-        .count();
-    assert_eq!((pieces, slices), (1 + 8 + 1, 8), "the whole kernel, its pieces and the lifted kernel; 8 cut keys");
-    for s in [1024, 1031] {
-        let base = long_arrays(s, false, None, f32::NEG_INFINITY);
-        let last_key = |x: &mut Vec<f32>| x[((s - 1) * 8 + 3) as usize] = f32::NAN;
-        let edits: [(&str, &dyn Fn(&mut Vec<(&str, Vec<u64>, Vec<f32>)>)); 5] = [
-            ("as it is", &|_| {}),
-            ("a NaN in the last value", &|a| last_key(&mut a[2].2)),
-            ("a NaN in the last key", &|a| last_key(&mut a[1].2)),
-            ("an infinity in the last value", &|a| a[2].2[((s - 1) * 8) as usize] = f32::INFINITY),
-            ("a NaN in the mask above the first row", &|a| a[3].2[(s - 1) as usize] = f32::NAN),
-        ];
-        for (what, edit) in edits {
-            let mut arrays = base.clone();
-            edit(&mut arrays);
-            let path = dir.path().join(format!("causal_{s}_{}.npz", what.replace(' ', "_")));
-            npz(&path, &arrays, &[]);
-            assert!(same_bits(&core, &guarded, &path), "{s} queries, {what}: the core's bits");
+    let forms = [
+        ("-inf", core_of(4, || sym("s")), f32::NEG_INFINITY),
+        ("lowest", core_of(4, || sym("s")), f32::MIN),
+        ("Where", where_core_of(|| sym("s"), -1e9, false), f32::MIN),
+    ];
+    for (form, core, fill) in forms {
+        let guarded = fused(&core);
+        let pieces = all_nodes(&guarded).into_iter().filter(|n| n.op_type() == "Attention").count();
+        let slices = all_nodes(&guarded)
+            .into_iter()
+            .filter(|n| n.op_type() == "Slice" && n.output[0].contains("/seen_key_"))
+            .count();
+        assert_eq!((pieces, slices), (1 + 8 + 1, 8), "{form}: the whole kernel, its pieces and the lifted kernel");
+        let dropping = dropping_one_more(&guarded);
+        for s in [1024, 1031] {
+            let mut base = long_arrays(s, false, None, fill);
+            if form == "Where" {
+                // The keys kept as 1, the hidden as 0.
+                base[3].2.iter_mut().for_each(|x| *x = if *x == 0.0 { 1.0 } else { 0.0 });
+            }
+            let last_key = |x: &mut Vec<f32>| x[((s - 1) * 8 + 3) as usize] = f32::NAN;
+            let unhidden = if form == "Where" { 1.0 } else { f32::NAN };
+            let edits: [(&str, &dyn Fn(&mut Vec<(&str, Vec<u64>, Vec<f32>)>), bool); 5] = [
+                ("as it is", &|_| {}, true),
+                ("a NaN in the last value", &|a| last_key(&mut a[2].2), false),
+                ("a NaN in the last key", &|a| last_key(&mut a[1].2), false),
+                ("an infinity in the last value", &|a| a[2].2[((s - 1) * 8) as usize] = f32::INFINITY, false),
+                ("a NaN (Where: a kept key) above the first row", &|a| a[3].2[(s - 1) as usize] = unhidden, true),
+            ];
+            for (what, edit, drops) in edits {
+                let mut arrays = base.clone();
+                edit(&mut arrays);
+                let path = dir.path().join(format!("causal_{form}_{s}_{}.npz", what.replace(' ', "_")));
+                npz(&path, &arrays, &[]);
+                assert!(same_bits(&core, &guarded, &path), "{form}, {s} queries, {what}: the core's bits");
+                // Dropping the last key a piece's last row sees changes it
+                // where the pieces drop keys.
+                assert_eq!(!same_bits(&core, &dropping, &path), drops, "{form}, {s} queries, {what}: keys dropped");
+            }
         }
     }
+}
+
+/// The model with each piece of a long call that drops keys dropping one
+/// more: the last its last row sees. Where it computes otherwise than
+/// the model, some piece dropped keys.
+fn dropping_one_more(model: &ModelProto) -> ModelProto {
+    fn drop(g: &mut GraphProto) {
+        let mut nodes = Vec::new();
+        for mut n in std::mem::take(&mut g.node) {
+            for sub in n.attribute.iter_mut().filter_map(|a| a.g.as_mut()) {
+                drop(sub);
+            }
+            if n.output[0].contains("/seen_keys_read_") {
+                let (one, fewer) = (format!("{}/one", n.output[0]), format!("{}/one_fewer", n.output[0]));
+                let value = AttributeProto::tensor("value", tensor(INT64, &[1], &[1.0]));
+                let constant = Some("Constant".into());
+                nodes.push(NodeProto {
+                    op_type: constant,
+                    output: vec![one.clone()],
+                    attribute: vec![value],
+                    ..Default::default()
+                });
+                let sub = Some("Sub".into());
+                nodes.push(NodeProto {
+                    op_type: sub,
+                    input: vec![n.input[1].clone(), one],
+                    output: vec![fewer.clone()],
+                    ..Default::default()
+                });
+                n.input[1] = fewer;
+            }
+            nodes.push(n);
+        }
+        g.node = nodes;
+    }
+    let mut m = model.clone();
+    drop(m.graph.as_mut().unwrap());
+    m
 }
 
 /// The kernel branch that runs the pieces, its result shifted by 1: where
@@ -752,7 +825,12 @@ fn left_padded_batches_compute_what_the_export_computes() {
 /// value [b, 4, 3, 8]; the condition is the f32 input `mask` of 0 and 1
 /// cast to bool ([b, 1, 3, 3]).
 fn where_core(fill: f64, hides: bool) -> ModelProto {
-    let mut m = core(4);
+    where_core_of(|| D::N(3), fill, hides)
+}
+
+/// `where_core` whose queries and keys are `s()` long.
+fn where_core_of(s: impl Fn() -> D, fill: f64, hides: bool) -> ModelProto {
+    let mut m = core_of(4, s);
     let g = m.graph.as_mut().unwrap();
     let add = g.node.iter().position(|n| n.op_type() == "Add").unwrap();
     let scores = g.node[add].input[0].clone();

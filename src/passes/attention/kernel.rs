@@ -35,8 +35,8 @@
 //! a row of NaN becomes zeros) is kept the same way: where the kernel's
 //! result holds a NaN, the original ops run. A long call (a prompt's) runs
 //! the kernel over pieces of its queries (`over_query_pieces`), each
-//! reading only the keys its rows see where a float mask hides the rest
-//! by -inf (`keys_seen`).
+//! reading only the keys its rows see where the mask hides the rest (a
+//! float mask by its lowest or -inf, a boolean one by false: `keys_seen`).
 
 use std::collections::HashMap;
 
@@ -494,20 +494,30 @@ pub(super) fn attention(
         then.push(writing(a, attention));
     }
     let whole = branch("ONNX Attention", then, a, elem);
-    // A float mask: a long call's pieces may read only the keys they see.
-    let float_mask = !masks.is_empty() && kept.is_none();
+    // A long call's pieces read only the keys they see where the mask
+    // hides the rest: a float mask by its lowest or -inf, a Where's kept
+    // keys by false.
+    let hiding = match (masks.is_empty(), kept) {
+        (true, _) => None,
+        (false, None) => Some(Hiding::Lowest),
+        (false, Some(_)) => Some(Hiding::NotKept),
+    };
     let length = query_length(&sq[2], &q, if merged.is_some() { 1 } else { 2 }, &name, &mut prelude);
-    let pieces = over_query_pieces(&whole, float_mask);
+    let pieces = over_query_pieces(&whole, hiding);
     let kernel = match length {
         Length::Long => pieces.clone(),
         _ => whole.clone(),
     };
     // (The lifted kernel runs whole where the length is known only at run
-    // time: its pieces would nest one `If` deeper than shapes derive.)
+    // time: its pieces would nest one `If` deeper than shapes derive. Its
+    // mask is a float mask, a Where's kept keys made one.)
     let otherwise = match lifted {
         Some(lifted) => {
-            let lifted_kernel = if matches!(length, Length::Long) { &kernel } else { &whole };
-            hidden_rows_lifted(lifted, &conditions, lifted_kernel, a, &name)
+            let lifted_kernel = match length {
+                Length::Long => over_query_pieces(&whole, Some(Hiding::Lowest)),
+                _ => whole.clone(),
+            };
+            hidden_rows_lifted(lifted, &conditions, &lifted_kernel, a, &name)
         }
         None => original_ops(),
     };
@@ -1265,9 +1275,9 @@ const QUERY_PIECES: usize = 8;
 /// kernel holds the scores of the call it runs: a piece holds an eighth,
 /// which fits where a whole call of a long prompt leaves the memory arena
 /// no room (docs/attention-kernel.md). Needs s ≥ 64 (no piece empty).
-/// With a float mask, each piece reads the keys its rows can see
-/// (`keys_seen`).
-fn over_query_pieces(kernel: &GraphProto, float_mask: bool) -> GraphProto {
+/// With a mask (`hiding`, how it hides a key), each piece reads the keys
+/// its rows can see (`keys_seen`).
+fn over_query_pieces(kernel: &GraphProto, hiding: Option<Hiding>) -> GraphProto {
     let mut pieces = kernel.clone();
     pieces.name = Some(format!("{}, over pieces of the queries", kernel.name()));
     let at = pieces.node.iter().position(|n| n.is("Attention")).expect("the kernel branch runs Attention");
@@ -1283,7 +1293,7 @@ fn over_query_pieces(kernel: &GraphProto, float_mask: bool) -> GraphProto {
     };
     let qs = split(&attention.input[0], "q");
     let masks = attention.input.get(3).map(|m| split(m, "mask"));
-    let seen = masks.as_ref().filter(|_| float_mask).map(|masks| keys_seen(&attention, masks, &mut nodes));
+    let seen = masks.as_ref().zip(hiding).map(|(masks, hiding)| keys_seen(&attention, masks, hiding, &mut nodes));
     let outs: Vec<String> = (0..QUERY_PIECES).map(|i| format!("{y}/piece_{i}")).collect();
     for (i, (q, out)) in qs.iter().zip(&outs).enumerate() {
         let mut inputs = attention.input.clone();
@@ -1301,21 +1311,36 @@ fn over_query_pieces(kernel: &GraphProto, float_mask: bool) -> GraphProto {
     pieces
 }
 
+/// How a mask hides a key from a row, as a piece of a long call tests it
+/// (`keys_seen`).
+#[derive(Clone, Copy)]
+enum Hiding {
+    /// A float mask: the type's lowest or -inf.
+    Lowest,
+    /// A Where's kept keys, a boolean mask: false.
+    NotKept,
+}
+
 /// The key, value and mask each piece of a long call reads (`masks`, the
-/// pieces of a float mask): the keys up to the last its rows can see.
-/// Piece i's rows are queries up to `end_i = min((i+1)·ceil(S/8), S)`;
-/// in a causal prompt of S queries after T − S keys of a cache, no row of
-/// the piece sees a key from `T − S + end_i` on. Where the piece's mask
-/// is -inf at every such key (checked at run time, a NaN failing it) and
-/// every score and value is finite (q, the key and the value bounded:
-/// `scale · D · max|q| · max|k| < 2^100`, D q's last axis, and max|v|
-/// finite), each of those keys has the weight 0 in the whole call and
-/// adds exactly nothing; ONNX Runtime's kernel over the keys before them
-/// computes the piece bit for bit (pinned by `tests/kernel.rs`), with
-/// about half the work of a causal prompt's scores. Elsewhere the piece
-/// reads every key. The first dropped key is held within [1, T − 1], so
-/// that a piece reads a key and the region tested is never empty.
-fn keys_seen(attention: &NodeProto, masks: &[String], nodes: &mut Vec<NodeProto>) -> Vec<[String; 3]> {
+/// pieces of the mask, which hides a key as `hiding` says): the keys up to
+/// the last its rows can see. Piece i's rows are queries up to
+/// `end_i = min((i+1)·ceil(S/8), S)`; in a causal prompt of S queries
+/// after T − S keys of a cache, no row of the piece sees a key from
+/// `T − S + end_i` on. Where the piece's mask hides every such key
+/// (checked at run time, a NaN failing it) and every score and value is
+/// finite (q, the key and the value bounded: `scale · D · max|q| · max|k|
+/// < 2^100`, D q's last axis, and max|v| finite), each of those keys has
+/// the weight 0 in the whole call and adds exactly nothing: its `s + m` is
+/// −∞, or the lowest (|s| < 2^103 rounds away; a boolean mask's hidden key
+/// is one of the two in the kernel), while every row the kernel computes
+/// as the core keeps a key above the lowest by 2^104 at least (the ulp
+/// there), so `exp` of the difference is 0. ONNX Runtime's kernel over the
+/// keys before them computes the piece bit for bit (pinned by
+/// `tests/kernel.rs`), with about half the work of a causal prompt's
+/// scores. Elsewhere the piece reads every key. The first dropped key is
+/// held within [1, T − 1], so that a piece reads a key and the region
+/// tested is never empty.
+fn keys_seen(attention: &NodeProto, masks: &[String], hiding: Hiding, nodes: &mut Vec<NodeProto>) -> Vec<[String; 3]> {
     let y = &attention.output[0];
     let name = |what: &str| format!("{y}/seen_{what}");
     let (q, key, value) = (&attention.input[0], &attention.input[1], &attention.input[2]);
@@ -1356,7 +1381,7 @@ fn keys_seen(attention: &NodeProto, masks: &[String], nodes: &mut Vec<NodeProto>
     nodes.push(constant(&name("infinity"), scalar_tensor(FLOAT, f64::INFINITY)));
     let finite_v = step("values_finite", "Less", &[&lv, &name("infinity")], vec![], nodes);
     let finite = step("finite", "And", &[&bounded, &finite_v], vec![], nodes);
-    nodes.push(constant(&name("minus_infinity"), scalar_tensor(FLOAT, f64::NEG_INFINITY)));
+    nodes.push(constant(&name("lowest"), scalar_tensor(FLOAT, f64::from(f32::MIN))));
     nodes.push(constant(&name("one_f32"), scalar_tensor(FLOAT, 1.0)));
     let (zero, to_end) = (ints("zero", &[0], nodes), ints("to_end", &[i64::MAX], nodes));
     let (key_axis, mask_axis) = (ints("key_axis", &[-2], nodes), ints("mask_axis", &[-1], nodes));
@@ -1369,7 +1394,12 @@ fn keys_seen(attention: &NodeProto, masks: &[String], nodes: &mut Vec<NodeProto>
                 (ints(&at("piece_index"), &[i as i64], nodes), ints(&at("next_piece_index"), &[i as i64 + 1], nodes));
             let first = step(&at("first_dropped"), "Slice", &[&firsts, &from, &to], vec![], nodes);
             let region = step(&at("dropped_mask"), "Slice", &[mask, &first, &to_end, &mask_axis], vec![], nodes);
-            let hidden = step(&at("dropped_hidden"), "Equal", &[&region, &name("minus_infinity")], vec![], nodes);
+            let hidden = match hiding {
+                Hiding::Lowest => {
+                    step(&at("dropped_hidden"), "LessOrEqual", &[&region, &name("lowest")], vec![], nodes)
+                }
+                Hiding::NotKept => step(&at("dropped_hidden"), "Not", &[&region], vec![], nodes),
+            };
             let flags = step(&at("dropped_hidden_f32"), "Cast", &[&hidden], vec![int("to", i64::from(FLOAT))], nodes);
             let fewest = step(&at("fewest_hidden"), "ReduceMin", &[&flags], vec![int("keepdims", 0)], nodes);
             let all = step(&at("all_hidden"), "Equal", &[&fewest, &name("one_f32")], vec![], nodes);
@@ -1385,8 +1415,8 @@ fn keys_seen(attention: &NodeProto, masks: &[String], nodes: &mut Vec<NodeProto>
 
 /// The condition `bound < 2^100` on a bound of the scores (named
 /// `[limit, ok]`): every score is finite and well inside 2^103, below which
-/// `s + lowest` rounds to the lowest (`hidden_rows_lifted`) and `s − ∞` is
-/// −∞ (`keys_seen`).
+/// `s + lowest` rounds to the lowest and `s − ∞` is −∞
+/// (`hidden_rows_lifted`, `keys_seen`).
 fn scores_bounded(bound: &str, [limit, ok]: [String; 2], nodes: &mut Vec<NodeProto>) -> String {
     nodes.push(constant(&limit, scalar_tensor(FLOAT, 2f64.powi(100))));
     nodes.push(writing(&ok, node("Less", &[bound, &limit], vec![])));
