@@ -14,7 +14,10 @@ Usage: bench_decode_models.py OUT_DIR [llama] [gpt2] [bert] [tinyllama] [gptj] [
   bert:  BERT-base encoder (feature extraction)
   gptj:  GPT-J's shape at hidden 1,024, 8 layers, 16 heads of 64, rotary on 32
   opt:   OPT at hidden 1,024, 8 layers, 16 heads of 64 (its causal mask hides
-         keys by the float's lowest, not -inf)"""
+         keys by the float's lowest, not -inf)
+  llama-eager: llama's weights (made first) exported by torch.onnx TorchScript
+         with eager attention (a causal mask of the float's lowest), no cache,
+         its sizes fixed at one row of 2,048 tokens by the trace: prefill only"""
 
 import os
 import sys
@@ -65,11 +68,40 @@ def save_tokenizer(folder, vocab):
     fast.save_pretrained(folder)
 
 
+def eager_export(out, tokens=2048):
+    """llama's weights exported with eager attention (`llama-eager`)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import gen_testdata
+    gen_testdata.use_mask_without_vmap()  # TorchScript cannot trace transformers' vmap
+    hf, export = os.path.join(out, "llama", "hf"), os.path.join(out, "llama-eager", "export")
+    if os.path.exists(os.path.join(export, "model.onnx")):
+        return
+    model = transformers.LlamaForCausalLM.from_pretrained(hf, attn_implementation="eager").eval()
+
+    class Logits(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask):
+            return self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+
+    os.makedirs(export, exist_ok=True)
+    args = (torch.randint(3, 1000, (1, tokens)), torch.ones(1, tokens, dtype=torch.int64))
+    with torch.no_grad():
+        torch.onnx.export(Logits(), args, os.path.join(export, "model.onnx"), opset_version=17, dynamo=False,
+                          input_names=["input_ids", "attention_mask"], output_names=["logits"])
+    print(f"llama-eager: {export}")
+
+
 def main():
     from optimum.exporters.onnx import main_export
     out = sys.argv[1]
     wanted = sys.argv[2:] or ["llama", "gpt2", "bert"]
     for kind in wanted:
+        if kind == "llama-eager":
+            eager_export(out)
+            continue
         cfg, cls, task = configs()[kind]
         root = os.path.join(out, kind)
         hf, export = os.path.join(root, "hf"), os.path.join(root, "export")
