@@ -13,8 +13,8 @@ Usage: bench_decode_models.py OUT_DIR [llama] [gpt2] [bert] [tinyllama] [gptj] [
   gpt2:  GPT-2 (124M)
   bert:  BERT-base encoder (feature extraction)
   gptj:  GPT-J's shape at hidden 1,024, 8 layers, 16 heads of 64, rotary on 32
-  opt:   OPT at hidden 1,024, 8 layers, 16 heads of 64 (its causal mask hides
-         keys by the float's lowest, not -inf)
+  opt:   OPT at hidden 1,024, 8 layers, 16 heads of 64, without a cache
+         (prefill only; its causal mask hides keys by the float's lowest)
   llama-eager: llama's weights (made first) exported by torch.onnx TorchScript
          with eager attention (a causal mask of the float's lowest), no cache,
          its sizes fixed at one row of 2,048 tokens by the trace: prefill only"""
@@ -52,7 +52,7 @@ def configs():
         "opt": (transformers.OPTConfig(vocab_size=32000, hidden_size=1024, ffn_dim=4096, num_hidden_layers=8,
                                        num_attention_heads=16, max_position_embeddings=4096,
                                        word_embed_proj_dim=1024, tie_word_embeddings=False),
-                transformers.OPTForCausalLM, "text-generation-with-past"),
+                transformers.OPTForCausalLM, "text-generation"),
         "bert": (transformers.BertConfig(), transformers.BertModel, "feature-extraction"),
     }
 

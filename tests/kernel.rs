@@ -642,7 +642,12 @@ fn long_causal_calls_read_only_the_keys_each_piece_sees() {
             .into_iter()
             .filter(|n| n.op_type() == "Slice" && n.output[0].contains("/seen_key_"))
             .count();
-        assert_eq!((pieces, slices), (1 + 8 + 1, 8), "{form}: the whole kernel, its pieces and the lifted kernel");
+        assert_eq!(
+            (pieces, slices),
+            (1 + 8 + 1, 8),
+            "{form}: the whole kernel, the lifted kernel's pieces (which a long call runs where the guard holds \
+             too) and the lifted kernel"
+        );
         let dropping = dropping_one_more(&guarded);
         for s in [1024, 1031] {
             let mut base = long_arrays(s, false, None, fill);
@@ -719,14 +724,17 @@ fn pieces_shifted(model: &ModelProto) -> ModelProto {
 
 /// A long call (1,024 queries or more, known only at run time) runs the
 /// kernel on pieces of its queries, a shorter one the whole kernel in one
-/// `If` (a decode step's); a long call with a row hidden whole runs the
-/// kernel lifted, whole. Each computes the core bit for bit.
+/// `If` (a decode step's); a call with a row hidden whole runs the kernel
+/// lifted, over pieces where it is long. Each computes the core bit for
+/// bit.
 #[test]
 fn long_calls_run_the_kernel_over_pieces_of_their_queries() {
     let dir = tempdir();
     let core = core_of(4, || sym("s"));
     let guarded = fused(&core);
-    for (s, hidden, long) in [(1023, None, false), (1024, None, true), (1031, Some(0), false), (1, None, false)] {
+    let calls =
+        [(1023, None, false), (1024, None, true), (1031, Some(0), true), (100, Some(0), false), (1, None, false)];
+    for (s, hidden, long) in calls {
         let inputs = long_feeds(dir.path(), s, false, hidden);
         assert!(same_bits(&core, &guarded, &inputs), "{s} queries, row {hidden:?} hidden");
         assert!(runs_the_kernel(&guarded, &inputs), "{s} queries, row {hidden:?} hidden: the kernel runs");

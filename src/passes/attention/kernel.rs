@@ -508,45 +508,51 @@ pub(super) fn attention(
         Length::Long => pieces.clone(),
         _ => whole.clone(),
     };
-    // (The lifted kernel runs whole where the length is known only at run
-    // time: its pieces would nest one `If` deeper than shapes derive. Its
-    // mask is a float mask, a Where's kept keys made one.)
-    let otherwise = match lifted {
-        Some(lifted) => {
-            let lifted_kernel = match length {
-                Length::Long => over_query_pieces(&whole, Some(Hiding::Lowest)),
-                _ => whole.clone(),
-            };
-            hidden_rows_lifted(lifted, &conditions, &lifted_kernel, a, &name)
+    // The guard's condition: every condition at once.
+    let ok = conditions.split_first().map(|(first, rest)| {
+        let mut ok = first.clone();
+        for (i, next) in rest.iter().enumerate() {
+            let both = if i + 1 == rest.len() { name("ok") } else { name(&format!("ok_{i}")) };
+            prelude.push(writing(&both, node("And", &[&ok, next], vec![])));
+            ok = both;
         }
+        ok
+    });
+    // Where the guard fails: the kernel with the rows hidden whole lifted,
+    // over pieces of a long call (its mask a float mask, a Where's kept
+    // keys made one), or the original ops. Where the length is known only
+    // at run time, a long call runs the lifted pieces where the guard
+    // holds too (`held`), so that it needs no third `If`.
+    let lifted_pieces = || over_query_pieces(&whole, Some(Hiding::Lowest));
+    let lifted_branch = |kernel: &GraphProto, held: Option<&str>| match &lifted {
+        Some(lifted) => hidden_rows_lifted(lifted.clone(), &conditions, kernel, held, a, &name),
         None => original_ops(),
     };
-    let replacement = match (conditions.as_slice(), &length) {
-        ([], Length::Either(long)) => guard(long, pieces, kernel),
+    let otherwise = match length {
+        Length::Long => lifted_branch(&lifted_pieces(), None),
+        _ => lifted_branch(&whole, None),
+    };
+    let long_lifted = match (&length, &ok) {
+        (Length::Either(_), Some(ok)) if lifted.is_some() => Some(lifted_branch(&lifted_pieces(), Some(ok))),
+        _ => None,
+    };
+    let replacement = match (ok, &length) {
+        (None, Length::Either(long)) => guard(long, pieces, kernel),
         // No guard at all: the kernel runs whole.
-        ([], _) if !nan_guard => {
+        (None, _) if !nan_guard => {
             let mut nodes = whole.node;
             let attention = nodes.pop().expect("the kernel");
             prelude.extend(nodes);
             return Ok(replace(anchor, attention, shared, |r| grouped(r.after(prelude.clone()).needing_opset(23), n)));
         }
-        ([], _) => {
+        (None, _) => {
             // Only the NaN guard: the kernel runs before it, unguarded.
             let mut nodes = kernel.node;
             let nan_guard = nodes.pop().expect("the NaN guard");
             prelude.extend(nodes);
             nan_guard
         }
-        ([ok], _) => by_length(ok, [kernel, pieces], otherwise, &length, a, &name, &mut prelude),
-        ([first, rest @ ..], _) => {
-            let mut ok = first.clone();
-            for (i, next) in rest.iter().enumerate() {
-                let both = if i + 1 == rest.len() { name("ok") } else { name(&format!("ok_{i}")) };
-                prelude.push(writing(&both, node("And", &[&ok, next], vec![])));
-                ok = both;
-            }
-            by_length(&ok, [kernel, pieces], otherwise, &length, a, &name, &mut prelude)
-        }
+        (Some(ok), _) => by_length(&ok, [kernel, pieces], (otherwise, long_lifted), &length, a, &name, &mut prelude),
     };
     Ok(replace(anchor, replacement, shared, |r| {
         grouped(r.after(prelude.clone()).running("Attention").needing_opset(23), n)
@@ -1106,6 +1112,7 @@ fn visible_rows(
 /// A mask whose rows the guard tests (the condition `visible`), with the
 /// nodes that bound the scores (`bound`), which the kernel needs only
 /// where a row hides every key (`hidden_rows_lifted`).
+#[derive(Clone)]
 struct Lifted {
     mask: String,
     visible: String,
@@ -1115,6 +1122,7 @@ struct Lifted {
 }
 
 /// What the guard requires of a mask's rows, besides those it lifts.
+#[derive(Clone)]
 enum Rows {
     /// An additive mask: each keeps a key (`visible_rows`).
     Visible,
@@ -1141,15 +1149,19 @@ enum Rows {
 /// and the scores are bounded well inside 2^103 (2^100), the kernel runs
 /// on the mask with those rows lifted; elsewhere, the original ops. Each
 /// other row of a replayed mask needs its room. The conditions of the
-/// guard but the rows' hold here too (`others`).
+/// guard but the rows' hold here too (`others`). Where `held`, the guard's
+/// condition, holds, no row is hidden whole and the lifted kernel computes
+/// the kernel: it runs there too.
 fn hidden_rows_lifted(
     lifted: Lifted,
     others: &[String],
     kernel: &GraphProto,
+    held: Option<&str>,
     a: &str,
     name: &dyn Fn(&str) -> String,
 ) -> GraphProto {
     let Lifted { mask, visible, mut nodes, bound, rows } = lifted;
+    let kept = matches!(rows, Rows::Kept { .. });
     let axes = name("last_axis");
     let [lift, lifted_mask, tops, fewest, rows_ok, limit, bounded] = [
         "next_above_lowest",
@@ -1201,11 +1213,28 @@ fn hidden_rows_lifted(
         nodes.push(writing(&rows_ok, node("Greater", &[&fewest, &least], vec![])));
         conditions.push(rows_ok);
     }
-    let mut ok = scores_bounded(&bound, [limit, bounded], &mut nodes);
+    let bounded = scores_bounded(&bound, [limit, bounded], &mut nodes);
+    let mut ok = bounded.clone();
     for (i, c) in others.iter().filter(|c| **c != visible).chain(&conditions).enumerate() {
         let both = name(&format!("lifted_ok_{i}"));
         nodes.push(writing(&both, node("And", &[&ok, c], vec![])));
         ok = both;
+    }
+    if let Some(held) = held {
+        // Where the guard holds, no row is hidden whole: the lifted mask
+        // is the mask, and a Where's kept keys made the float mask the
+        // kernel makes of them give hidden keys no weight where the scores
+        // are bounded.
+        let held = if kept {
+            let both = name("held_bounded");
+            nodes.push(writing(&both, node("And", &[held, &bounded], vec![])));
+            both
+        } else {
+            held.to_string()
+        };
+        let either = name("lifted_or_held");
+        nodes.push(writing(&either, node("Or", &[&ok, &held], vec![])));
+        ok = either;
     }
     let mut kernel = kernel.clone();
     reading_instead(&mut kernel, &mask, &lifted_mask);
@@ -1244,22 +1273,34 @@ fn query_length(s: &Dim, q: &str, at: i64, name: &dyn Fn(&str) -> String, prelud
 /// `If(ok) { kernel } else { otherwise }`, where the queries may be long
 /// or short: the kernel over pieces of long queries (`pieces`)
 /// in a second `If` of the first's else branch, so that a short call (a
-/// decode step) still runs one `If`.
+/// decode step) still runs one `If`. With rows lifted (`long_lifted`, the
+/// lifted kernel's pieces where the guard or the lifted guard holds), the
+/// second `If` chooses by the length alone: a long call runs
+/// `long_lifted`, a short one where the guard fails `otherwise`.
 fn by_length(
     ok: &str,
     [kernel, pieces]: [GraphProto; 2],
-    otherwise: GraphProto,
+    (otherwise, long_lifted): (GraphProto, Option<GraphProto>),
     length: &Length,
     a: &str,
     name: &dyn Fn(&str) -> String,
     nodes: &mut Vec<NodeProto>,
 ) -> NodeProto {
     let Length::Either(long) = length else { return guard(ok, kernel, otherwise) };
-    let [short, ok_short, ok_long] = ["short", "ok_short", "ok_long"].map(|n| name(n));
+    let [short, ok_short] = ["short", "ok_short"].map(|n| name(n));
     nodes.push(writing(&short, node("Not", &[long], vec![])));
     nodes.push(writing(&ok_short, node("And", &[ok, &short], vec![])));
-    nodes.push(writing(&ok_long, node("And", &[ok, long], vec![])));
-    let long_call = branch("long queries", vec![writing(a, guard(&ok_long, pieces, otherwise))], a, FLOAT);
+    let long_call = match long_lifted {
+        Some(lifted) => {
+            let choice = guard(long, lifted, otherwise);
+            branch("long queries, or the guard failed", vec![writing(a, choice)], a, FLOAT)
+        }
+        None => {
+            let ok_long = name("ok_long");
+            nodes.push(writing(&ok_long, node("And", &[ok, long], vec![])));
+            branch("long queries", vec![writing(a, guard(&ok_long, pieces, otherwise))], a, FLOAT)
+        }
+    };
     guard(&ok_short, kernel, long_call)
 }
 
