@@ -730,16 +730,26 @@ fn pieces_shifted(model: &ModelProto) -> ModelProto {
 #[test]
 fn long_calls_run_the_kernel_over_pieces_of_their_queries() {
     let dir = tempdir();
-    let core = core_of(4, || sym("s"));
-    let guarded = fused(&core);
-    let calls =
-        [(1023, None, false), (1024, None, true), (1031, Some(0), true), (100, Some(0), false), (1, None, false)];
-    for (s, hidden, long) in calls {
-        let inputs = long_feeds(dir.path(), s, false, hidden);
-        assert!(same_bits(&core, &guarded, &inputs), "{s} queries, row {hidden:?} hidden");
-        assert!(runs_the_kernel(&guarded, &inputs), "{s} queries, row {hidden:?} hidden: the kernel runs");
-        assert_eq!(!same_bits(&guarded, &pieces_shifted(&guarded), &inputs), long, "{s} queries: over pieces");
+    // A Where's kept keys: 1 where the additive mask is 0.
+    let kept = |mask: &mut Vec<f32>| mask.iter_mut().for_each(|x| *x = if *x == 0.0 { 1.0 } else { 0.0 });
+    let forms: [(&str, ModelProto, &dyn Fn(&mut Vec<f32>)); 2] =
+        [("additive", core_of(4, || sym("s")), &|_| {}), ("Where", where_core_of(|| sym("s"), -1e9, false), &kept)];
+    for (form, core, mask) in forms {
+        let guarded = fused(&core);
+        let calls =
+            [(1023, None, false), (1024, None, true), (1031, Some(0), true), (100, Some(0), false), (1, None, false)];
+        for (s, hidden, long) in calls {
+            let mut arrays = long_arrays(s, false, hidden, f32::MIN);
+            mask(&mut arrays[3].2);
+            let inputs = dir.path().join(format!("long_{form}_{s}_{hidden:?}.npz"));
+            npz(&inputs, &arrays, &[]);
+            let what = format!("{form}, {s} queries, row {hidden:?} hidden");
+            assert!(same_bits(&core, &guarded, &inputs), "{what}");
+            assert!(runs_the_kernel(&guarded, &inputs), "{what}: the kernel runs");
+            assert_eq!(!same_bits(&guarded, &pieces_shifted(&guarded), &inputs), long, "{what}: over pieces");
+        }
     }
+    let guarded = fused(&core_of(4, || sym("s")));
     // A decode step's call is one If, its kernel the whole.
     assert_eq!(kernels(&guarded).len(), 1);
     // Queries of a known length need no second If: short, the kernel is
