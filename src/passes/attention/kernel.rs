@@ -503,7 +503,10 @@ pub(super) fn attention(
         (false, Some(_)) => Some(Hiding::NotKept),
     };
     let length = query_length(&sq[2], &q, if merged.is_some() { 1 } else { 2 }, &name, &mut prelude);
-    let pieces = over_query_pieces(&whole, hiding);
+    // The 3-D value's last axis, named to ONNX's shape inference where a
+    // piece cuts its keys (`keys_seen`).
+    let width = merged.as_ref().and_then(|_| shapes.shape(value)?.last()?.value());
+    let pieces = over_query_pieces(&whole, hiding, width);
     let kernel = match length {
         Length::Long => pieces.clone(),
         _ => whole.clone(),
@@ -523,7 +526,7 @@ pub(super) fn attention(
     // keys made one), or the original ops. Where the length is known only
     // at run time, a long call runs the lifted pieces where the guard
     // holds too (`held`), so that it needs no third `If`.
-    let lifted_pieces = || over_query_pieces(&whole, Some(Hiding::Lowest));
+    let lifted_pieces = || over_query_pieces(&whole, Some(Hiding::Lowest), width);
     let lifted_branch = |kernel: &GraphProto, held: Option<&str>| match &lifted {
         Some(lifted) => hidden_rows_lifted(lifted.clone(), &conditions, kernel, held, a, &name),
         None => original_ops(),
@@ -1317,8 +1320,8 @@ const QUERY_PIECES: usize = 8;
 /// which fits where a whole call of a long prompt leaves the memory arena
 /// no room (docs/attention-kernel.md). Needs s ≥ 64 (no piece empty).
 /// With a mask (`hiding`, how it hides a key), each piece reads the keys
-/// its rows can see (`keys_seen`).
-fn over_query_pieces(kernel: &GraphProto, hiding: Option<Hiding>) -> GraphProto {
+/// its rows can see (`keys_seen`; `width`, a 3-D value's last axis).
+fn over_query_pieces(kernel: &GraphProto, hiding: Option<Hiding>, width: Option<i64>) -> GraphProto {
     let mut pieces = kernel.clone();
     pieces.name = Some(format!("{}, over pieces of the queries", kernel.name()));
     let at = pieces.node.iter().position(|n| n.is("Attention")).expect("the kernel branch runs Attention");
@@ -1334,7 +1337,8 @@ fn over_query_pieces(kernel: &GraphProto, hiding: Option<Hiding>) -> GraphProto 
     };
     let qs = split(&attention.input[0], "q");
     let masks = attention.input.get(3).map(|m| split(m, "mask"));
-    let seen = masks.as_ref().zip(hiding).map(|(masks, hiding)| keys_seen(&attention, masks, hiding, &mut nodes));
+    let seen =
+        masks.as_ref().zip(hiding).map(|(masks, hiding)| keys_seen(&attention, masks, hiding, width, &mut nodes));
     let outs: Vec<String> = (0..QUERY_PIECES).map(|i| format!("{y}/piece_{i}")).collect();
     for (i, (q, out)) in qs.iter().zip(&outs).enumerate() {
         let mut inputs = attention.input.clone();
@@ -1381,7 +1385,13 @@ enum Hiding {
 /// scores. Elsewhere the piece reads every key. The first dropped key is
 /// held within [1, T − 1], so that a piece reads a key and the region
 /// tested is never empty.
-fn keys_seen(attention: &NodeProto, masks: &[String], hiding: Hiding, nodes: &mut Vec<NodeProto>) -> Vec<[String; 3]> {
+fn keys_seen(
+    attention: &NodeProto,
+    masks: &[String],
+    hiding: Hiding,
+    width: Option<i64>,
+    nodes: &mut Vec<NodeProto>,
+) -> Vec<[String; 3]> {
     let y = &attention.output[0];
     let name = |what: &str| format!("{y}/seen_{what}");
     let (q, key, value) = (&attention.input[0], &attention.input[1], &attention.input[2]);
@@ -1447,7 +1457,15 @@ fn keys_seen(attention: &NodeProto, masks: &[String], hiding: Hiding, nodes: &mu
             let ok = step(&at("drop"), "And", &[&all, &finite], vec![], nodes);
             let n = step(&at("keys_read"), "Where", &[&ok, &first, &t], vec![], nodes);
             let k = step(&at("key"), "Slice", &[key, &zero, &n, &key_axis], vec![], nodes);
-            let v = step(&at("value"), "Slice", &[value, &zero, &n, &key_axis], vec![], nodes);
+            let mut v = step(&at("value"), "Slice", &[value, &zero, &n, &key_axis], vec![], nodes);
+            if let Some(width) = width {
+                // ONNX's shape inference of a 3-D Attention takes its
+                // output's last axis from the value's, which a Slice of
+                // run-time bounds leaves unknown: it then infers 0, and
+                // ONNX Runtime warns on every call. The view names it.
+                let shape = ints(&at("value_shape"), &[0, -1, width], nodes);
+                v = step(&at("value_viewed"), "Reshape", &[&v, &shape], vec![], nodes);
+            }
             let m = step(&at("mask"), "Slice", &[mask, &zero, &n, &mask_axis], vec![], nodes);
             [k, v, m]
         })
