@@ -516,8 +516,9 @@ fn onnx_runtimes_attention_over_pieces_of_the_queries_computes_the_whole_call() 
 }
 
 /// ONNX `Attention` of q [1, 4, s, 8] (or [1, s, 32] with `merged`) over
-/// keys, values and mask rows [.., t]; with `cut`, over their first `n`
-/// keys only (`n` an input, read by both).
+/// keys, values and mask rows [.., t] (with `kept`, the f32 mask cast to
+/// a boolean one, the keys kept); with `cut`, over their first `n` keys
+/// only (`n` an input, read by both).
 fn kernel_over_keys(merged: bool, cut: bool, kept: bool) -> ModelProto {
     let mut b = Builder::default();
     let shape =
