@@ -45,6 +45,16 @@ pub fn value_info(name: &str, elem: i32, dims: Option<&[D]>) -> ValueInfoProto {
     }
 }
 
+/// A value's declared element type and dimensions (a number, or none where
+/// a symbol or nothing is declared); None where it declares no tensor.
+pub fn declared(vi: &ValueInfoProto) -> Option<(i32, Vec<Option<i64>>)> {
+    let Some(TypeValue::TensorType(t)) = vi.r#type.as_ref().and_then(|t| t.value.as_ref()) else { return None };
+    let dims = t.shape.as_ref().map_or(vec![], |s| {
+        s.dim.iter().map(|d| if let Some(DimValue::DimValue(n)) = d.value { Some(n) } else { None }).collect()
+    });
+    Some((t.elem_type(), dims))
+}
+
 /// Redeclares a value's shape: numbers stay numbers, anything else is a symbol.
 pub fn set_dims(vi: &mut ValueInfoProto, dims: &[&str]) {
     let elem = match vi.r#type.as_ref().and_then(|t| t.value.as_ref()) {
