@@ -3,8 +3,9 @@
 ORT_ENABLE_ALL) on the export, onnx-fuse's output and the onnxruntime-genai
 model builder's output of the same random weights (scripts/bench_decode.sh
 makes them). Decode is one token after a past of P; prefill is S tokens
-after no past. Models are measured in alternation, round by round, and
-each ratio is the median of the ratios of the same rounds. Peak memory is
+after no past. Models are measured in alternation, round by round, each
+round starting with the next model, and each ratio is the median of the
+ratios of the same rounds. Peak memory is
 each model's own process's peak RSS (ru_maxrss) over a load and a prefill.
 
 Usage: bench_decode.py DIR MODEL_KIND [--rounds N] [--past P,P] [--prefill S,S]
@@ -111,12 +112,16 @@ def main():
         for m, s in sessions.items():  # warm-up
             s.run(None, fed[m])
         times = {m: [] for m in sessions}
-        for _ in range(a.rounds):
-            for m, s in sessions.items():
+        names = list(sessions)
+        for r in range(a.rounds):
+            # Each round starts with the next model: a model's place in the
+            # round moved its time by up to 10% (measured), so no model
+            # keeps one place.
+            for m in names[r % len(names):] + names[:r % len(names)]:
                 # The last session's threads stop spinning first, and this
                 # one's caches are warm: the best of a few calls.
                 time.sleep(PAUSE)
-                times[m].append(min(timed(s, fed[m]) for _ in range(a.calls)))
+                times[m].append(min(timed(sessions[m], fed[m]) for _ in range(a.calls)))
         row = {"what": what, "past": past, "tokens": seq, "batch": a.batch, "left_pad": a.left_pad,
                "ms": {m: 1000 * statistics.median(t) for m, t in times.items()}}
         pairs = [("fused", "export"), ("fused", "builder"), ("fused-apart", "builder"), ("builder", "export"),
