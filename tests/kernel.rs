@@ -653,8 +653,7 @@ fn long_causal_calls_read_only_the_keys_each_piece_sees() {
         for s in [1024, 1031] {
             let mut base = long_arrays(s, false, None, fill);
             if form == "Where" {
-                // The keys kept as 1, the hidden as 0.
-                base[3].2.iter_mut().for_each(|x| *x = if *x == 0.0 { 1.0 } else { 0.0 });
+                kept_keys(&mut base[3].2);
             }
             let last_key = |x: &mut Vec<f32>| x[((s - 1) * 8 + 3) as usize] = f32::NAN;
             let unhidden = if form == "Where" { 1.0 } else { f32::NAN };
@@ -677,6 +676,12 @@ fn long_causal_calls_read_only_the_keys_each_piece_sees() {
             }
         }
     }
+}
+
+/// An additive mask of `long_arrays` as a Where's kept keys: 1 where it
+/// is 0, 0 where it hides a key.
+fn kept_keys(mask: &mut [f32]) {
+    mask.iter_mut().for_each(|x| *x = if *x == 0.0 { 1.0 } else { 0.0 });
 }
 
 /// The model with each piece of a long call that drops keys dropping one
@@ -731,10 +736,10 @@ fn pieces_shifted(model: &ModelProto) -> ModelProto {
 #[test]
 fn long_calls_run_the_kernel_over_pieces_of_their_queries() {
     let dir = tempdir();
-    // A Where's kept keys: 1 where the additive mask is 0.
-    let kept = |mask: &mut Vec<f32>| mask.iter_mut().for_each(|x| *x = if *x == 0.0 { 1.0 } else { 0.0 });
-    let forms: [(&str, ModelProto, &dyn Fn(&mut Vec<f32>)); 2] =
-        [("additive", core_of(4, || sym("s")), &|_| {}), ("Where", where_core_of(|| sym("s"), -1e9, false), &kept)];
+    let forms: [(&str, ModelProto, &dyn Fn(&mut Vec<f32>)); 2] = [
+        ("additive", core_of(4, || sym("s")), &|_| {}),
+        ("Where", where_core_of(|| sym("s"), -1e9, false), &|m| kept_keys(m)),
+    ];
     for (form, core, mask) in forms {
         let guarded = fused(&core);
         let calls =

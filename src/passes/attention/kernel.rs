@@ -526,17 +526,16 @@ pub(super) fn attention(
     // keys made one), or the original ops. Where the length is known only
     // at run time, a long call runs the lifted pieces where the guard
     // holds too (`held`), so that it needs no third `If`.
-    let lifted_pieces = || over_query_pieces(&whole, Some(Hiding::Lowest), width);
-    let lifted_branch = |kernel: &GraphProto, held: Option<&str>| match &lifted {
-        Some(lifted) => hidden_rows_lifted(lifted.clone(), &conditions, kernel, held, a, &name),
+    let lifted_branch = |in_pieces: bool, held: Option<&str>| match &lifted {
+        Some(lifted) => {
+            let kernel = if in_pieces { over_query_pieces(&whole, Some(Hiding::Lowest), width) } else { whole.clone() };
+            hidden_rows_lifted(lifted.clone(), &conditions, &kernel, held, a, &name)
+        }
         None => original_ops(),
     };
-    let otherwise = match length {
-        Length::Long => lifted_branch(&lifted_pieces(), None),
-        _ => lifted_branch(&whole, None),
-    };
+    let otherwise = lifted_branch(matches!(length, Length::Long), None);
     let long_lifted = match (&length, &ok) {
-        (Length::Either(_), Some(ok)) if lifted.is_some() => Some(lifted_branch(&lifted_pieces(), Some(ok))),
+        (Length::Either(_), Some(ok)) if lifted.is_some() => Some(lifted_branch(true, Some(ok))),
         _ => None,
     };
     let replacement = match (ok, &length) {
