@@ -6,7 +6,7 @@ prefill, decoder_with_past_model.onnx for decode steps, past and present
 separate). The onnxruntime-genai model builder builds its model from the
 same `hf/` folder (scripts/bench_decode.sh, in an environment of its own).
 
-Usage: bench_decode_models.py OUT_DIR [llama] [gpt2] [bert] [tinyllama] [gptj] [opt]   (default: llama gpt2 bert)
+Usage: bench_decode_models.py OUT_DIR [llama] [gpt2] [bert] [tinyllama] [gptj] [opt] [llama-eager]   (default: llama gpt2 bert)
   llama: Llama, hidden 1,024, 8 layers, 16 heads of 64, 4 KV heads (grouped)
   tinyllama: TinyLlama's shape (1.1B), hidden 2,048, 22 layers, 32 heads of 64,
          4 KV heads (an export over 2 GB: external data)
