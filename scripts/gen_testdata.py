@@ -970,6 +970,10 @@ def main():
         ("bloom_dynamo_op18.onnx", lambda n: export_torch(n, "bloom", opset=18, dynamo=True)),
         ("opt_optimum.onnx", lambda n: export_optimum(n, "opt", "text-generation", opset=14)),
         ("bloom_optimum.onnx", lambda n: export_optimum(n, "bloom", "text-generation", opset=14)),
+        # BLOOM with its cache: ALiBi sized from the attention mask, whose
+        # declared length "past_sequence_length + sequence_length" is a name
+        # of its own, broadcast with the keys the cache's Concat counts.
+        ("bloom_optimum_past.onnx", lambda n: export_optimum(n, "bloom", "text-generation-with-past", opset=14)),
     ]
     for name, job in jobs:
         if want(name):

@@ -32,6 +32,7 @@ const FORMS: &[(&str, &str)] = &[
     ("bloom_ts_op14.onnx", "mul.add.reshape_input.add.softmax.cast.cast.reshape_input"),
     ("mpnet_ts_op14.onnx", "div.add.add.softmax"),
     ("bloom_dynamo_op18.onnx", "mul.add.reshape_allowzero.add.softmax"),
+    ("bloom_optimum_past.onnx", "mul.add.reshape_input.add.softmax.cast.cast.reshape_input"),
     ("distilbert_ts_op14.onnx", "masked_fill.softmax"),
     ("mpt_ts_op14.onnx", "mul.add.masked_fill.cast.softmax.cast"),
     ("gemma2_ts_op18.onnx", "mul.softcap.add.softmax.cast.cast"),

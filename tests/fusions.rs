@@ -59,6 +59,9 @@ pub const EXPORTS: &[(&str, &[(&str, usize)], f32)] = &[
     // ALiBi added to the scores, then the mask; a Reshape on each side of the Softmax.
     ("bloom_ts_op14.onnx", &[("layer-norm", 6), ("attention", 2)], 1e-5),
     ("bloom_optimum.onnx", &[("layer-norm", 6), ("attention", 2)], 1e-5),
+    // With its cache: ALiBi's keys, sized from the mask's declared length,
+    // proved the cache's by the broadcasts they meet (shapes.rs).
+    ("bloom_optimum_past.onnx", &[("layer-norm", 6), ("attention", 2)], 1e-5),
     // dynamo: one Reshape of the 3-D scores to 4-D; the exporter writes LayerNormalization.
     ("bloom_dynamo_op18.onnx", &[("attention", 2)], 1e-5),
     // A relative position bias, then the mask.

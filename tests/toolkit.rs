@@ -327,13 +327,15 @@ fn shapes_know_what_onnx_runtime_symbolic_inference_knows() {
     /// where the branches' ranks differ, while the condition (decided by
     /// shapes) takes the else branch, whose rank onnx-fuse derives (ONNX
     /// Runtime's run gives (1, 1, 5, 5) for one of the 10 values; ORT's
-    /// inference says rank 3). GPT-J's 2 (with past) are its causal mask,
-    /// sized by the attention mask and sliced at the key's length past +
-    /// seq: that many long only where the attention mask is at least as
-    /// long, which ORT takes as given and nothing proves (the attention
-    /// pass compares the two at run time where it needs them equal).
+    /// inference says rank 3). GPT-J's 2 and BLOOM's 2 (with past) are
+    /// their causal masks, sized by the attention mask and sliced at the
+    /// key's length past + seq: that many long only where the attention
+    /// mask is at least as long, which ORT takes as given and nothing
+    /// proves (the attention pass compares the two at run time where it
+    /// needs them equal).
     const GAPS: &[(&str, usize)] = &[
         ("gptj_optimum_past.onnx", 2),
+        ("bloom_optimum_past.onnx", 2),
         ("funnel_ts_op14.onnx", 9),
         ("mpt_ts_op14.onnx", 4),
         ("nm_rms_op18_axes_not_constant.onnx", 4),
@@ -569,6 +571,34 @@ fn a_buffer_sliced_to_the_sequence_broadcasts_as_the_sequence() {
     let sum = b1.node("Add", &[&x, &cut], vec![]);
     b1.output(&sum, FLOAT, None);
     assert_eq!(shape(&b1, 14, &cut).unwrap(), ["1", "min(1·$seq, 1)", "32"]);
+}
+
+#[test]
+fn a_broadcast_met_again_by_one_of_its_dimensions_is_that_dimension() {
+    // BLOOM with its cache: ALiBi, sized from the mask's declared length a,
+    // is added to scores of k keys (s: k, a, or 1 where both are), and the
+    // sum again to a mask of k keys, which the product with v proves k. s
+    // is then k or 1, and 1 only where k is: s is k.
+    let build = |first: &str, live: bool| {
+        let mut b = Builder::default();
+        let x = b.input("x", FLOAT, Some(&[sym("n"), sym(first)]));
+        let a = b.input("a", FLOAT, Some(&[sym("n"), sym("a")]));
+        let m = b.input("m", FLOAT, Some(&[sym("n"), sym("k")]));
+        let v = b.input("v", FLOAT, Some(&[sym("k"), D::N(4)]));
+        let s = b.node("Add", &[&x, &a], vec![]);
+        let t = b.node("Add", &[&s, &m], vec![]);
+        let y = b.node("MatMul", &[&t, &v], vec![]);
+        b.output(if live { &y } else { &s }, FLOAT, None);
+        (b, s)
+    };
+    let (b, s) = build("k", true);
+    assert_eq!(shape(&b, 14, &s).unwrap(), ["n", "k"]);
+    // Near-misses. Scores of j keys: s may be 1 (j = a = 1) beside k keys.
+    let (b, s) = build("j", true);
+    assert_eq!(shape(&b, 14, &s).unwrap(), ["n", format!("{s}#1").as_str()]);
+    // The second Add and the product not run: nothing proves t is k.
+    let (b, s) = build("k", false);
+    assert_eq!(shape(&b, 14, &s).unwrap(), ["n", format!("{s}#1").as_str()]);
 }
 
 #[test]

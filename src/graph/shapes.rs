@@ -53,6 +53,9 @@ pub struct Memo {
     facts: RefCell<HashMap<String, Dim>>,
     /// Atoms that stand for `min(e, n)` (`Shapes::min_atom`).
     mins: RefCell<HashMap<String, (Dim, i64)>>,
+    /// Atoms that stand for a broadcast no derivation could tell, with the
+    /// dimensions that met there (`Shapes::broadcast_axis`).
+    broadcasts: RefCell<HashMap<String, Vec<Dim>>>,
     /// The merged output shapes of each If (by node), derived together.
     ifs: RefCell<HashMap<usize, Vec<Option<Vec<Dim>>>>>,
 }
@@ -169,6 +172,8 @@ impl<'g, 'a> Shapes<'g, 'a> {
                             return None;
                         }
                         pairs.extend(self.min_beside_its_e(&shapes));
+                        let out = node.output.first().and_then(|o| self.shape(o));
+                        pairs.extend(out.map(|out| self.broadcasts_met_again(&shapes, &out)).unwrap_or_default());
                     }
                 }
                 _ => {}
@@ -198,6 +203,30 @@ impl<'g, 'a> Shapes<'g, 'a> {
                     if let Some((e, _)) = mins.get(atom).filter(|(e, n)| *n >= 2 && dims.contains(&e)) {
                         pairs.push(((*d).clone(), e.clone()));
                     }
+                }
+            }
+        }
+        pairs
+    }
+
+    /// `(x, w)` for each axis of a broadcast whose result there is w, where
+    /// an operand x is itself a broadcast of dimensions (`broadcast_axis`)
+    /// one of which is w. An operand is the result or 1, so x is w or 1;
+    /// and a broadcast is 1 only where every dimension that met there is
+    /// 1, w among them: every run has x = w. (BLOOM: ALiBi, sized from the
+    /// mask's declared length, broadcast with the scores' keys, then with
+    /// the causal mask's.)
+    fn broadcasts_met_again(&self, shapes: &[Vec<Dim>], out: &[Dim]) -> Vec<(Dim, Dim)> {
+        let broadcasts = self.memo.broadcasts.borrow();
+        let rank = out.len();
+        let mut pairs = vec![];
+        for (i, w) in out.iter().enumerate() {
+            let w = self.resolve(w.clone());
+            for x in aligned(shapes, rank, i) {
+                let Some((atom, 1)) = x.single_atom() else { continue };
+                let met = broadcasts.get(atom).is_some_and(|met| met.iter().any(|d| self.resolve(d.clone()) == w));
+                if met {
+                    pairs.push((x.clone(), w.clone()));
                 }
             }
         }
@@ -1371,7 +1400,11 @@ impl Shapes<'_, '_> {
             (None, _) => Dim::known(1),
             (Some((first, rest)), _) if rest.iter().all(|d| d == first) => (*first).clone(),
             (_, [n]) => Dim::known(*n),
-            _ => Dim::atom(unknown.to_string()),
+            _ => {
+                let met = dims.iter().map(|&d| d.clone()).collect();
+                self.memo.broadcasts.borrow_mut().insert(unknown.to_string(), met);
+                Dim::atom(unknown.to_string())
+            }
         }
     }
 }
