@@ -1408,7 +1408,7 @@ fn provenance(graph: &GraphProto, rewrite: &Rewrite, unexported: &HashSet<String
 
 fn apply(graph: &mut GraphProto, mut rewrites: Vec<Rewrite>, pass: &'static str, path: &str, outcome: &mut Outcome) {
     take_dead_kept_nodes(graph, &mut rewrites);
-    share_prelude_nodes(&mut rewrites);
+    share_prelude_nodes(graph, &mut rewrites);
     let mut names: HashSet<String> = graph.node.iter().map(|n| n.name().to_string()).collect();
     let mut removed_values = HashSet::new();
     let mut read_by_removed = HashSet::new();
@@ -1597,8 +1597,12 @@ fn computation(node: &NodeProto) -> Vec<u8> {
 
 /// Prelude nodes that compute the same (the same op, attributes and
 /// inputs, as two rotaries slicing one cos table do) are one node: the
-/// first, placed where the earliest of them goes.
-fn share_prelude_nodes(rewrites: &mut [Rewrite]) {
+/// first, placed where the earliest of them goes. A node that writes a
+/// value the graph already has (a `Shape` outside the match computed
+/// anew, `shapes_read_outside`) stays: nodes outside the rewrite read that
+/// name.
+fn share_prelude_nodes(graph: &GraphProto, rewrites: &mut [Rewrite]) {
+    let existing: HashSet<&str> = graph.node.iter().flat_map(|n| n.output.iter().map(String::as_str)).collect();
     // The first node computing each (op, attributes, inputs): its rewrite and place in that prelude.
     let mut first: HashMap<Vec<u8>, (usize, usize)> = HashMap::new();
     let mut renamed: HashMap<String, String> = HashMap::new();
@@ -1613,7 +1617,8 @@ fn share_prelude_nodes(rewrites: &mut [Rewrite]) {
             }
             let key = computation(&node);
             // Passes write no random op (spec, ground rule 12).
-            let shareable = node.subgraphs().next().is_none();
+            let shareable =
+                node.subgraphs().next().is_none() && !node.output.iter().any(|o| existing.contains(o.as_str()));
             if let Some(&(owner, i)) = first.get(&key).filter(|_| shareable) {
                 for (dup, out) in node.output.iter().zip(rewrites[owner].prelude[i].output.clone()) {
                     renamed.insert(dup.clone(), out);

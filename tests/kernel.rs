@@ -1566,3 +1566,26 @@ fn every_export_computes_a_left_padded_batch_as_the_export() {
         assert!(checked.iter().any(|(n, r)| n == name && r.is_ok()), "{name} is checked");
     }
 }
+
+/// A decoder's guards read the sizes they test from a graph input where
+/// one has them (q's batch and query length are input_ids'), so that every
+/// layer's condition is the same nodes, computed once a step; and the
+/// `Shape`s of the mask's length that the match computes anew from the
+/// same input stay, each under the name its readers read (what the output
+/// computes, on left-padded batches after a cache too, is
+/// `every_export_computes_a_left_padded_batch_as_the_export`'s).
+#[test]
+fn every_layers_guard_reads_its_sizes_from_one_graph_input() {
+    for name in ["llama_optimum_past.onnx", "llama_ts_op14.onnx"] {
+        let (_, fused) = fused_at_23(name, "default");
+        let g = fused.graph.as_ref().unwrap();
+        let sizes: Vec<&NodeProto> = g.node.iter().filter(|n| n.op_type() == "Size").collect();
+        assert_eq!(sizes.len(), 1, "{name}: one Size for every layer's guard");
+        assert_eq!(sizes[0].input, ["input_ids"], "{name}");
+        // (The eager export's guards also test each layer's slice of the mask.)
+        let conditions: std::collections::HashSet<&str> = guards(&fused).iter().map(|n| n.input[0].as_str()).collect();
+        let expected = if name == "llama_optimum_past.onnx" { 1 } else { 2 };
+        assert_eq!((guards(&fused).len(), conditions.len()), (2, expected), "{name}: two layers' guards");
+        onnx_fuse::validate::model(&fused).unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+}

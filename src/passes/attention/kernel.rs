@@ -288,6 +288,9 @@ pub(super) fn attention(
             .map(|(i, x)| name(&if alike(x) { format!("size_{i}_{}", short(x)) } else { format!("size_{}", short(x)) }))
             .collect();
         for (x, size) in empty.iter().zip(&sizes) {
+            // Read where every layer's guard reads it (`same_in_every_layer`).
+            let dims = shapes.shape(x).unwrap_or_default();
+            let x = input_as_empty_as(g, shapes, &dims).unwrap_or(x);
             prelude.push(writing(size, node("Size", &[x], vec![])));
         }
         let fewest = if sizes.len() == 1 {
@@ -502,7 +505,9 @@ pub(super) fn attention(
         (false, None) => Some(Hiding::Lowest),
         (false, Some(_)) => Some(Hiding::NotKept),
     };
-    let length = query_length(&sq[2], &q, if merged.is_some() { 1 } else { 2 }, &name, &mut prelude);
+    let at = if merged.is_some() { 1 } else { 2 };
+    let (of, at) = input_axis(g, shapes, &sq[2]).unwrap_or((&q, at));
+    let length = query_length(&sq[2], of, at, &name, &mut prelude);
     // The 3-D value's last axis, named to ONNX's shape inference where a
     // piece cuts its keys (`keys_seen`).
     let width = merged.as_ref().and_then(|_| shapes.shape(value)?.last()?.value());
@@ -1254,6 +1259,45 @@ enum Length {
     Short,
     Long,
     Either(String),
+}
+
+/// A graph input with an axis of size `d`, and that axis. The guard's
+/// conditions on sizes read there rather than each layer's q are the same
+/// nodes in every layer, which `rewrite::share_prelude_nodes` makes one: a
+/// decode step computes them once, not once a layer. Its shape is proved
+/// (equal dimensions are equal numbers on every run), and what it reads is
+/// no value the match computes. An input an initializer gives a default is
+/// left out: a feed may replace it in another shape.
+fn input_axis<'a>(g: &Graph<'a>, shapes: &Shapes, d: &Dim) -> Option<(&'a str, i64)> {
+    graph_inputs(g).find_map(|x| Some((x, shapes.shape(x)?.iter().position(|e| e == d)? as i64)))
+}
+
+/// A graph input (`input_axis`) empty where a value of shape `dims` is and
+/// nowhere else: the axes of each that are no positive number are the
+/// same dimensions, and a size is 0 where one of them is.
+fn input_as_empty_as<'a>(g: &Graph<'a>, shapes: &Shapes, dims: &[Dim]) -> Option<&'a str> {
+    let unknown = |dims: &[Dim]| -> Option<Vec<Dim>> {
+        let mut unknown = vec![];
+        for d in dims {
+            match d.value() {
+                Some(n) if n > 0 => {}
+                Some(_) => return None,
+                None => unknown.push(d.clone()),
+            }
+        }
+        unknown.sort_by_key(|d| d.to_string());
+        unknown.dedup();
+        Some(unknown)
+    };
+    let want = unknown(dims).filter(|u| !u.is_empty())?;
+    graph_inputs(g).find(|x| shapes.shape(x).and_then(|s| unknown(&s)).as_ref() == Some(&want))
+}
+
+/// The graph's inputs no initializer gives a default.
+fn graph_inputs<'a>(g: &Graph<'a>) -> impl Iterator<Item = &'a str> + 'a {
+    let proto = g.proto;
+    let defaults: std::collections::HashSet<&str> = proto.initializer.iter().map(|t| t.name()).collect();
+    proto.input.iter().map(|i| i.name()).filter(move |x| !x.is_empty() && !defaults.contains(x))
 }
 
 /// The `Length` of the queries `s`, axis `at` of q.
