@@ -288,7 +288,7 @@ pub(super) fn attention(
             .map(|(i, x)| name(&if alike(x) { format!("size_{i}_{}", short(x)) } else { format!("size_{}", short(x)) }))
             .collect();
         for (x, size) in empty.iter().zip(&sizes) {
-            // Read where every layer's guard reads it (`same_in_every_layer`).
+            // Read where every layer's guard reads it (`input_as_empty_as`).
             let dims = shapes.shape(x).unwrap_or_default();
             let x = input_as_empty_as(g, shapes, &dims).unwrap_or(x);
             prelude.push(writing(size, node("Size", &[x], vec![])));
@@ -1265,8 +1265,9 @@ enum Length {
 /// conditions on sizes read there rather than each layer's q are the same
 /// nodes in every layer, which `rewrite::share_prelude_nodes` makes one: a
 /// decode step computes them once, not once a layer. Its shape is proved
-/// (equal dimensions are equal numbers on every run), and what it reads is
-/// no value the match computes. An input an initializer gives a default is
+/// as the sizes every condition leaves out are (equal dimensions are equal
+/// numbers on every run; a declared symbol is one dimension wherever it is
+/// declared), and what it reads is no value the match computes. An input an initializer gives a default is
 /// left out: a feed may replace it in another shape.
 fn input_axis<'a>(g: &Graph<'a>, shapes: &Shapes, d: &Dim) -> Option<(&'a str, i64)> {
     graph_inputs(g).find_map(|x| Some((x, shapes.shape(x)?.iter().position(|e| e == d)? as i64)))
