@@ -697,6 +697,31 @@ fn a_core_written_with_einsums_is_a_core() {
 }
 
 #[test]
+fn an_einsum_core_with_an_ellipsis_is_a_core() {
+    // LongT5's spelling: the leading axes as an ellipsis, each read as a
+    // letter of its own, so that the operands' are proved alike.
+    let (scores, out) = ("...ecd,...bcd->...cbe", "...cbe,...ecd->...bcd");
+    let model = einsum_core(scores, out, &[2, 5, 2, 4]);
+    let (n, why, fused) = attention(&model);
+    assert_eq!(n, 1, "{why:?}");
+    let node = fused.graph.as_ref().unwrap().node.iter().find(|n| n.op_type() == "AttentionCore").unwrap();
+    let text = |name: &str| node.attr(name).and_then(|a| a.s.clone()).map(|s| String::from_utf8(s.to_vec()).unwrap());
+    assert_eq!(text("scores_equation").as_deref(), Some(scores));
+    assert_eq!(text("out_equation").as_deref(), Some(out));
+    assert_equivalent(&model, &fused, "einsum with an ellipsis");
+    // Near-misses: an ellipsis the operands give axes of other sizes (ONNX
+    // broadcasts an ellipsis), or one operand's alone.
+    for (scores, out, value, why) in [
+        (scores, out, &[1, 5, 2, 4], "operands give A the axes 2 and 1, not proved equal"),
+        ("...ecd,abcd->...cbe", out, &[2, 5, 2, 4], "an ellipsis of axes not proved alike"),
+    ] {
+        let (n, declined, _) = attention(&einsum_core(scores, out, value));
+        assert_eq!(n, 0, "{scores} {out}");
+        assert!(declined.iter().any(|r| r.contains(why)), "{scores} {out}: {declined:?}");
+    }
+}
+
+#[test]
 fn a_term_subtracted_from_the_scores_is_a_step_and_one_they_are_subtracted_from_is_not() {
     // XLNet: `score - 1e30 * mask`.
     let model = core(|b, s| b.node("Sub", &[&s, "mask"], vec![]), |_, p| p);

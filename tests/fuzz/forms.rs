@@ -777,8 +777,15 @@ pub fn attention(rng: &mut Rng) -> Case {
     let before = b.graph.node.len();
     let einsums = rng.chance(0.1) && elem == FLOAT;
     let out_einsum = einsums && rng.chance(0.7);
-    // The Einsums' batch letters.
-    let batch = if four { "bh" } else { "b" };
+    // The Einsums' batch letters, or an ellipsis for them (LongT5).
+    let batch = if einsums && rng.chance(0.3) {
+        c.note("the Einsums' batch axes are an ellipsis");
+        "..."
+    } else if four {
+        "bh"
+    } else {
+        "b"
+    };
     let mut s = if !einsums && rng.chance(0.1) && elem == FLOAT {
         // ONNX Runtime's FusedMatMul(q, k, alpha): the scale inside the
         // product (an ONNX Runtime optimizer's output, fused again).

@@ -364,17 +364,34 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
 }
 
 /// An Einsum's terms as attention writes them: two operands, letters
-/// only (no ellipsis), none twice in a term.
-fn einsum_letters(node: &NodeProto) -> Check<(Vec<char>, Vec<char>, Vec<char>)> {
+/// only, none twice in a term. An ellipsis (LongT5's `...qhd,...khd->...hqk`)
+/// stands for as many axes in each operand and the output, each read as a
+/// letter of its own (`einsum_axes_agree` then proves the operands' equal:
+/// ONNX broadcasts an ellipsis, and the core is not written where it would).
+fn einsum_letters(shapes: &Shapes, node: &NodeProto) -> Check<(Vec<char>, Vec<char>, Vec<char>)> {
     let terms = node.einsum_terms().filter(|(inputs, _)| inputs.len() == 2 && node.input.len() == 2);
     let (inputs, output) = terms.or_decline(|| format!("Einsum {} is not an equation of two operands", node.name()))?;
+    let named: Vec<char> = inputs.iter().chain([&output]).flat_map(|t| t.chars()).collect();
+    let spare: Vec<char> = ('A'..='Z').chain('a'..='z').filter(|c| !named.contains(c)).collect();
+    // The axes an operand's ellipsis stands for: its rank less its letters.
+    let spanned = |i: usize| -> Option<usize> {
+        let letters = inputs[i].replacen("...", "", 1).chars().count();
+        shapes.rank(&node.input[i])?.checked_sub(letters)
+    };
+    let span = match (inputs[0].contains("..."), inputs[1].contains("..."), output.contains("...")) {
+        (false, false, false) => Some(0),
+        (true, true, true) => spanned(0).filter(|&n| Some(n) == spanned(1) && n <= spare.len()),
+        _ => None,
+    };
     let letters = |t: &str| -> Option<Vec<char>> {
-        let chars: Vec<char> = t.chars().collect();
+        let ellipsis: String = spare[..span?].iter().collect();
+        let chars: Vec<char> = t.replacen("...", &ellipsis, 1).chars().collect();
         let distinct = chars.iter().enumerate().all(|(i, c)| c.is_ascii_alphabetic() && !chars[..i].contains(c));
         distinct.then_some(chars)
     };
     let parsed = letters(&inputs[0]).zip(letters(&inputs[1])).zip(letters(&output));
-    let ((x, y), out) = parsed.or_decline(|| format!("Einsum {} has an ellipsis or a repeated letter", node.name()))?;
+    let why = || format!("Einsum {} has a repeated letter, or an ellipsis of axes not proved alike", node.name());
+    let ((x, y), out) = parsed.or_decline(why)?;
     Ok((x, y, out))
 }
 
@@ -384,7 +401,7 @@ fn einsum_letters(node: &NodeProto) -> Check<(Vec<char>, Vec<char>, Vec<char>)> 
 /// output ending with the query axis of one operand and the key axis of the
 /// other. True where the first operand is the key.
 fn einsum_scores(shapes: &Shapes, node: &NodeProto) -> Check<bool> {
-    let (x, y, s) = einsum_letters(node)?;
+    let (x, y, s) = einsum_letters(shapes, node)?;
     let n = s.len();
     require!(n >= 2, "the Einsum of the scores has fewer than two output axes");
     let contracted: Vec<char> = x.iter().copied().filter(|c| !s.contains(c)).collect();
@@ -432,7 +449,7 @@ fn einsum_axes_agree(shapes: &Shapes, node: &NodeProto, x: &[char], y: &[char]) 
 /// The probabilities' Einsum with v: it contracts their last axis (the
 /// key) with v, and keeps every other letter.
 fn einsum_with_v(shapes: &Shapes, node: &NodeProto) -> Check<()> {
-    let (p, v, out) = einsum_letters(node)?;
+    let (p, v, out) = einsum_letters(shapes, node)?;
     let key = p.last().copied();
     let dropped: Vec<char> = p.iter().chain(&v).copied().filter(|c| !out.contains(c)).collect();
     let contracts_key = key.is_some_and(|k| v.contains(&k) && dropped.iter().all(|&c| c == k));
