@@ -722,6 +722,27 @@ fn an_einsum_core_with_an_ellipsis_is_a_core() {
 }
 
 #[test]
+fn a_penalty_of_one_minus_the_mask_subtracted_from_the_scores_is_a_term_subtracted() {
+    // Funnel: `s − 1e6 · (1 − m)`, the scores not multiplied by m (that
+    // would be Megatron's mask): the core subtracts the term as it is.
+    let model = core(
+        |b, s| {
+            let one = b.init("one", tensor(FLOAT, &[], &[1.0]));
+            let big = b.init("big", tensor(FLOAT, &[], &[1.0e6]));
+            let hidden = b.node("Sub", &[&one, "mask"], vec![]);
+            let penalty = b.node("Mul", &[&big, &hidden], vec![]);
+            b.node("Sub", &[&s, &penalty], vec![])
+        },
+        |_, p| p,
+    );
+    let (n, why, fused) = attention(&model);
+    assert_eq!(n, 1, "{why:?}");
+    let node = fused.graph.as_ref().unwrap().node.iter().find(|n| n.op_type() == "AttentionCore").unwrap();
+    assert_eq!(node.overload(), "sub.softmax");
+    assert_equivalent(&model, &fused, "a penalty subtracted");
+}
+
+#[test]
 fn a_term_subtracted_from_the_scores_is_a_step_and_one_they_are_subtracted_from_is_not() {
     // XLNet: `score - 1e30 * mask`.
     let model = core(|b, s| b.node("Sub", &[&s, "mask"], vec![]), |_, p| p);

@@ -827,9 +827,12 @@ fn scores_chain<'a>(g: &Graph<'a>, value: &'a str, depth: usize) -> Check<(usize
             return step(scores_chain(g, &node.input[0], depth + 1), reshape(g, node));
         }
         "Sub" if binary => {
-            // Megatron's s·m − c·(1 − m): its penalty is a Mul of 1 − m.
+            // Megatron's s·m − c·(1 − m): its penalty is a Mul of 1 − m, and
+            // the scores a Mul too (Funnel's s − c·(1 − m) is a term
+            // subtracted, below).
             let penalty = g.produced_by(&node.input[1], "Mul").ok().map(|p| g.node(p));
-            if penalty.is_some_and(|p| p.input.iter().any(|i| g.produced_by(i, "Sub").is_ok())) {
+            let product = g.produced_by(&node.input[0], "Mul").is_ok();
+            if product && penalty.is_some_and(|p| p.input.iter().any(|i| g.produced_by(i, "Sub").is_ok())) {
                 let (scores, megatron) = megatron_mask(g, node)?;
                 return step(scores_chain(g, scores, depth + 1), megatron);
             }
