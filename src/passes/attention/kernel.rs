@@ -1267,8 +1267,9 @@ enum Length {
 /// decode step computes them once, not once a layer. Its shape is proved
 /// as the sizes every condition leaves out are (equal dimensions are equal
 /// numbers on every run; a declared symbol is one dimension wherever it is
-/// declared), and what it reads is no value the match computes. An input an initializer gives a default is
-/// left out: a feed may replace it in another shape.
+/// declared), and what it reads is no value the match computes. An input
+/// an initializer gives a default is left out: a feed may replace it in
+/// another shape.
 fn input_axis<'a>(g: &Graph<'a>, shapes: &Shapes, d: &Dim) -> Option<(&'a str, i64)> {
     graph_inputs(g).find_map(|x| Some((x, shapes.shape(x)?.iter().position(|e| e == d)? as i64)))
 }
