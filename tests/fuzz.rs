@@ -148,6 +148,7 @@ const GENERATORS: &[(&str, Generator)] = &[
     ("attention:decoder", forms::decoder_attention),
     ("rotary", forms::rotary),
     ("rotary:interleaved", forms::interleaved_rotary),
+    ("pack-matmul", forms::pack_matmul),
 ];
 
 /// A new pass cannot be left out of the campaign: every pass has a form.

@@ -9,6 +9,7 @@ pub mod attention;
 pub mod complex_mul;
 pub mod gelu;
 pub mod layer_norm;
+pub mod pack_matmul;
 pub mod rms_norm;
 pub mod rotary;
 pub mod skip_norm;
@@ -25,6 +26,7 @@ pub const ALL: &[&Pass] = &[
     &gelu::PASS,
     &rotary::PASS,
     &complex_mul::PASS,
+    &pack_matmul::PASS,
 ];
 
 /// The pipeline a `--passes` list names (`default` expands to every default

@@ -2399,3 +2399,73 @@ pub fn rotary(rng: &mut Rng) -> Case {
     };
     rotary_sum(rng, c, b, [&x, &cos, &turned, &sin], before, opset, elem)
 }
+
+/// pack-matmul: MatMuls of one x by constant weights of its last axis's
+/// rows, each read as it was. Members that are no constant weight (an
+/// input, a weight of other rows or rank, x as the right operand) stay
+/// outside the group; a group of one is no candidate.
+pub fn pack_matmul(rng: &mut Rng) -> Case {
+    let mut c = Ctx::new();
+    let mut b = Builder::default();
+    let opset = rng.pick(&[13i64, 17, 18, 23]);
+    let elem = rng.pick(&[FLOAT, FLOAT, FLOAT16]);
+    let rank = 1 + rng.below(3);
+    let lead: Vec<D> = [sym("b"), D::N(3)].into_iter().take(rank - 1).collect();
+    let dims: Vec<D> = lead.iter().cloned().chain([D::N(HIDDEN)]).collect();
+    let x = b.input("x", elem, Some(&dims));
+    let mut members = 0;
+    let mut inner = vec![];
+    for i in 0..2 + rng.below(3) {
+        let cols = 1 + rng.below(5) as i64;
+        let values: Vec<f64> = (0..HIDDEN * cols).map(|j| ((i as i64 * 7 + j) % 11) as f64 / 4.0 - 1.0).collect();
+        let w = match rng.below(10) {
+            0 => {
+                c.note(format!("weight {i} is a graph input"));
+                b.input(&format!("w{i}"), elem, Some(&[D::N(HIDDEN), D::N(cols)]))
+            }
+            1 => {
+                c.note(format!("weight {i} is an initializer a graph input overrides"));
+                let w = b.init(&format!("w{i}"), tensor(elem, &[HIDDEN, cols], &values));
+                b.input(&w, elem, Some(&[D::N(HIDDEN), D::N(cols)]))
+            }
+            2 => {
+                c.note(format!("weight {i} is batched, [1, K, N]"));
+                b.init(&format!("w{i}"), tensor(elem, &[1, HIDDEN, cols], &values))
+            }
+            3 => {
+                c.note(format!("weight {i} is a Constant node"));
+                members += 1;
+                b.constant(tensor(elem, &[HIDDEN, cols], &values))
+            }
+            _ => {
+                members += 1;
+                b.init(&format!("w{i}"), tensor(elem, &[HIDDEN, cols], &values))
+            }
+        };
+        // A weight defined again in a body leaves the group, which may
+        // still have two.
+        c.may_stay.push(w.clone());
+        let y = b.node("MatMul", &[&x, &w], vec![]);
+        inner.push(y.clone());
+        let out = if rng.chance(0.3) { b.node("Relu", &[&y], vec![]) } else { y };
+        b.output(&out, elem, None);
+    }
+    if rank == 1 && rng.chance(0.2) {
+        c.note("x is also the right operand of a MatMul");
+        let square = b.init("square", tensor(elem, &[HIDDEN, HIDDEN], &[0.5; (HIDDEN * HIDDEN) as usize]));
+        c.aside.push(square.clone());
+        let y = b.node("MatMul", &[&square, &x], vec![]);
+        b.output(&y, elem, None);
+    }
+    if members < 2 {
+        c.breaks(format!("{members} MatMul of x by a constant 2-D weight"));
+    }
+    // A product read elsewhere too is taken over, not left out.
+    if rng.chance(0.1) {
+        let v = rng.pick(&inner);
+        c.note(format!("{v} is also read by another node"));
+        let other = b.node("Neg", &[&v], vec![]);
+        b.output(&other, elem, None);
+    }
+    finish(rng, c, b, opset, elem)
+}

@@ -1,0 +1,108 @@
+//! pack-matmul: the MatMuls that read one x by constant weights, as one
+//! MatMul of the weights side by side (a decoder layer's q, k and v
+//! projections; its gate and up):
+//!
+//! ```text
+//! y_i = MatMul(x, W_i)                          W_i: [K, N_i], constants
+//!   ->  y = MatMul(x, Concat(W_1, …, W_n, axis = 1))
+//!       y_1, …, y_n = Split(y, [N_1, …, N_n], axis = -1)
+//! ```
+//!
+//! Column j of a product reads x and column j of its weight, nothing else,
+//! so each y_i is the function it was. The Concat is of constants (ground
+//! rule 4): a runtime folds it where it loads the model (ONNX Runtime at
+//! its basic level), and onnx-fuse writes no weight of its own. ONNX
+//! Runtime computes a decode step's three projections as one faster than
+//! as three (docs/benchmarks.md, "Projections side by side").
+
+use crate::graph::{Check, Graph, Portable};
+use crate::onnx::{type_text, AttributeProto, NodeProto};
+use crate::pattern::{self, Weight};
+use crate::rewrite::{ints_constant, node, writing, Match, Pass, Rewrite};
+use crate::{candidate, require};
+
+pub const PASS: Pass = Pass {
+    name: "pack-matmul",
+    summary: "MatMul(x, W1), MatMul(x, W2), …  ->  Split(MatMul(x, Concat(W1, W2, …, axis 1)))",
+    default: false,
+    caution: None,
+    absorbs: None,
+    portable: Some(PORTABLE),
+    kernel_opset: None,
+    rule,
+};
+
+/// Split with its sizes as an input and a negative axis.
+const PORTABLE: Portable = Portable { op: "Split", since: 13 };
+
+/// A MatMul's constant weight: its rows, columns and element type (of a
+/// MatMul that writes its product).
+fn weight(g: &Graph, n: &NodeProto) -> Option<(i64, i64, i32)> {
+    if n.output.first().is_none_or(String::is_empty) {
+        return None;
+    }
+    let w = g.constant(n.input.get(1)?)?;
+    match w.dims[..] {
+        [k, cols] if cols > 0 => Some((k, cols, w.data_type())),
+        _ => None,
+    }
+}
+
+fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
+    let anchor = pattern::anchor(g, index, "MatMul")?;
+    candidate!(anchor.input.len() == 2 && weight(g, anchor).is_some());
+    let x = anchor.input[0].as_str();
+    // Every MatMul of x by a constant 2-D weight, in the graph's order; the
+    // first is the anchor, which the others join.
+    let mut group: Vec<usize> = g
+        .consumers(x)
+        .iter()
+        .copied()
+        .filter(|&c| {
+            let n = g.node(c);
+            n.is("MatMul") && n.input.len() == 2 && n.input[0] == x && weight(g, n).is_some()
+        })
+        .collect();
+    group.sort_by_key(|&n| g.position(n));
+    group.dedup();
+    candidate!(group.len() >= 2 && group[0] == index);
+    let (k, _, elem) = weight(g, anchor).unwrap_or_default();
+    let mut m = Match::new(index);
+    let mut weights = vec![];
+    let mut sizes = vec![];
+    for (i, &n) in group.iter().enumerate() {
+        let node = g.node(n);
+        let (rows, cols, t) = weight(g, node).unwrap_or_default();
+        require!(
+            rows == k && t == elem,
+            "{} weighs x by {rows} rows of {}, the anchor by {k} of {}",
+            node.name(),
+            type_text(Some(t)),
+            type_text(Some(elem))
+        );
+        // A weight a node computes (a `Constant`, an `Identity`) may come
+        // after the anchor in the node list: the Concat reads its tensor,
+        // and the node goes with its MatMul where nothing else reads it.
+        let w = node.input[1].as_str();
+        weights.push(match (g.producer(w), g.constant(w)) {
+            (Some(_), Some(t)) => m.weight_input(g, Weight::Made(Box::new(t.clone())), &format!("weight_{i}")),
+            _ => w.to_string(),
+        });
+        sizes.push(cols);
+    }
+    g.require_portable(PORTABLE)?;
+    let weights: Vec<&str> = weights.iter().map(String::as_str).collect();
+    let out = &anchor.output[0];
+    let (packed, product, split) = (format!("{out}/packed_weight"), format!("{out}/packed"), format!("{out}/sizes"));
+    let prelude = vec![
+        writing(&packed, node("Concat", &weights, vec![AttributeProto::int("axis", 1)])),
+        writing(&product, node("MatMul", &[x, &packed], vec![])),
+        ints_constant(&split, &sizes),
+    ];
+    let parts = node("Split", &[&product, &split], vec![AttributeProto::int("axis", -1)]);
+    let mut rewrite = m.replace_with(parts).after(prelude);
+    for (slot, &n) in group.iter().enumerate().skip(1) {
+        rewrite = rewrite.taking_over(slot, &g.node(n).output[0]);
+    }
+    Ok(rewrite)
+}
