@@ -262,6 +262,35 @@ pub fn encode_to(model: &ModelProto, file: &mut File) -> std::io::Result<()> {
     sink.finish()
 }
 
+/// A tensor's bytes made of others' rows side by side: row r of the result
+/// is row r of each source in turn (`rows` rows each; a weight `[K, N₁]`
+/// beside `[K, N₂]` is `[K, N₁ + N₂]`). They are written to an unnamed
+/// scratch file, inside the kernel where a source lies in a loaded model's
+/// map (its pages given back otherwise), and mapped back: writing the
+/// model copies them out the same way, so neither they nor their sources
+/// take memory of their own. None where no scratch file can be written.
+pub fn side_by_side(rows: usize, sources: &[&[u8]]) -> Option<Bytes> {
+    let total: usize = sources.iter().map(|s| s.len()).sum();
+    if rows == 0 || total == 0 || sources.iter().any(|s| s.len() % rows != 0) {
+        return None;
+    }
+    let mut file = Scratch::unnamed()?.file;
+    for r in 0..rows {
+        for source in sources {
+            let width = source.len() / rows;
+            let row = &source[r * width..(r + 1) * width];
+            if !maps::copy_range(row, &file).ok()? {
+                file.write_all(row).ok()?;
+                maps::release(row);
+            }
+        }
+    }
+    // SAFETY: the file is unnamed and this process's alone; nothing
+    // writes it once mapped.
+    let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
+    (map.len() == total).then(|| Bytes::from_owner(maps::Registered::new(map, file)))
+}
+
 /// An unnamed scratch file for a model to be read back by path
 /// (verification streams ONNX Runtime a file rather than bytes in memory).
 pub use staged::Scratch;

@@ -68,9 +68,9 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     candidate!(group.len() >= 2 && group[0] == index);
     let (k, _, elem) = weight(g, anchor).unwrap_or_default();
     let mut m = Match::new(index);
-    let mut weights = vec![];
+    let mut tensors = vec![];
     let mut sizes = vec![];
-    for (i, &n) in group.iter().enumerate() {
+    for &n in &group {
         let node = g.node(n);
         let (rows, cols, t) = weight(g, node).unwrap_or_default();
         require!(
@@ -80,25 +80,34 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
             type_text(Some(t)),
             type_text(Some(elem))
         );
-        // A weight a node computes (a `Constant`, an `Identity`) may come
-        // after the anchor in the node list: the Concat reads its tensor,
-        // and the node goes with its MatMul where nothing else reads it.
-        let w = node.input[1].as_str();
-        weights.push(match (g.producer(w), g.constant(w)) {
-            (Some(_), Some(t)) => m.weight_input(g, Weight::Made(Box::new(t.clone())), &format!("weight_{i}")),
-            _ => w.to_string(),
-        });
+        tensors.extend(g.constant(&node.input[1]));
         sizes.push(cols);
     }
     g.require_portable(PORTABLE)?;
-    let weights: Vec<&str> = weights.iter().map(String::as_str).collect();
     let out = &anchor.output[0];
-    let (packed, product, split) = (format!("{out}/packed_weight"), format!("{out}/packed"), format!("{out}/sizes"));
-    let prelude = vec![
-        writing(&packed, node("Concat", &weights, vec![AttributeProto::int("axis", 1)])),
-        writing(&product, node("MatMul", &[x, &packed], vec![])),
-        ints_constant(&split, &sizes),
-    ];
+    let (product, split) = (format!("{out}/packed"), format!("{out}/sizes"));
+    // The weights side by side, written into the model; where their bytes
+    // are elsewhere (external data), their Concat, which the runtime folds.
+    let mut prelude = vec![];
+    let packed = m.side_by_side(g, &tensors, "packed_weight").unwrap_or_else(|| {
+        let (packed, mut weights) = (format!("{out}/packed_weight"), vec![]);
+        for (i, (&n, t)) in group.iter().zip(&tensors).enumerate() {
+            // A weight a node computes (a `Constant`, an `Identity`) may
+            // come after the anchor in the node list: the Concat reads its
+            // tensor, and the node goes with its MatMul where nothing else
+            // reads it.
+            let w = &g.node(n).input[1];
+            weights.push(match g.producer(w) {
+                Some(_) => m.weight_input(g, Weight::Made(Box::new((*t).clone())), &format!("weight_{i}")),
+                None => w.clone(),
+            });
+        }
+        let weights: Vec<&str> = weights.iter().map(String::as_str).collect();
+        prelude.push(writing(&packed, node("Concat", &weights, vec![AttributeProto::int("axis", 1)])));
+        packed
+    });
+    prelude.push(writing(&product, node("MatMul", &[x, &packed], vec![])));
+    prelude.push(ints_constant(&split, &sizes));
     let parts = node("Split", &[&product, &split], vec![AttributeProto::int("axis", -1)]);
     let mut rewrite = m.replace_with(parts).after(prelude);
     for (slot, &n) in group.iter().enumerate().skip(1) {
