@@ -1147,3 +1147,28 @@ fn torchs_pads_reordered_through_a_matrix_pad_the_axes_they_name() {
     assert_eq!(elements(&flat_rows), ["0", "0", "0", "len - 2", "0", "0"]);
     assert_eq!(elements(&pads), ["0", "0", "0", "0", "len - 2", "0"]);
 }
+
+/// `torch.ones(seq - 1, seq - 1)` padded by one row and column (Funnel's
+/// cls mask): a ConstantOfShape's axes are its input's elements, whatever
+/// they are computed from, since one below 0 fails the node; the same
+/// element as a Reshape's target may be 0 or -1 there and stays unknown.
+#[test]
+fn a_constant_of_shape_has_the_axes_its_elements_compute() {
+    let mut b = Builder::default();
+    let x = b.input("x", FLOAT, Some(&[sym("b"), sym("s"), D::N(8)]));
+    let s = b.node("Shape", &[&x], vec![]);
+    let i1 = b.init("i1", tensor(INT64, &[], &[1.0]));
+    let seq = b.node("Gather", &[&s, &i1], vec![]);
+    let one = b.init("one", tensor(INT64, &[], &[1.0]));
+    let less = b.node("Sub", &[&seq, &one], vec![]);
+    let zero = b.init("zero_axis", ints(&[0]));
+    let side = b.node("Unsqueeze", &[&less, &zero], vec![]);
+    let dims = b.node("Concat", &[&side, &side], vec![attr_int("axis", 0)]);
+    let ones = b.node("ConstantOfShape", &[&dims], vec![]);
+    assert_eq!(shape(&b, 17, &ones).unwrap(), ["s - 1", "s - 1"]);
+    let pads = b.init("pads", ints(&[1, 1, 0, 0]));
+    let padded = b.node("Pad", &[&ones, &pads], vec![]);
+    assert_eq!(shape(&b, 17, &padded).unwrap(), ["s", "s"]);
+    let square = b.node("Reshape", &[&x, &dims], vec![]);
+    assert_eq!(shape(&b, 17, &square).unwrap(), [format!("{square}#0"), format!("{square}#1")]);
+}

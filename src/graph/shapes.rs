@@ -681,12 +681,18 @@ impl<'g, 'a> Shapes<'g, 'a> {
                 let (data, indices) = (input(0)?, input(1)?);
                 (data.len() == indices.len()).then_some(indices)?
             }
-            "ConstantOfShape" => self
-                .shape_tensor(&node.input[0])?
-                .into_iter()
-                .enumerate()
-                .map(|(i, d)| d.unwrap_or_else(|| Dim::atom(format!("{value}#{i}"))))
-                .collect(),
+            // Its axes are its input's elements, each of them, whatever it
+            // is computed from: one below 0 fails the node, so where it
+            // runs, `seq - 1` is a size (a torch.ones(seq - 1, seq - 1)).
+            "ConstantOfShape" => match self.shape(&node.input[0])?.as_slice() {
+                [_] => self
+                    .elements(&node.input[0], 0)?
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, d)| d.unwrap_or_else(|| Dim::atom(format!("{value}#{i}"))))
+                    .collect(),
+                _ => return None,
+            },
             "Conv" => {
                 // Batch, the weight's output channels, then each spatial
                 // axis from its size, kernel, pads, stride and dilation
