@@ -4,16 +4,17 @@
 //!
 //! ```text
 //! y_i = MatMul(x, W_i)                          W_i: [K, N_i], constants
-//!   ->  y = MatMul(x, Concat(W_1, …, W_n, axis = 1))
+//!   ->  y = MatMul(x, W)                        W: [K, N_1 + … + N_n], row r of each W_i in turn
 //!       y_1, …, y_n = Split(y, [N_1, …, N_n], axis = -1)
 //! ```
 //!
 //! Column j of a product reads x and column j of its weight, nothing else,
-//! so each y_i is the function it was. The Concat is of constants (ground
-//! rule 4): a runtime folds it where it loads the model (ONNX Runtime at
-//! its basic level), and onnx-fuse writes no weight of its own. ONNX
-//! Runtime computes a decode step's three projections as one faster than
-//! as three (docs/benchmarks.md, "Projections side by side").
+//! so each y_i is the function it was. W is written into the model where
+//! the weights' bytes are in it (`Match::side_by_side`); where they are not
+//! (external data), W is their `Concat`, a constant (ground rule 4) that
+//! ONNX Runtime folds where it loads the model. ONNX Runtime computes a
+//! decode step's three projections as one faster than as three
+//! (docs/benchmarks.md, "Projections side by side").
 
 use crate::graph::{Check, Graph, Portable};
 use crate::onnx::{type_text, AttributeProto, NodeProto};
@@ -23,7 +24,7 @@ use crate::{candidate, require};
 
 pub const PASS: Pass = Pass {
     name: "pack-matmul",
-    summary: "MatMul(x, W1), MatMul(x, W2), …  ->  Split(MatMul(x, Concat(W1, W2, …, axis 1)))",
+    summary: "MatMul(x, W1), MatMul(x, W2), …  ->  Split(MatMul(x, W)), W the weights side by side",
     default: false,
     caution: None,
     absorbs: None,
