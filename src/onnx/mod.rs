@@ -148,6 +148,15 @@ impl StringStringEntryProto {
     }
 }
 
+impl GraphProto {
+    /// The inputs a run feeds: those no initializer gives a default (an
+    /// initializer of an input's name is a default a feed may replace).
+    pub fn fed_inputs(&self) -> impl Iterator<Item = &ValueInfoProto> + '_ {
+        let defaults: std::collections::HashSet<&str> = self.initializer.iter().map(|t| t.name()).collect();
+        self.input.iter().filter(move |i| !defaults.contains(i.name()))
+    }
+}
+
 impl ModelProto {
     /// The opset version imported for the default domain (1 when absent, as
     /// the IR spec says for a model that imports none).

@@ -22,9 +22,8 @@ pub(super) fn input_symbols(model: &ModelProto) -> Vec<String> {
 /// its declared shape, in order.
 pub(super) fn symbols_by_input(model: &ModelProto) -> Vec<(String, Vec<String>)> {
     let Some(graph) = &model.graph else { return Vec::new() };
-    let initializers: std::collections::HashSet<&str> = graph.initializer.iter().map(|t| t.name()).collect();
     let mut found = Vec::new();
-    for vi in graph.input.iter().filter(|i| !initializers.contains(i.name())) {
+    for vi in graph.fed_inputs() {
         if let Some(TypeValue::TensorType(t)) = vi.r#type.as_ref().and_then(|t| t.value.as_ref()) {
             let symbols = t.shape.iter().flat_map(|s| &s.dim).filter_map(|d| match &d.value {
                 Some(Dim::DimParam(p)) => Some(p.clone()),
@@ -180,8 +179,7 @@ impl Input {
 /// the user's to fix (a usage error).
 pub fn check_options(model: &ModelProto, options: &Options) -> std::result::Result<(), String> {
     let graph = model.graph.as_ref().ok_or("the model has no graph")?;
-    let initializers: std::collections::HashSet<&str> = graph.initializer.iter().map(|t| t.name()).collect();
-    let inputs: Vec<&ValueInfoProto> = graph.input.iter().filter(|i| !initializers.contains(i.name())).collect();
+    let inputs: Vec<&ValueInfoProto> = graph.fed_inputs().collect();
     let mut symbols = std::collections::BTreeSet::new();
     for p in input_symbols(model) {
         symbols.extend(p.split('+').map(|t| t.trim().to_string()).filter(|t| t.parse::<i64>().is_err()));
@@ -263,7 +261,6 @@ pub(super) fn default_dim(symbol: &str) -> i64 {
 /// a fixed seed.
 pub(super) fn synthesize_inputs(model: &ModelProto, options: &Options) -> Result<Vec<Input>> {
     let graph = model.graph.as_ref().ok_or_else(|| anyhow!("the model has no graph"))?;
-    let initializers: std::collections::HashSet<&str> = graph.initializer.iter().map(|t| t.name()).collect();
     let scope = Scope::default();
     let view = crate::graph::Graph::new(graph, model.default_opset(), &scope);
     let mut rng = SplitMix(options.seed ^ 0x6f6e_6e78_6675_7365);
@@ -275,7 +272,7 @@ pub(super) fn synthesize_inputs(model: &ModelProto, options: &Options) -> Result
         None => None,
     };
     let mut inputs = Vec::new();
-    for vi in graph.input.iter().filter(|i| !initializers.contains(i.name())) {
+    for vi in graph.fed_inputs() {
         let name = vi.name().to_string();
         let Some(TypeValue::TensorType(t)) = vi.r#type.as_ref().and_then(|t| t.value.as_ref()) else {
             bail!("input {name} is not a tensor; onnx-fuse can only feed tensors");
@@ -466,9 +463,8 @@ pub(super) fn check_budget(
 ) -> std::result::Result<(), String> {
     let (Some(graph), Some(available)) = (model.graph.as_ref(), available) else { return Ok(()) };
     let budget = available / BUDGET_SHARE;
-    let initializers: std::collections::HashSet<&str> = graph.initializer.iter().map(|t| t.name()).collect();
     let given = npz_arrays(options);
-    for vi in graph.input.iter().filter(|i| !initializers.contains(i.name()) && !given.contains(i.name())) {
+    for vi in graph.fed_inputs().filter(|i| !given.contains(i.name())) {
         let Some(TypeValue::TensorType(t)) = vi.r#type.as_ref().and_then(|t| t.value.as_ref()) else { continue };
         let dims: Vec<u128> =
             input_shape(t, &options.dims).into_iter().map(|d| u128::try_from(d).unwrap_or(0)).collect();

@@ -1297,9 +1297,7 @@ fn input_as_empty_as<'a>(g: &Graph<'a>, shapes: &Shapes, dims: &[Dim]) -> Option
 
 /// The graph's inputs no initializer gives a default.
 fn graph_inputs<'a>(g: &Graph<'a>) -> impl Iterator<Item = &'a str> + 'a {
-    let proto = g.proto;
-    let defaults: std::collections::HashSet<&str> = proto.initializer.iter().map(|t| t.name()).collect();
-    proto.input.iter().map(|i| i.name()).filter(move |x| !x.is_empty() && !defaults.contains(x))
+    g.proto.fed_inputs().map(|i| i.name()).filter(|x| !x.is_empty())
 }
 
 /// The `Length` of the queries `s`, axis `at` of q.
