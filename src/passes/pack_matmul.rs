@@ -17,7 +17,7 @@
 //! (docs/benchmarks.md, "Projections side by side").
 
 use crate::graph::{Check, Graph, Portable};
-use crate::onnx::{type_text, AttributeProto, NodeProto};
+use crate::onnx::{type_text, AttributeProto, NodeProto, TensorProto};
 use crate::pattern::{self, Weight};
 use crate::rewrite::{ints_constant, node, writing, Match, Pass, Rewrite};
 use crate::{candidate, require};
@@ -36,54 +36,48 @@ pub const PASS: Pass = Pass {
 /// Split with its sizes as an input and a negative axis.
 const PORTABLE: Portable = Portable { op: "Split", since: 13 };
 
-/// A MatMul's constant weight: its rows, columns and element type (of a
+/// A MatMul's constant weight of two axes and at least one column (of a
 /// MatMul that writes its product).
-fn weight(g: &Graph, n: &NodeProto) -> Option<(i64, i64, i32)> {
+fn weight<'g>(g: &'g Graph, n: &NodeProto) -> Option<&'g TensorProto> {
     if n.output.first().is_none_or(String::is_empty) {
         return None;
     }
-    let w = g.constant(n.input.get(1)?)?;
-    match w.dims[..] {
-        [k, cols] if cols > 0 => Some((k, cols, w.data_type())),
-        _ => None,
-    }
+    g.constant(n.input.get(1)?).filter(|w| matches!(w.dims[..], [_, cols] if cols > 0))
 }
 
 fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     let anchor = pattern::anchor(g, index, "MatMul")?;
-    candidate!(anchor.input.len() == 2 && weight(g, anchor).is_some());
+    candidate!(anchor.input.len() == 2);
     let x = anchor.input[0].as_str();
     // Every MatMul of x by a constant 2-D weight, in the graph's order; the
     // first is the anchor, which the others join.
-    let mut group: Vec<usize> = g
+    let mut group: Vec<(usize, &TensorProto)> = g
         .consumers(x)
         .iter()
-        .copied()
-        .filter(|&c| {
+        .filter_map(|&c| {
             let n = g.node(c);
-            n.is("MatMul") && n.input.len() == 2 && n.input[0] == x && weight(g, n).is_some()
+            let read = n.is("MatMul") && n.input.len() == 2 && n.input[0] == x;
+            Some((c, weight(g, n).filter(|_| read)?))
         })
         .collect();
-    group.sort_by_key(|&n| g.position(n));
-    group.dedup();
-    candidate!(group.len() >= 2 && group[0] == index);
-    let (k, _, elem) = weight(g, anchor).unwrap_or_default();
+    group.sort_by_key(|&(n, _)| g.position(n));
+    group.dedup_by_key(|&mut (n, _)| n);
+    candidate!(group.len() >= 2 && group[0].0 == index);
+    let (k, elem) = (group[0].1.dims[0], group[0].1.data_type());
     let mut m = Match::new(index);
-    let mut tensors = vec![];
     let mut sizes = vec![];
-    for &n in &group {
-        let node = g.node(n);
-        let (rows, cols, t) = weight(g, node).unwrap_or_default();
+    for &(n, w) in &group {
+        let (rows, t) = (w.dims[0], w.data_type());
         require!(
             rows == k && t == elem,
             "{} weighs x by {rows} rows of {}, the anchor by {k} of {}",
-            node.name(),
+            g.node(n).name(),
             type_text(Some(t)),
             type_text(Some(elem))
         );
-        tensors.extend(g.constant(&node.input[1]));
-        sizes.push(cols);
+        sizes.push(w.dims[1]);
     }
+    let tensors: Vec<&TensorProto> = group.iter().map(|&(_, w)| w).collect();
     g.require_portable(PORTABLE)?;
     let out = &anchor.output[0];
     let (product, split) = (format!("{out}/packed"), format!("{out}/sizes"));
@@ -92,14 +86,14 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     let mut prelude = vec![];
     let packed = m.side_by_side(g, &tensors, "packed_weight").unwrap_or_else(|| {
         let (packed, mut weights) = (format!("{out}/packed_weight"), vec![]);
-        for (i, (&n, t)) in group.iter().zip(&tensors).enumerate() {
+        for (i, &(n, t)) in group.iter().enumerate() {
             // A weight a node computes (a `Constant`, an `Identity`) may
             // come after the anchor in the node list: the Concat reads its
             // tensor, and the node goes with its MatMul where nothing else
             // reads it.
             let w = &g.node(n).input[1];
             weights.push(match g.producer(w) {
-                Some(_) => m.weight_input(g, Weight::Made(Box::new((*t).clone())), &format!("weight_{i}")),
+                Some(_) => m.weight_input(g, Weight::Made(Box::new(t.clone())), &format!("weight_{i}")),
                 None => w.clone(),
             });
         }
@@ -111,7 +105,7 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     prelude.push(ints_constant(&split, &sizes));
     let parts = node("Split", &[&product, &split], vec![AttributeProto::int("axis", -1)]);
     let mut rewrite = m.replace_with(parts).after(prelude);
-    for (slot, &n) in group.iter().enumerate().skip(1) {
+    for (slot, &(n, _)) in group.iter().enumerate().skip(1) {
         rewrite = rewrite.taking_over(slot, &g.node(n).output[0]);
     }
     Ok(rewrite)
