@@ -123,6 +123,12 @@ def configs():
         # avg_pool(kernel 2, stride 2, ceil_mode) over the sequence.
         "funnel": t.FunnelConfig(vocab_size=64, d_model=32, n_head=4, d_head=8, d_inner=64, block_sizes=[1, 1, 1],
                                  num_decoder_layers=1),
+        # Patches unfolded at `math.ceil(h / 2) * 2` rows, traced as float
+        # arithmetic on the feature map's sizes (Cast, Div, Ceil, Mul,
+        # Cast back), height and width dynamic.
+        "mobilevit": t.MobileViTConfig(image_size=32, patch_size=2, hidden_sizes=[16, 24, 32],
+                                       neck_hidden_sizes=[8, 8, 16, 16, 24, 24, 32], num_attention_heads=4,
+                                       expand_ratio=2.0),
         # Soft-capped attention scores (and logits), sliding-window layers.
         "gemma2": t.Gemma2Config(**SMALL, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6,
                                  attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
@@ -166,6 +172,8 @@ def build(kind, attn="eager"):
         model = t.BertModel(cfg)
     elif kind == "funnel":
         model = t.FunnelBaseModel(cfg)
+    elif kind == "mobilevit":
+        model = t.MobileViTModel(cfg)
     elif kind in ENCODERS:
         model = t.AutoModel.from_config(cfg, attn_implementation=attn)
     else:
@@ -189,7 +197,7 @@ class Wrap(torch.nn.Module):
             return self.model(input_features=x).last_hidden_state
         if self.kind in ("sew", "hubert"):
             return self.model(input_values=x).last_hidden_state
-        if self.kind in ("vit", "dinov2"):
+        if self.kind in ("vit", "dinov2", "mobilevit"):
             return self.model(pixel_values=x).last_hidden_state
         if self.kind == "trocr":
             return self.model(input_ids=x, attention_mask=mask, use_cache=False).logits
@@ -204,6 +212,8 @@ def sample_inputs(kind):
         return (torch.randn(1, 16, 32),), ["input_features"], {"input_features": {0: "batch"}}
     if kind in ("vit", "dinov2"):
         return (torch.randn(1, 3, 16, 16),), ["pixel_values"], {"pixel_values": {0: "batch"}}
+    if kind == "mobilevit":
+        return (torch.randn(1, 3, 32, 32),), ["pixel_values"], {"pixel_values": {0: "batch", 2: "h", 3: "w"}}
     if kind in ("sew", "hubert"):
         return (torch.randn(1, 400),), ["input_values"], {"input_values": {0: "batch", 1: "len"}}
     ids = torch.randint(0, 64, (1, 7))
@@ -966,6 +976,7 @@ def main():
         ("convbert_ts_op14.onnx", lambda n: export_torch(n, "convbert", opset=14)),
         ("funnel_ts_op14.onnx", lambda n: export_torch(n, "funnel", opset=14)),
         ("longt5_ts_op17.onnx", lambda n: export_torch(n, "longt5", opset=17)),
+        ("mobilevit_ts_op14.onnx", lambda n: export_torch(n, "mobilevit", opset=14)),
         # 3-D scores viewed as 4-D once, against a 4-D v.
         ("bloom_dynamo_op18.onnx", lambda n: export_torch(n, "bloom", opset=18, dynamo=True)),
         ("opt_optimum.onnx", lambda n: export_optimum(n, "opt", "text-generation", opset=14)),

@@ -106,6 +106,9 @@ pub const EXPORTS: &[(&str, &[(&str, usize)], f32)] = &[
     // Transient-global attention (Einsums with an ellipsis, not a core):
     // the global tokens' RMSNorms read an Einsum's output.
     ("longt5_ts_op17.onnx", &[("rms-norm", 7)], 1e-6),
+    // Patches unfolded at a count computed in float (`math.ceil(h / 2)`):
+    // the LayerNorms' last axis is proved, their gamma and beta inside.
+    ("mobilevit_ts_op14.onnx", &[("layer-norm", 21), ("attention", 9)], 1e-5),
     // LayerNorms over a feature map's (H, W) and over (C, H, W), without weights.
     ("ln_axes_ts_op14.onnx", &[("layer-norm", 2)], 1e-5),
     // Optimum's merged decoder: both branches read the If's output names.

@@ -1172,3 +1172,83 @@ fn a_constant_of_shape_has_the_axes_its_elements_compute() {
     let square = b.node("Reshape", &[&x, &dims], vec![]);
     assert_eq!(shape(&b, 17, &square).unwrap(), [format!("{square}#0"), format!("{square}#1")]);
 }
+
+/// MobileViT unfolds its feature map into patches of `math.ceil(h / 2) * 2`
+/// rows, traced as float arithmetic on the map's sizes: `Cast(h → f32)`,
+/// `Div(2.0)`, `Ceil`, `Mul(2.0)`, `Cast(→ i64)`, `Div(2)`. A size divided
+/// by a whole number and rounded is exact (a float holds the sizes), so the
+/// patch count is one dimension wherever it is computed, and two Reshapes
+/// to it agree (the -1 of the second one is the channels).
+#[test]
+fn a_size_divided_by_a_whole_number_and_rounded_is_a_floor() {
+    let mut b = Builder::default();
+    let x = b.input("x", FLOAT, Some(&[sym("b"), D::N(8), sym("h"), sym("w")]));
+    let s = b.node("Shape", &[&x], vec![]);
+    let axis = |b: &mut Builder, i: i64| {
+        let index = b.init(&format!("axis{i}"), tensor(INT64, &[], &[i as f64]));
+        b.node("Gather", &[&s, &index], vec![])
+    };
+    let (h, w) = (axis(&mut b, 2), axis(&mut b, 3));
+    let two = b.init("two", tensor(FLOAT, &[], &[2.0]));
+    let two_i = b.init("two_i", tensor(INT64, &[], &[2.0]));
+    let zero = b.init("zero_axis", ints(&[0]));
+    // float(n) / divisor, rounded by `round` ("Ceil", "Floor" or a Cast's
+    // truncation), as an int64 element.
+    let rounded = |b: &mut Builder, n: &str, divisor: &str, round: &str| {
+        let f = b.node("Cast", &[n], vec![attr_int("to", FLOAT as i64)]);
+        let q = b.node("Div", &[&f, divisor], vec![]);
+        let r = if round == "Cast" { q } else { b.node(round, &[&q], vec![]) };
+        let i = b.node("Cast", &[&r], vec![attr_int("to", INT64 as i64)]);
+        b.node("Unsqueeze", &[&i, &zero], vec![])
+    };
+    let up = rounded(&mut b, &h, &two, "Ceil");
+    let three = b.init("three", tensor(FLOAT, &[], &[3.0]));
+    let down = rounded(&mut b, &w, &three, "Floor");
+    let truncated = rounded(&mut b, &w, &three, "Cast");
+    let dims = b.node("Concat", &[&up, &down, &truncated], vec![attr_int("axis", 0)]);
+    let ones = b.node("ConstantOfShape", &[&dims], vec![]);
+    assert_eq!(shape(&b, 17, &ones).unwrap(), ["floor((1·$h + 1)/2)", "floor((1·$w)/3)", "floor((1·$w)/3)"]);
+
+    // MobileViT's patch count, n = ceil(h / 2) · 2 / 2 rows by ceil(w / 2)
+    // columns, read by two Reshapes.
+    let side = |b: &mut Builder, n: &str| {
+        let f = b.node("Cast", &[n], vec![attr_int("to", FLOAT as i64)]);
+        let q = b.node("Div", &[&f, &two], vec![]);
+        let c = b.node("Ceil", &[&q], vec![]);
+        let m = b.node("Mul", &[&c, &two], vec![]);
+        let i = b.node("Cast", &[&m], vec![attr_int("to", INT64 as i64)]);
+        b.node("Div", &[&i, &two_i], vec![])
+    };
+    let (rows, cols) = (side(&mut b, &h), side(&mut b, &w));
+    let patches = b.node("Mul", &[&rows, &cols], vec![]);
+    let patches = b.node("Unsqueeze", &[&patches, &zero], vec![]);
+    let batch = axis(&mut b, 0);
+    let four_i = b.init("four_i", tensor(INT64, &[], &[4.0]));
+    let batches = b.node("Mul", &[&batch, &four_i], vec![]);
+    let batches = b.node("Unsqueeze", &[&batches, &zero], vec![]);
+    let batch = b.node("Unsqueeze", &[&batch, &zero], vec![]);
+    let channels = b.init("channels", ints(&[8]));
+    let four = b.init("four", ints(&[4]));
+    let first = b.node("Concat", &[&batch, &channels, &patches, &four], vec![attr_int("axis", 0)]);
+    let unfolded = b.node("Reshape", &[&x, &first], vec![]);
+    let perm = b.node("Transpose", &[&unfolded], vec![attr_ints("perm", &[0, 3, 2, 1])]);
+    let rest = b.init("rest", ints(&[-1]));
+    let second = b.node("Concat", &[&batches, &patches, &rest], vec![attr_int("axis", 0)]);
+    let again = b.node("Reshape", &[&perm, &second], vec![]);
+    let n = "floor((1·$h + 1)/2)·floor((1·$w + 1)/2)";
+    assert_eq!(shape(&b, 17, &again).unwrap(), ["4·b", n, "8"]);
+
+    // Near-misses: a divisor that is no whole number, one computed at run
+    // time, and a difference that may be negative are not followed.
+    let half = b.init("two_and_a_half", tensor(FLOAT, &[], &[2.5]));
+    let not_whole = rounded(&mut b, &h, &half, "Ceil");
+    let wf = b.node("Cast", &[&w], vec![attr_int("to", FLOAT as i64)]);
+    let computed = rounded(&mut b, &h, &wf, "Ceil");
+    let ten = b.init("ten", tensor(INT64, &[], &[10.0]));
+    let less = b.node("Sub", &[&h, &ten], vec![]);
+    let negative = rounded(&mut b, &less, &two, "Floor");
+    for near in [not_whole, computed, negative] {
+        let ones = b.node("ConstantOfShape", &[&near], vec![]);
+        assert_eq!(shape(&b, 17, &ones).unwrap(), [format!("{ones}#0")], "{near}");
+    }
+}

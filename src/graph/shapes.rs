@@ -1218,7 +1218,11 @@ impl<'g, 'a> Shapes<'g, 'a> {
     fn elements(&self, value: &str, depth: usize) -> Option<Vec<Option<Dim>>> {
         let g = self.g;
         if let Some(t) = g.constant(value) {
-            return Some(t.ints()?.into_iter().map(|d| Some(Dim::known(d))).collect());
+            return match t.ints() {
+                Some(ints) => Some(ints.into_iter().map(|d| Some(Dim::known(d))).collect()),
+                // A float's whole numbers (the 2.0 of `math.ceil(h / 2.0) * 2.0`).
+                None => self.integral(value),
+            };
         }
         let unknown = || -> Option<Vec<Option<Dim>>> {
             match self.shape(value)?.as_slice() {
@@ -1287,13 +1291,24 @@ impl<'g, 'a> Shapes<'g, 'a> {
             // or more; a narrower one may wrap or round them.
             "Cast" if node.attr_int("to").and_then(|t| i32::try_from(t).ok()).is_some_and(crate::onnx::holds_sizes) => {
                 let source = arg(0);
+                let to_integer = node.attr_int("to").and_then(|t| i32::try_from(t).ok()).is_some_and(crate::onnx::is_integer);
                 match source {
                     Some(e) if e.iter().all(Option::is_some) => Some(e),
+                    // `int(h / p)`: a float quotient of sizes, truncated.
+                    _ if to_integer && self.quotient(&node.input[0], depth).is_some() => {
+                        self.rounded(&node.input[0], false, depth)
+                    }
                     // A float computed exactly from constants (DINOv2's grid
                     // side, `Cast(Pow(4.0, 0.5))`), integral: a number.
                     _ => self.integral(&node.input[0]).or(source),
                 }
             }
+            // `math.ceil(h / p)` and `math.floor(h / p)`; of an integral
+            // float (every element known is one), the same elements.
+            "Ceil" | "Floor" => match self.rounded(&node.input[0], node.is("Ceil"), depth) {
+                Some(e) => Some(e),
+                None => arg(0).filter(|e| e.iter().all(Option::is_some)),
+            },
             "Gather" if node.attr_int("axis").unwrap_or(0) == 0 => {
                 let data = arg(0)?;
                 let indices = g.constant(&node.input[1])?.ints()?;
@@ -1353,6 +1368,34 @@ impl<'g, 'a> Shapes<'g, 'a> {
 }
 
 impl Shapes<'_, '_> {
+    /// `p / c` in a float type, as torch traces `h / c` of a size: the
+    /// elements of p, each a size, and c, a whole number of at least 1 (the
+    /// divisor of a `Div` that is a constant).
+    fn quotient(&self, value: &str, depth: usize) -> Option<(Vec<Dim>, i64)> {
+        let g = self.g;
+        let node = g.node(g.producer(value)?);
+        if !node.is("Div") || g.elem_type(value).is_none_or(crate::onnx::is_integer) {
+            return None;
+        }
+        let c = g.scalar(node.input.get(1)?)?;
+        if c.fract() != 0.0 || !(1.0..=f64::from(1 << 24)).contains(&c) {
+            return None;
+        }
+        let p = self.elements(&node.input[0], depth + 1)?.into_iter().collect::<Option<Vec<Dim>>>()?;
+        p.iter().all(Dim::is_size).then_some((p, c as i64))
+    }
+
+    /// `quotient` rounded up or down. Exact: a float holds these sizes
+    /// exactly (`holds_sizes`), and the rounded quotient of two integers
+    /// below 2^24 is never the neighbouring integer, as the distance to it
+    /// is at least 1/c, more than half a float's step there. For a size,
+    /// truncating is rounding down.
+    fn rounded(&self, value: &str, up: bool, depth: usize) -> Option<Vec<Option<Dim>>> {
+        let (p, c) = self.quotient(value, depth)?;
+        let up = if up { c - 1 } else { 0 };
+        p.iter().map(|p| Some(floor_of(&p.add(&Dim::known(up))?, c))).collect()
+    }
+
     /// MatMul of matrices of rank 2 or more (1-D operands aside): the batch
     /// axes broadcast, then the rows of `a` and the columns of `b`.
     fn matmul(&self, value: &str, a: &[Dim], b: &[Dim]) -> Option<Vec<Dim>> {
