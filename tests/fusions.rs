@@ -103,9 +103,10 @@ pub const EXPORTS: &[(&str, &[(&str, usize)], f32)] = &[
     ("funnel_ts_op14.onnx", &[("layer-norm", 7)], 1e-9),
     // Dynamic convolution beside attention: its `x · softmax` is declined.
     ("convbert_ts_op14.onnx", &[("layer-norm", 5), ("attention", 2)], 1e-12),
-    // Transient-global attention (Einsums with an ellipsis, not a core):
+    // Transient-global attention: cores of Einsums with an ellipsis over
+    // blocks of the sequence padded to a multiple of 3 (`(-seq) % 3`);
     // the global tokens' RMSNorms read an Einsum's output.
-    ("longt5_ts_op17.onnx", &[("rms-norm", 7)], 1e-6),
+    ("longt5_ts_op17.onnx", &[("rms-norm", 7), ("attention", 2)], 1e-6),
     // Patches unfolded at a count computed in float (`math.ceil(h / 2)`):
     // the LayerNorms' last axis is proved, their gamma and beta inside.
     ("mobilevit_ts_op14.onnx", &[("layer-norm", 21), ("attention", 9)], 1e-5),

@@ -317,10 +317,10 @@ fn shapes_know_what_onnx_runtime_symbolic_inference_knows() {
     /// proves; MPT's ALiBi `alibi[..., 64 − seq:]` is seq long only where
     /// seq ≤ 64 (for 65 it is 1, and broadcasts); a hand-made near-miss
     /// whose declared shapes its ops contradict (onnx-fuse takes declared
-    /// numbers as given); LongT5's were 47, its blocks padded by `Pad`s whose
+    /// numbers as given). LongT5's were 47, its blocks padded by `Pad`s whose
     /// pads torch computes by reshaping, reversing and transposing a small
-    /// constant ([-1, 2] pairs): shape elements follow those now, and
-    /// its 3 left are Reshapes to a block count computed with `Mod`.
+    /// constant ([-1, 2] pairs), and Reshapes to a block count computed
+    /// with `Mod`: shape elements follow both now.
     /// Funnel's 9 are `x[:1]` of a symbolic axis (its class token kept
     /// apart), 1 long only where the axis is not empty (ORT assumes it).
     /// DeBERTa's are ORT's: it gives an If's output the then branch's rank
@@ -342,7 +342,6 @@ fn shapes_know_what_onnx_runtime_symbolic_inference_knows() {
         ("nm_rms_op18_no_axes.onnx", 4),
         ("deberta_ts_op14.onnx", 10),
         ("xlnet_ts_op14.onnx", 3),
-        ("longt5_ts_op17.onnx", 3),
     ];
     let mut problems = vec![];
     let (mut compared, mut pairs, mut assumed, mut stopped) = (0, 0, 0, 0);
@@ -1251,4 +1250,48 @@ fn a_size_divided_by_a_whole_number_and_rounded_is_a_floor() {
         let ones = b.node("ConstantOfShape", &[&near], vec![]);
         assert_eq!(shape(&b, 17, &ones).unwrap(), [format!("{ones}#0")], "{near}");
     }
+}
+
+/// LongT5 pads its sequence to whole blocks of 3 by `(-seq) % 3` (`Mod`,
+/// fmod 0: the divisor's sign), `3·floor((seq + 2)/3)` rows, and cuts its
+/// attention output back with `[:, :seq]`: the remainder is never negative,
+/// so the cut is seq long, and the block count `rows / 3` is one dimension.
+#[test]
+fn a_remainder_pads_to_whole_blocks_and_the_cut_back_is_the_sequence() {
+    let mut b = Builder::default();
+    let x = b.input("x", FLOAT, Some(&[sym("b"), sym("s"), D::N(4)]));
+    let shape_x = b.node("Shape", &[&x], vec![]);
+    let one = b.init("one", tensor(INT64, &[], &[1.0]));
+    let seq = b.node("Gather", &[&shape_x, &one], vec![]);
+    let minus = b.node("Neg", &[&seq], vec![]);
+    let three = b.init("three", tensor(INT64, &[], &[3.0]));
+    let zero = b.init("zero_axis", ints(&[0]));
+    let padded = |b: &mut Builder, divisor: &str, fmod: i64| {
+        let r = b.node("Mod", &[&minus, divisor], vec![attr_int("fmod", fmod)]);
+        let r = b.node("Unsqueeze", &[&r, &zero], vec![]);
+        let before = b.init(&format!("before_{fmod}_{divisor}"), ints(&[0, 0, 0, 0]));
+        let after = b.init(&format!("after_{fmod}_{divisor}"), ints(&[0]));
+        let pads = b.node("Concat", &[&before, &r, &after], vec![attr_int("axis", 0)]);
+        b.node("Pad", &[&x, &pads], vec![])
+    };
+    let blocks = padded(&mut b, &three, 0);
+    let rows = "3·floor((1·$s + 2)/3)";
+    assert_eq!(shape(&b, 17, &blocks).unwrap(), ["b", rows, "4"]);
+    let starts = b.init("starts", ints(&[0]));
+    let axes = b.init("axes", ints(&[1]));
+    let end = b.node("Unsqueeze", &[&seq, &zero], vec![]);
+    let cut = b.node("Slice", &[&blocks, &starts, &end, &axes], vec![]);
+    assert_eq!(shape(&b, 17, &cut).unwrap(), ["b", "s", "4"]);
+
+    // Near-misses: a remainder with the dividend's sign (fmod 1: negative
+    // here) and one by a negative divisor pad by what may be a crop; a cut
+    // one row longer than the sequence is not the sequence.
+    let minus_three = b.init("minus_three", tensor(INT64, &[], &[-3.0]));
+    for near in [padded(&mut b, &three, 1), padded(&mut b, &minus_three, 0)] {
+        assert_eq!(shape(&b, 17, &near).unwrap()[1], format!("{near}#1"));
+    }
+    let longer = b.node("Add", &[&seq, &one], vec![]);
+    let longer = b.node("Unsqueeze", &[&longer, &zero], vec![]);
+    let long_cut = b.node("Slice", &[&blocks, &starts, &longer, &axes], vec![]);
+    assert_ne!(shape(&b, 17, &long_cut).unwrap()[1], "s");
 }

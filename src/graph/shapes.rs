@@ -56,6 +56,9 @@ pub struct Memo {
     /// Atoms that stand for a broadcast no derivation could tell, with the
     /// dimensions that met there (`Shapes::broadcast_axis`).
     broadcasts: RefCell<HashMap<String, Vec<Dim>>>,
+    /// Remainders by a positive number (`Mod`): at least 0, though their
+    /// polynomials subtract (`3·floor((seq + 2)/3) − seq`), by key.
+    remainders: RefCell<HashSet<String>>,
     /// The merged output shapes of each If (by node), derived together.
     ifs: RefCell<HashMap<usize, Vec<Option<Vec<Dim>>>>>,
 }
@@ -1031,11 +1034,18 @@ impl<'g, 'a> Shapes<'g, 'a> {
         Dim::atom(name)
     }
 
+    /// A size, or a remainder by a positive number whatever its
+    /// polynomial's signs (LongT5's blocks: `(-seq) % 3` is
+    /// `3·floor((seq + 2)/3) − seq`, so `seq ≤ 3·floor((seq + 2)/3)`).
+    fn never_negative(&self, d: &Dim) -> bool {
+        d.is_size() || self.memo.remainders.borrow().contains(&d.key())
+    }
+
     /// `a ≤ b` in every run: `b - a` is a size, or b is a number n and the
     /// run has proved `min(e, m) = e` (`required_equalities`) for an e of
     /// at least a and an m of at most n.
     fn proved_at_most(&self, a: &Dim, b: &Dim) -> bool {
-        if b.sub(a).is_some_and(|d| d.is_size()) {
+        if b.sub(a).is_some_and(|d| self.never_negative(&d)) {
             return true;
         }
         let Some(n) = b.value() else { return false };
@@ -1180,7 +1190,11 @@ impl<'g, 'a> Shapes<'g, 'a> {
             _ => Some(
                 self.elements(value, 0)?
                     .into_iter()
-                    .map(|d| d.filter(|d| d.value().is_some() || d.is_size() || self.upstream_length(value, d)))
+                    .map(|d| {
+                        d.filter(|d| {
+                            d.value().is_some() || self.never_negative(d) || self.upstream_length(value, d)
+                        })
+                    })
                     .collect(),
             ),
         }
@@ -1244,7 +1258,7 @@ impl<'g, 'a> Shapes<'g, 'a> {
             _ => None,
         };
         let of_rank = |v: &str| self.shape(v).map(|s| s.len());
-        let positional = ["Concat", "Gather", "Slice", "Add", "Sub", "Mul", "Div", "Equal", "Where"];
+        let positional = ["Concat", "Gather", "Slice", "Add", "Sub", "Mul", "Div", "Mod", "Equal", "Where"];
         if positional.contains(&node.op_type()) && node.input.iter().any(|v| of_rank(v).is_some_and(|r| r >= 2)) {
             return match (node.op_type(), rows(0)) {
                 // torch's F.pad turns its pads into ONNX's order as
@@ -1332,6 +1346,19 @@ impl<'g, 'a> Shapes<'g, 'a> {
                 let integer = g.elem_type(value).is_some_and(crate::onnx::is_integer);
                 elementwise(&[arg(0)?, arg(1)?], |e| match e {
                     [Some(a), Some(b)] => arithmetic(op, a, b, integer),
+                    _ => None,
+                })
+            }
+            // Of integers by a positive number, the remainder with the
+            // divisor's sign (fmod 0): a − c·floor(a / c).
+            "Mod" if node.attr_int("fmod").unwrap_or(0) == 0 && g.elem_type(value).is_some_and(crate::onnx::is_integer) => {
+                elementwise(&[arg(0)?, arg(1)?], |e| match e {
+                    [Some(a), Some(c)] => {
+                        let c = c.value().filter(|&c| c > 0)?;
+                        let rest = a.sub(&floor_of(a, c)?.mul(&Dim::known(c))?)?;
+                        self.memo.remainders.borrow_mut().insert(rest.key());
+                        Some(rest)
+                    }
                     _ => None,
                 })
             }
@@ -1618,7 +1645,15 @@ fn floor_of(p: &Dim, s: i64) -> Option<Dim> {
             let inner = atoms.key();
             (inner.len() <= MAX_NAME).then(|| Dim::atom(format!("floor(({inner})/{s})")))?
         }
-        None => return None,
+        // Of r − D, D a dimension: −ceil((D − r) / s), the floor of
+        // D − r + s − 1 negated (torch's `(-len) % block`).
+        None => {
+            let d = atoms.neg()?;
+            if !d.add(&Dim::known(r))?.is_dimension() {
+                return None;
+            }
+            floor_of(&d.add(&Dim::known(s - 1))?, s)?.neg()?
+        }
     };
     whole.add(&floor)?.add(&Dim::known(q))
 }
