@@ -649,6 +649,40 @@ fn fused_matmul_scores_with_their_alpha_are_a_core() {
     assert!(why.iter().any(|r| r.contains("transposes q (transA)")), "{why:?}");
 }
 
+/// yobx's local attention once its scores are fused: `FusedMatMul(q, key,
+/// alpha, transB = 1)` plus a boolean mask made additive,
+/// `Where(mask, 0, -inf)`, and the NaN guard of rows the mask hides
+/// whole, `Where(IsNaN(p), 0, p)`, before the product with v.
+#[test]
+fn a_masked_fused_matmul_core_with_its_nan_guard_is_a_core() {
+    let mut b = Builder::default();
+    for v in ["q", "key", "v"] {
+        b.input(v, FLOAT, Some(&dims(&[2, 2, 3, 3])));
+    }
+    b.input("mask", BOOL, Some(&dims(&[2, 1, 3, 3])));
+    let s = b.node("FusedMatMul", &["q", "key"], vec![attr_float("alpha", 0.35), attr_int("transB", 1)]);
+    b.graph.node.last_mut().unwrap().domain = Some("com.microsoft".into());
+    let zero = b.init("zero", tensor(FLOAT, &[1], &[0.0]));
+    let hidden = b.init("minus_infinity", tensor(FLOAT, &[1], &[f64::NEG_INFINITY]));
+    let bias = b.node("Where", &["mask", &zero, &hidden], vec![]);
+    let s = b.node("Add", &[&s, &bias], vec![]);
+    let p = b.node("Softmax", &[&s], vec![attr_int("axis", -1)]);
+    let nan = b.node("IsNaN", &[&p], vec![]);
+    let p = b.node("Where", &[&nan, &zero, &p], vec![]);
+    b.node_to("MatMul", &[&p, "v"], &["out"], vec![]);
+    b.output("out", FLOAT, None);
+    let mut model = b.model(18);
+    model
+        .opset_import
+        .push(onnx_fuse::onnx::OperatorSetIdProto { domain: Some("com.microsoft".into()), version: Some(1) });
+    let (n, why, fused) = attention(&model);
+    assert_eq!(n, 1, "{why:?}");
+    let node = fused.graph.as_ref().unwrap().node.iter().find(|n| n.op_type() == "AttentionCore").unwrap();
+    assert_eq!(node.overload(), "fused_matmul.add.softmax.nan_guard");
+    assert_eq!(node.attr_float("alpha"), Some(0.35));
+    assert_equivalent(&model, &fused, "masked fused_matmul");
+}
+
 /// Keras's attention as tf2onnx writes it: `einsum(key, query)` over the
 /// head axis into (batch, heads, query, key), scaled and masked, the
 /// probabilities' `Einsum` with the value back to (batch, query, heads,
