@@ -98,9 +98,12 @@ pub const EXPORTS: &[(&str, &[(&str, usize)], f32)] = &[
     // (tests/rotary.rs); the exporter writes LayerNormalization.
     ("gptj_ts_op17.onnx", &[("attention", 2)], 1e-5),
     ("gptj_optimum_past.onnx", &[("attention", 2)], 1e-5),
-    // Relative attention (its scores a sum of three products, no core);
-    // pooled blocks (ceil_mode) before the residual norms.
-    ("funnel_ts_op14.onnx", &[("layer-norm", 7)], 1e-9),
+    // Relative attention, its scores a sum of three terms: the position
+    // term cut from `seq + 7` relative positions (`arange(7, -seq, -1)`,
+    // its bounds `pos[0]` and `pos[-1]` of `arange(seq)`); the third
+    // block's positions are pooled twice and stay. Pooled blocks
+    // (ceil_mode) before the residual norms.
+    ("funnel_ts_op14.onnx", &[("layer-norm", 7), ("attention", 2)], 1e-9),
     // Dynamic convolution beside attention: its `x · softmax` is declined.
     ("convbert_ts_op14.onnx", &[("layer-norm", 5), ("attention", 2)], 1e-12),
     // Transient-global attention: cores of Einsums with an ellipsis over

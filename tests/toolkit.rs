@@ -1295,3 +1295,60 @@ fn a_remainder_pads_to_whole_blocks_and_the_cut_back_is_the_sequence() {
     let long_cut = b.node("Slice", &[&blocks, &starts, &longer, &axes], vec![]);
     assert_ne!(shape(&b, 17, &long_cut).unwrap()[1], "s");
 }
+
+/// Funnel's relative positions `arange(max_dist, min_dist - 1, -1)`: their
+/// bounds are elements of vectors whose length is the sequence's, `pos[0]`
+/// and `pos[-1]` of `pos = arange(seq)` (0 and seq − 1, where the Gather
+/// runs) and the head of `cat([-1.0], pos[1:-1])` (-1), so there are
+/// `seq + 8` of them.
+#[test]
+fn an_element_of_a_vector_of_unknown_length_is_known_from_its_ends() {
+    let mut b = Builder::default();
+    let x = b.input("x", FLOAT, Some(&[sym("b"), sym("s"), D::N(4)]));
+    let shape_x = b.node("Shape", &[&x], vec![]);
+    let index = |b: &mut Builder, i: i64| b.init(&format!("index{i}"), tensor(INT64, &[], &[i as f64]));
+    let one = index(&mut b, 1);
+    let seq = b.node("Gather", &[&shape_x, &one], vec![]);
+    let zero = index(&mut b, 0);
+    let range = b.node("Range", &[&zero, &seq, &one], vec![]);
+    let pos = b.node("Cast", &[&range], vec![attr_int("to", FLOAT as i64)]);
+    let last = index(&mut b, -1);
+    let first_pos = b.node("Gather", &[&pos, &zero], vec![]);
+    let last_pos = b.node("Gather", &[&pos, &last], vec![]);
+    let (starts, ends, axes) = (b.init("starts", ints(&[1])), b.init("ends", ints(&[-1])), b.init("axes", ints(&[0])));
+    let inner = b.node("Slice", &[&pos, &starts, &ends, &axes], vec![]);
+    let cls = b.init("cls", tensor(FLOAT, &[1], &[-1.0]));
+    let pooled = b.node("Concat", &[&cls, &inner], vec![attr_int("axis", 0)]);
+    let head = b.node("Gather", &[&pooled, &zero], vec![]);
+    let float = |b: &mut Builder, name: &str, v: f64| b.init(name, tensor(FLOAT, &[], &[v]));
+    let (eight, unit) = (float(&mut b, "eight", 8.0), float(&mut b, "unit", 1.0));
+    let shift = b.node("Sub", &[&head, &first_pos], vec![]);
+    let start = b.node("Add", &[&shift, &eight], vec![]);
+    let start = b.node("Cast", &[&start], vec![attr_int("to", INT64 as i64)]);
+    let span = b.node("Sub", &[&head, &last_pos], vec![]);
+    let limit = b.node("Sub", &[&span, &unit], vec![]);
+    let limit = b.node("Cast", &[&limit], vec![attr_int("to", INT64 as i64)]);
+    let relative = b.node("Range", &[&start, &limit, &last], vec![]);
+    assert_eq!(shape(&b, 17, &relative).unwrap(), ["s + 8"]);
+
+    // Near-misses: an element past the Concat's known head (it is inner's
+    // first, which this rule does not follow through a Slice), and the
+    // last element of a Range by a step that is no whole number.
+    let second = b.node("Gather", &[&pooled, &one], vec![]);
+    let second = b.node("Cast", &[&second], vec![attr_int("to", INT64 as i64)]);
+    let beyond = b.node("Range", &[&zero, &second, &one], vec![]);
+    assert_eq!(shape(&b, 17, &beyond).unwrap(), [format!("{beyond}#0")]);
+    let half = float(&mut b, "half", 0.5);
+    let zero_f = float(&mut b, "zero_f", 0.0);
+    let seq_f = b.node("Cast", &[&seq], vec![attr_int("to", FLOAT as i64)]);
+    let halves = b.node("Range", &[&zero_f, &seq_f, &half], vec![]);
+    let halves_last = b.node("Gather", &[&halves, &last], vec![]);
+    let halves_last = b.node("Cast", &[&halves_last], vec![attr_int("to", INT64 as i64)]);
+    let from_halves = b.node("Range", &[&zero, &halves_last, &one], vec![]);
+    assert_eq!(shape(&b, 17, &from_halves).unwrap(), [format!("{from_halves}#0")]);
+
+    // The shape of a value of unknown rank is a vector.
+    let y = b.input("y", FLOAT, None);
+    let shape_y = b.node("Shape", &[&y], vec![]);
+    assert_eq!(shape(&b, 17, &shape_y).unwrap(), [format!("{shape_y}#0")]);
+}

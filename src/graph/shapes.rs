@@ -755,8 +755,10 @@ impl<'g, 'a> Shapes<'g, 'a> {
                 let n = if trans("transB") { b0 } else { b1 };
                 vec![m, n]
             }
+            // A vector, also of a value whose rank is unknown.
             "Shape" => {
-                let r = input(0)?.len() as i64;
+                let Some(x) = input(0) else { return Some(opaque(1)) };
+                let r = x.len() as i64;
                 let clamp = |a: i64| if a < 0 { (a + r).max(0) } else { a.min(r) };
                 let (start, end) =
                     (clamp(node.attr_int("start").unwrap_or(0)), clamp(node.attr_int("end").unwrap_or(r)));
@@ -1061,6 +1063,44 @@ impl<'g, 'a> Shapes<'g, 'a> {
     /// for a step of 1 or -1: `limit` for the common `Range(0, n, 1)`, `seq`
     /// for a cache's positions `Range(past, past + seq, 1)`; else computed
     /// from numbers.
+    /// Element `i` of a 1-D value whose length may be unknown, where a
+    /// Gather of it runs (so `i` is within it; a negative `i` counts from
+    /// the end), through Casts to types that hold sizes: of a `Range` of
+    /// whole numbers `start + i·delta` (Funnel's `pos[0]` and `pos[-1]` of
+    /// `arange(seq)` are 0 and `seq − 1`); of a `Concat`, the element of
+    /// its first part (its last, from the end) where that part has it
+    /// (Funnel's pooled positions `cat([-1.0], pos[1:-1:2])[0]` are -1).
+    fn element_at(&self, value: &str, i: i64, depth: usize) -> Option<Dim> {
+        let g = self.g;
+        let node = g.node(g.producer(value)?);
+        if !crate::onnx::is_default_domain(node.domain()) || depth >= MAX_DEPTH {
+            return None;
+        }
+        match node.op_type() {
+            "Identity" => self.element_at(node.input.first()?, i, depth + 1),
+            "Cast" if node.attr_int("to").and_then(|t| i32::try_from(t).ok()).is_some_and(crate::onnx::holds_sizes) => {
+                self.element_at(node.input.first()?, i, depth + 1)
+            }
+            "Concat" if node.attr_int("axis").is_some_and(|a| a == 0 || a == -1) => {
+                let part = if i >= 0 { node.input.first() } else { node.input.last() }?;
+                let known = self.elements(part, depth + 1)?;
+                let n = i64::try_from(known.len()).ok()?;
+                known.get(usize::try_from(if i >= 0 { i } else { n + i }).ok()?)?.clone()
+            }
+            "Range" => {
+                let start = self.scalar(node.input.first()?)?;
+                let delta = g.scalar(node.input.get(2)?);
+                let delta = delta.filter(|d| d.fract() == 0.0 && *d != 0.0 && d.abs() < 2f64.powi(31))?;
+                let steps = match i {
+                    0.. => Dim::known(i),
+                    _ => self.range_length(node)?.add(&Dim::known(i))?,
+                };
+                start.add(&steps.mul(&Dim::known(delta as i64))?)
+            }
+            _ => None,
+        }
+    }
+
     fn range_length(&self, node: &crate::onnx::NodeProto) -> Option<Dim> {
         let g = self.g;
         let delta = g.scalar(node.input.get(2)?)?;
@@ -1324,9 +1364,16 @@ impl<'g, 'a> Shapes<'g, 'a> {
                 None => arg(0).filter(|e| e.iter().all(Option::is_some)),
             },
             "Gather" if node.attr_int("axis").unwrap_or(0) == 0 => {
-                let data = arg(0)?;
                 let indices = g.constant(&node.input[1])?.ints()?;
-                indices.iter().map(|&i| data.get(normalize(i, data.len())?).cloned()).collect()
+                match arg(0) {
+                    Some(data) => indices.iter().map(|&i| data.get(normalize(i, data.len())?).cloned()).collect(),
+                    // Of a vector whose length is unknown: its elements
+                    // from the end or the start, each where it is known.
+                    None if of_rank(&node.input[0]) == Some(1) => {
+                        Some(indices.iter().map(|&i| self.element_at(&node.input[0], i, depth + 1)).collect())
+                    }
+                    None => None,
+                }
             }
             "Slice" => {
                 let data = arg(0)?;
