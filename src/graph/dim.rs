@@ -68,6 +68,25 @@ impl Dim {
         }
     }
 
+    /// `(atom, a, c)` where the dimension is `a · atom + c`.
+    pub(super) fn linear(&self) -> Option<(&str, i64, i64)> {
+        let (with, number): (Vec<&Term>, Vec<&Term>) = self.terms.iter().partition(|t| !t.atoms.is_empty());
+        match (with.as_slice(), number.as_slice()) {
+            ([t], rest) if t.atoms.len() == 1 => Some((t.atoms[0].as_str(), t.coef, rest.first().map_or(0, |c| c.coef))),
+            _ => None,
+        }
+    }
+
+    /// The least it can be where each atom is at least `bound(atom)` (at
+    /// least 0): none where a term with atoms is subtracted.
+    pub(super) fn least(&self, bound: impl Fn(&str) -> i64) -> Option<i64> {
+        self.terms.iter().try_fold(0i64, |sum, t| {
+            let term = t.atoms.iter().try_fold(t.coef, |p, a| p.checked_mul(bound(a).max(0)))?;
+            (t.atoms.is_empty() || t.coef > 0).then_some(())?;
+            sum.checked_add(term)
+        })
+    }
+
     /// Every atom it names (an atom of several terms more than once).
     pub(super) fn atoms(&self) -> impl Iterator<Item = &String> {
         self.terms.iter().flat_map(|t| &t.atoms)

@@ -56,6 +56,10 @@ pub struct Memo {
     /// Atoms that stand for a broadcast no derivation could tell, with the
     /// dimensions that met there (`Shapes::broadcast_axis`).
     broadcasts: RefCell<HashMap<String, Vec<Dim>>>,
+    /// Atoms the run proves at least some number (more than 0): an element
+    /// of a live `ConstantOfShape` is at least 0, and a live Gather's
+    /// constant index is within its axis (`Shapes::required_bounds`).
+    lower: RefCell<HashMap<String, i64>>,
     /// Remainders by a positive number (`Mod`): at least 0, though their
     /// polynomials subtract (`3·floor((seq + 2)/3) − seq`), by key.
     remainders: RefCell<HashSet<String>>,
@@ -188,8 +192,52 @@ impl<'g, 'a> Shapes<'g, 'a> {
                 }
                 found |= self.unify(a, b);
             }
+            for (d, least) in self.required_bounds(node) {
+                found |= self.raise_bound(&self.resolve(d), least);
+            }
         }
         Some(found)
+    }
+
+    /// `(d, n)` where node, run, proves `d ≥ n`: each element of a
+    /// `ConstantOfShape`'s shape is at least 0 (Funnel's cls mask
+    /// `torch.ones(seq − 1, seq − 1)`: seq ≥ 1), and the axis a Gather
+    /// takes constant indices from holds each (`pos[-1]`: at least 1).
+    fn required_bounds(&self, node: &NodeProto) -> Vec<(Dim, i64)> {
+        match node.op_type() {
+            "ConstantOfShape" => match self.elements(&node.input[0], 0) {
+                Some(e) => e.into_iter().flatten().map(|d| (d, 0)).collect(),
+                None => vec![],
+            },
+            "Gather" => {
+                let data = node.input.first().and_then(|v| self.shape(v));
+                let indices = node.input.get(1).and_then(|v| self.g.constant(v)).and_then(|t| t.ints());
+                let (Some(data), Some(indices)) = (data, indices) else { return vec![] };
+                let axis = normalize(node.attr_int("axis").unwrap_or(0), data.len());
+                let Some(len) = axis.map(|a| data[a].clone()) else { return vec![] };
+                indices.iter().map(|&i| (len.clone(), if i >= 0 { i.saturating_add(1) } else { i.saturating_neg() })).collect()
+            }
+            _ => vec![],
+        }
+    }
+
+    /// Records `d ≥ n` where d is `a · atom + c` (a > 0) as a bound on the
+    /// atom; whether it raised one.
+    fn raise_bound(&self, d: &Dim, n: i64) -> bool {
+        let Some((atom, a, c)) = d.linear().filter(|(_, a, _)| *a > 0) else { return false };
+        // a · atom ≥ n − c, so atom ≥ ceil((n − c) / a).
+        let Some(need) = n.checked_sub(c).map(|m| m.div_euclid(a) + i64::from(m.rem_euclid(a) != 0)) else {
+            return false;
+        };
+        let mut lower = self.memo.lower.borrow_mut();
+        match lower.get(atom) {
+            Some(&have) if have >= need => false,
+            _ if need <= 0 => false,
+            _ => {
+                lower.insert(atom.to_string(), need);
+                true
+            }
+        }
     }
 
     /// `(min(e, n), e)` for each axis of a broadcast where both meet and
@@ -796,6 +844,7 @@ impl<'g, 'a> Shapes<'g, 'a> {
                         let lengths = axes.iter().zip(bounds).map(|(&axis, ((&start, &end), &step))| {
                             let axis = normalize(axis, x.len())?;
                             let length = slice_length(&x[axis], start, end, step)
+                                .or_else(|| self.bounded_slice_length(&x[axis], start, end, step))
                                 .or_else(|| self.cut_length(&node.input[0], &x[axis], start, end, step));
                             Some((axis, length))
                         });
@@ -1036,11 +1085,37 @@ impl<'g, 'a> Shapes<'g, 'a> {
         Dim::atom(name)
     }
 
-    /// A size, or a remainder by a positive number whatever its
-    /// polynomial's signs (LongT5's blocks: `(-seq) % 3` is
-    /// `3·floor((seq + 2)/3) − seq`, so `seq ≤ 3·floor((seq + 2)/3)`).
+    /// A size; a remainder by a positive number whatever its polynomial's
+    /// signs (LongT5's blocks: `(-seq) % 3` is `3·floor((seq + 2)/3) − seq`,
+    /// so `seq ≤ 3·floor((seq + 2)/3)`); or a sum whose atoms' bounds the
+    /// run proves make it at least 0 (`seq − 1` where seq ≥ 1).
     fn never_negative(&self, d: &Dim) -> bool {
-        d.is_size() || self.memo.remainders.borrow().contains(&d.key())
+        let lower = self.memo.lower.borrow();
+        d.is_size()
+            || self.memo.remainders.borrow().contains(&d.key())
+            || d.least(|atom| lower.get(atom).copied().unwrap_or(0)).is_some_and(|n| n >= 0)
+    }
+
+    /// `[start : end]` by 1 of an axis of symbolic length `len`, from
+    /// `start ≥ 0`, where the bounds the run proves keep it within the axis
+    /// (`required_bounds`): to the end (or to `end < 0` from it), what is
+    /// left where that is never negative; to `end ≥ start`, `end − start`
+    /// where `len ≥ end`. Funnel's class token `x[:, :1]` and the rest
+    /// `x[:, 1:]` of a sequence of at least 1 are 1 and `seq − 1` long.
+    fn bounded_slice_length(&self, len: &Dim, start: i64, end: i64, step: i64) -> Option<Dim> {
+        if step != 1 || start < 0 || len.value().is_some() {
+            return None;
+        }
+        let kept = match end {
+            e if e >= i64::MAX / 2 => len.sub(&Dim::known(start))?,
+            e if e >= start => {
+                let within = self.never_negative(&len.sub(&Dim::known(e))?);
+                within.then(|| Dim::known(e - start))?
+            }
+            e if e < 0 && e > i64::MIN / 2 => len.add(&Dim::known(e))?.sub(&Dim::known(start))?,
+            _ => return None,
+        };
+        self.never_negative(&kept).then_some(kept)
     }
 
     /// `a ≤ b` in every run: `b - a` is a size, or b is a number n and the
