@@ -60,6 +60,8 @@ pub struct Memo {
     /// of a live `ConstantOfShape` is at least 0, and a live Gather's
     /// constant index is within its axis (`Shapes::required_bounds`).
     lower: RefCell<HashMap<String, i64>>,
+    /// The floors `floor_of` named: what each is the floor of, and by what.
+    floors: RefCell<HashMap<String, (Dim, i64)>>,
     /// Remainders by a positive number (`Mod`): at least 0, though their
     /// polynomials subtract (`3·floor((seq + 2)/3) − seq`), by key.
     remainders: RefCell<HashSet<String>>,
@@ -757,7 +759,7 @@ impl<'g, 'a> Shapes<'g, 'a> {
                 }
                 let spatial = (2..x.len()).map(|i| {
                     w[i].value()
-                        .and_then(|k| conv_length(node, i - 2, x.len() - 2, &x[i], k))
+                        .and_then(|k| conv_length(node, i - 2, x.len() - 2, &x[i], k, &self.memo.floors))
                         .unwrap_or_else(|| Dim::atom(format!("{value}#{i}")))
                 });
                 [x[0].clone(), w[0].clone()].into_iter().chain(spatial).collect()
@@ -771,7 +773,7 @@ impl<'g, 'a> Shapes<'g, 'a> {
                     return None;
                 }
                 let spatial = (2..x.len()).map(|i| {
-                    conv_length(node, i - 2, x.len() - 2, &x[i], kernel[i - 2])
+                    conv_length(node, i - 2, x.len() - 2, &x[i], kernel[i - 2], &self.memo.floors)
                         .unwrap_or_else(|| Dim::atom(format!("{value}#{i}")))
                 });
                 [x[0].clone(), x[1].clone()].into_iter().chain(spatial).collect()
@@ -1090,10 +1092,22 @@ impl<'g, 'a> Shapes<'g, 'a> {
     /// so `seq ≤ 3·floor((seq + 2)/3)`); or a sum whose atoms' bounds the
     /// run proves make it at least 0 (`seq − 1` where seq ≥ 1).
     fn never_negative(&self, d: &Dim) -> bool {
-        let lower = self.memo.lower.borrow();
         d.is_size()
             || self.memo.remainders.borrow().contains(&d.key())
-            || d.least(|atom| lower.get(atom).copied().unwrap_or(0)).is_some_and(|n| n >= 0)
+            || d.least(|atom| self.least(atom, 0)).is_some_and(|n| n >= 0)
+    }
+
+    /// The least an atom is: its bound where the run proves one; for a
+    /// floor, the floor of the least of what it is the floor of (the
+    /// pooled `floor((seq + 1)/2)` is at least 1 where seq is).
+    fn least(&self, atom: &str, depth: usize) -> i64 {
+        let proved = self.memo.lower.borrow().get(atom).copied().unwrap_or(0);
+        let floors = self.memo.floors.borrow();
+        let of_floor = match floors.get(atom) {
+            Some((p, s)) if depth < MAX_DEPTH => p.least(|a| self.least(a, depth + 1)).map_or(0, |n| n.div_euclid(*s)),
+            _ => 0,
+        };
+        proved.max(of_floor)
     }
 
     /// `[start : end]` by 1 of an axis of symbolic length `len`, from
@@ -1477,7 +1491,7 @@ impl<'g, 'a> Shapes<'g, 'a> {
                 elementwise(&[arg(0)?, arg(1)?], |e| match e {
                     [Some(a), Some(c)] => {
                         let c = c.value().filter(|&c| c > 0)?;
-                        let rest = a.sub(&floor_of(a, c)?.mul(&Dim::known(c))?)?;
+                        let rest = a.sub(&floor_of(a, c, &self.memo.floors)?.mul(&Dim::known(c))?)?;
                         self.memo.remainders.borrow_mut().insert(rest.key());
                         Some(rest)
                     }
@@ -1542,7 +1556,7 @@ impl Shapes<'_, '_> {
     fn rounded(&self, value: &str, up: bool, depth: usize) -> Option<Vec<Option<Dim>>> {
         let (p, c) = self.quotient(value, depth)?;
         let up = if up { c - 1 } else { 0 };
-        p.iter().map(|p| Some(floor_of(&p.add(&Dim::known(up))?, c))).collect()
+        p.iter().map(|p| Some(floor_of(&p.add(&Dim::known(up))?, c, &self.memo.floors))).collect()
     }
 
     /// MatMul of matrices of rank 2 or more (1-D operands aside): the batch
@@ -1705,7 +1719,14 @@ pub fn slice_indices(start: i64, end: i64, step: i64, len: i64) -> Vec<i64> {
 /// starting in the trailing pad (ONNX Runtime, torch) drop none. A length
 /// that is no number gives a polynomial (stride 1) or `floor_of` one; a
 /// run where it is not at least 1 fails.
-fn conv_length(node: &crate::onnx::NodeProto, i: usize, n: usize, len: &Dim, kernel: i64) -> Option<Dim> {
+fn conv_length(
+    node: &crate::onnx::NodeProto,
+    i: usize,
+    n: usize,
+    len: &Dim,
+    kernel: i64,
+    floors: &Floors,
+) -> Option<Dim> {
     let at = |name: &str, default: i64| node.attr_ints(name).map_or(Some(default), |v| v.get(i).copied());
     let (stride, dilation) = (at("strides", 1)?, at("dilations", 1)?);
     if stride <= 0 || dilation <= 0 || kernel <= 0 || len.value().is_some_and(|l| l <= 0) {
@@ -1738,16 +1759,19 @@ fn conv_length(node: &crate::onnx::NodeProto, i: usize, n: usize, len: &Dim, ker
         }
         _ => return None,
     };
-    let out = floor_of(&len.add(&Dim::known(c))?, stride)?.add(&Dim::known(plus))?;
+    let out = floor_of(&len.add(&Dim::known(c))?, stride, floors)?.add(&Dim::known(plus))?;
     (out.value().is_none_or(|o| o > 0)).then_some(out)
 }
+
+/// The floors named so far, by name: what each is the floor of, and by what.
+type Floors = RefCell<HashMap<String, (Dim, i64)>>;
 
 /// `floor(p / s)` for s ≥ 1: computed for a number; for a polynomial, its
 /// terms divisible by s divided, and the rest an atom `floor((rest)/s)`
 /// with a constant in [0, s) (its multiples of s taken out), so that one
 /// length written two ways (SEW's pooled and convolved sequences) is one
 /// dimension.
-fn floor_of(p: &Dim, s: i64) -> Option<Dim> {
+fn floor_of(p: &Dim, s: i64, floors: &Floors) -> Option<Dim> {
     if s == 1 {
         return Some(p.clone());
     }
@@ -1765,7 +1789,9 @@ fn floor_of(p: &Dim, s: i64) -> Option<Dim> {
         Some(_) => Dim::known(0),
         None if atoms.is_dimension() => {
             let inner = atoms.key();
-            (inner.len() <= MAX_NAME).then(|| Dim::atom(format!("floor(({inner})/{s})")))?
+            let name = (inner.len() <= MAX_NAME).then(|| format!("floor(({inner})/{s})"))?;
+            floors.borrow_mut().entry(name.clone()).or_insert((atoms, s));
+            Dim::atom(name)
         }
         // Of r − D, D a dimension: −ceil((D − r) / s), the floor of
         // D − r + s − 1 negated (torch's `(-len) % block`).
@@ -1774,7 +1800,7 @@ fn floor_of(p: &Dim, s: i64) -> Option<Dim> {
             if !d.add(&Dim::known(r))?.is_dimension() {
                 return None;
             }
-            floor_of(&d.add(&Dim::known(s - 1))?, s)?.neg()?
+            floor_of(&d.add(&Dim::known(s - 1))?, s, floors)?.neg()?
         }
     };
     whole.add(&floor)?.add(&Dim::known(q))
