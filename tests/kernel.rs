@@ -1414,6 +1414,40 @@ fn onnx_runtimes_pools_rounded_up_start_every_window_inside() {
     }
 }
 
+/// A pool's window longer than its input (no ceil_mode): ONNX Runtime
+/// truncates the negative quotient, `(len − kernel) / stride + 1`, and
+/// keeps one window where the floor would give none (kernel 2 over one
+/// element: 1, not floor(1 / 2) = 0), so the floor is a pool's length only
+/// where the input is proved at least its window (shapes.rs).
+#[test]
+fn onnx_runtimes_pools_keep_one_window_over_an_input_shorter_than_it() {
+    let here = std::path::Path::new(".");
+    let shape_is = |len: i64, expected: i64| {
+        let model = |pool: bool| {
+            let mut b = Builder::default();
+            let x = b.input("x", FLOAT, Some(&[D::N(1), D::N(1), sym("len")]));
+            if pool {
+                let attributes = vec![attr_ints("kernel_shape", &[2]), attr_ints("strides", &[2])];
+                let y = b.node("AveragePool", &[&x], attributes);
+                b.node_to("Shape", &[&y], &["n"], vec![]);
+            } else {
+                let n = b.init("expected", tensor(INT64, &[3], &[1.0, 1.0, expected as f64]));
+                b.node_to("Identity", &[&n], &["n"], vec![]);
+            }
+            b.output("n", INT64, None);
+            b.model(17)
+        };
+        let options = verify::Options { dims: [("len".to_string(), len)].into(), ..Default::default() };
+        let v = verify::verify((&model(true), here), (&model(false), here), &options).unwrap();
+        v.outputs.iter().all(|c| c.passed)
+    };
+    assert!(shape_is(1, 1), "kernel 2 over one element: one window");
+    assert!(!shape_is(1, 0), "not floor(1 / 2)");
+    for len in 2..=9 {
+        assert!(shape_is(len, len / 2), "kernel 2, stride 2, len {len}: floor(len / 2)");
+    }
+}
+
 /// `core(4)` whose mask's last axis is a length of its own, `m`, not
 /// proved the key's (GPT-J's causal mask is sized by the attention mask
 /// and sliced at the key's length); feeds of mask `[1, 1, 3, m]`.

@@ -719,9 +719,17 @@ fn conv_flatten_tile_and_einsum_shapes() {
 fn convolved_and_pooled_lengths_of_a_symbolic_length_are_one_dimension() {
     // SEW: a sequence of len frames, convolved (kernel 16, pads 8, stride
     // 2: floor(len / 2) + 1) and cut by one (`[..., :-1]`), and pooled
-    // (kernel 2, stride 2: floor((len - 2) / 2) + 1): both floor(len / 2).
+    // (kernel 2, stride 2: floor((len - 2) / 2) + 1): both floor(len / 2)
+    // where len ≥ 2, which the run proves here (a Gather of x's second
+    // frame). At len = 1 ONNX Runtime's pool keeps one window
+    // (tests/kernel.rs), and the cut none.
     let mut b = Builder::default();
     let x = b.input("x", FLOAT, Some(&[sym("b"), D::N(4), sym("len")]));
+    let unproved = b.node("AveragePool", &[&x], vec![attr_ints("kernel_shape", &[2]), attr_ints("strides", &[2])]);
+    assert_eq!(shape(&b, 17, &unproved).unwrap(), ["b".to_string(), "4".to_string(), format!("{unproved}#2")]);
+    let second = b.init("second", tensor(INT64, &[], &[1.0]));
+    b.node_to("Gather", &[&x, &second], &["frame"], vec![attr_int("axis", 2)]);
+    b.output("frame", FLOAT, None);
     let w = b.init("w", tensor(FLOAT, &[4, 1, 16], &vec![0.0; 64]));
     let conv =
         b.node("Conv", &[&x, &w], vec![attr_ints("pads", &[8, 8]), attr_ints("strides", &[2]), attr_int("group", 4)]);
@@ -738,8 +746,10 @@ fn convolved_and_pooled_lengths_of_a_symbolic_length_are_one_dimension() {
     let doubled = b.node("Concat", &[&x, &x], vec![attr_int("axis", 2)]);
     let halved = b.node("Conv", &[&doubled, &w2], vec![attr_ints("strides", &[2])]);
     assert_eq!(shape(&b, 17, &halved).unwrap(), ["b", "4", "len"]);
-    let minus_two = b.init("minus_two", ints(&[-2]));
-    let short = b.node("Slice", &[&x, &zero, &minus_two, &axis], vec![]);
+    // (`[..., :-2]` is `len − 2` where the run proves len ≥ 2; three past it
+    // is not proved.)
+    let minus_three = b.init("minus_three", ints(&[-3]));
+    let short = b.node("Slice", &[&x, &zero, &minus_three, &axis], vec![]);
     assert_eq!(shape(&b, 17, &short).unwrap(), ["b".to_string(), "4".to_string(), format!("{short}#2")]);
     // A Conv's input has its weight's rank: the output's rank is known where
     // the input's shape is not.

@@ -759,7 +759,7 @@ impl<'g, 'a> Shapes<'g, 'a> {
                 }
                 let spatial = (2..x.len()).map(|i| {
                     w[i].value()
-                        .and_then(|k| conv_length(node, i - 2, x.len() - 2, &x[i], k, &self.memo.floors))
+                        .and_then(|k| conv_length(node, i - 2, x.len() - 2, (&x[i], self.least_of(&x[i])), k, &self.memo.floors))
                         .unwrap_or_else(|| Dim::atom(format!("{value}#{i}")))
                 });
                 [x[0].clone(), w[0].clone()].into_iter().chain(spatial).collect()
@@ -773,7 +773,7 @@ impl<'g, 'a> Shapes<'g, 'a> {
                     return None;
                 }
                 let spatial = (2..x.len()).map(|i| {
-                    conv_length(node, i - 2, x.len() - 2, &x[i], kernel[i - 2], &self.memo.floors)
+                    conv_length(node, i - 2, x.len() - 2, (&x[i], self.least_of(&x[i])), kernel[i - 2], &self.memo.floors)
                         .unwrap_or_else(|| Dim::atom(format!("{value}#{i}")))
                 });
                 [x[0].clone(), x[1].clone()].into_iter().chain(spatial).collect()
@@ -1095,6 +1095,11 @@ impl<'g, 'a> Shapes<'g, 'a> {
         d.is_size()
             || self.memo.remainders.borrow().contains(&d.key())
             || d.least(|atom| self.least(atom, 0)).is_some_and(|n| n >= 0)
+    }
+
+    /// The least `d` is, its atoms at their least (`least`).
+    fn least_of(&self, d: &Dim) -> i64 {
+        d.least(|atom| self.least(atom, 0)).unwrap_or(i64::MIN)
     }
 
     /// The least an atom is: its bound where the run proves one; for a
@@ -1723,7 +1728,7 @@ fn conv_length(
     node: &crate::onnx::NodeProto,
     i: usize,
     n: usize,
-    len: &Dim,
+    (len, least): (&Dim, i64),
     kernel: i64,
     floors: &Floors,
 ) -> Option<Dim> {
@@ -1752,6 +1757,12 @@ fn conv_length(
             let reach = ops::window_reach(dilation, kernel)?;
             let c = pads.checked_sub(reach)?;
             match ceil {
+                // A pool's window longer than its padded input: ONNX
+                // Runtime truncates the negative quotient and keeps one
+                // window (kernel 2 over 1 element: 1, not 0), where a
+                // Conv fails; the floor holds where the run proves the
+                // input at least the window.
+                false if !node.is("Conv") && least.saturating_add(c) < 0 => return None,
                 false => (c, 1),
                 true if ops::windows_start_inside(stride, reach, tail) => (c.checked_add(stride - 1)?, 1),
                 true => return None,
