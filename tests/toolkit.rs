@@ -1437,3 +1437,75 @@ fn a_bound_every_run_needs_keeps_a_slice_within_its_axis() {
     assert_eq!(shape(&b, 17, &pooled).unwrap(), ["floor((1·$s + 1)/2)"]);
     assert_eq!(shape(&b, 17, &head).unwrap(), ["1"]);
 }
+
+/// Images with height, width and channels dynamic, as Optimum exports
+/// them: the channels are the patch Conv's weight's (3); the patch count
+/// `floor(h/8)·floor(w/8)` is at least 1 (a Conv fails where its window
+/// is longer than its input), so with the class token it is never 1, and
+/// added to 5 position embeddings it is 5. A size divided by a number in
+/// an integer type is a floor (DINOv2's `h // 8`); every second row of an
+/// axis (Swin's `x[:, 0::2]`) is its ceiling half.
+#[test]
+fn an_axis_that_is_never_one_is_what_its_broadcast_gives() {
+    let build = |class_token: bool| {
+        let mut b = Builder::default();
+        let x = b.input("x", FLOAT, Some(&[sym("b"), sym("c"), sym("h"), sym("w")]));
+        let w = b.init("w", tensor(FLOAT, &[4, 3, 8, 8], &vec![0.01; 4 * 3 * 64]));
+        let patches = b.node("Conv", &[&x, &w], vec![attr_ints("strides", &[8, 8])]);
+        let flat = b.init("flat", ints(&[0, 4, -1]));
+        let flat = b.node("Reshape", &[&patches, &flat], vec![]);
+        let tokens = b.node("Transpose", &[&flat], vec![attr_ints("perm", &[0, 2, 1])]);
+        let tokens = if class_token {
+            let cls = b.init("cls", tensor(FLOAT, &[1, 1, 4], &[0.5; 4]));
+            let s = b.node("Shape", &[&x], vec![]);
+            let (zero, one) = (b.init("zero", ints(&[0])), b.init("one", ints(&[1])));
+            let batch = b.node("Slice", &[&s, &zero, &one], vec![]);
+            let rest = b.init("rest", ints(&[1, 4]));
+            let to = b.node("Concat", &[&batch, &rest], vec![attr_int("axis", 0)]);
+            let cls = b.node("Expand", &[&cls, &to], vec![]);
+            b.node("Concat", &[&cls, &tokens], vec![attr_int("axis", 1)])
+        } else {
+            tokens
+        };
+        let pos = b.init("pos", tensor(FLOAT, &[1, 5, 4], &[0.25; 20]));
+        let sum = b.node("Add", &[&tokens, &pos], vec![]);
+        b.output(&sum, FLOAT, None);
+        (shape(&b, 17, &x).unwrap(), shape(&b, 17, &tokens).unwrap())
+    };
+    let (x, tokens) = build(true);
+    assert_eq!(x[1], "3", "the Conv's weight reads 3 channels");
+    assert_eq!(tokens, ["b", "5", "4"]);
+    // Near-miss: the patches alone may be 1 (an image of 8 × 8), which
+    // broadcasts to 5.
+    let (_, tokens) = build(false);
+    assert_ne!(tokens[1], "5");
+
+    let mut b = Builder::default();
+    let x = b.input("x", FLOAT, Some(&[sym("b"), D::N(3), sym("h"), sym("w")]));
+    let s = b.node("Shape", &[&x], vec![]);
+    let two = b.init("two", tensor(INT64, &[], &[2.0]));
+    let h = b.node("Gather", &[&s, &two], vec![]);
+    let eight = b.init("eight", tensor(INT64, &[], &[8.0]));
+    let side = b.node("Div", &[&h, &eight], vec![]);
+    let ten = b.init("ten", tensor(INT64, &[], &[10.0]));
+    let less = b.node("Sub", &[&h, &ten], vec![]);
+    let below = b.node("Div", &[&less, &eight], vec![]);
+    let axis0 = b.init("axis0", ints(&[0]));
+    let as_shape = |b: &mut Builder, v: &str| {
+        let v = b.node("Unsqueeze", &[v, &axis0], vec![]);
+        b.node("ConstantOfShape", &[&v], vec![])
+    };
+    let grid = as_shape(&mut b, &side);
+    assert_eq!(shape(&b, 17, &grid).unwrap(), ["floor((1·$h)/8)"]);
+    // Near-miss: a difference that may be negative truncates upwards.
+    let under = as_shape(&mut b, &below);
+    assert_eq!(shape(&b, 17, &under).unwrap(), [format!("{under}#0")]);
+    let (start, end, axes, step) =
+        (b.init("start", ints(&[0])), b.init("end", ints(&[i64::MAX])), b.init("axes", ints(&[2])), b.init("step", ints(&[2])));
+    let even = b.node("Slice", &[&x, &start, &end, &axes, &step], vec![]);
+    assert_eq!(shape(&b, 17, &even).unwrap()[2], "floor((1·$h + 1)/2)");
+    // Near-miss: from the second row, where h may be 0.
+    let second = b.init("second", ints(&[1]));
+    let odd = b.node("Slice", &[&x, &second, &end, &axes, &step], vec![]);
+    assert_eq!(shape(&b, 17, &odd).unwrap()[2], format!("{odd}#2"));
+}

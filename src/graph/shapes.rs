@@ -60,6 +60,10 @@ pub struct Memo {
     /// of a live `ConstantOfShape` is at least 0, and a live Gather's
     /// constant index is within its axis (`Shapes::required_bounds`).
     lower: RefCell<HashMap<String, i64>>,
+    /// Sums and products the run proves equal to a number (`unify`), by
+    /// key: ViT's `1 + floor(h/8)·floor(w/8)` patches and class token,
+    /// added to 17 position embeddings.
+    numbers: RefCell<HashMap<String, i64>>,
     /// The floors `floor_of` named: what each is the floor of, and by what.
     floors: RefCell<HashMap<String, (Dim, i64)>>,
     /// Remainders by a positive number (`Mod`): at least 0, though their
@@ -113,6 +117,8 @@ impl<'g, 'a> Shapes<'g, 'a> {
                     // the equalities, as the ops alone give them.
                     None => {
                         shapes.memo.facts.borrow_mut().clear();
+                        shapes.memo.numbers.borrow_mut().clear();
+                        shapes.memo.lower.borrow_mut().clear();
                         shapes.memo.forget_shapes();
                         fill();
                         break;
@@ -145,6 +151,15 @@ impl<'g, 'a> Shapes<'g, 'a> {
                     if let (Some(a), Some(b)) = (input(0), input(1)) {
                         let rows = if b.len() == 1 { b.first() } else { b.len().checked_sub(2).map(|r| &b[r]) };
                         pairs.extend(a.last().cloned().zip(rows.cloned()));
+                    }
+                }
+                // Its input's channels are the weight's, times the groups.
+                "Conv" => {
+                    let group = node.attr_int("group").unwrap_or(1);
+                    if let (Some(x), Some(w)) = (input(0), input(1)) {
+                        if let (Some(c), Some(k)) = (x.get(1), w.get(1)) {
+                            pairs.extend(k.mul(&Dim::known(group)).map(|k| (c.clone(), k)));
+                        }
                     }
                 }
                 "Gemm" => {
@@ -182,7 +197,8 @@ impl<'g, 'a> Shapes<'g, 'a> {
                         }
                         pairs.extend(self.min_beside_its_e(&shapes));
                         let out = node.output.first().and_then(|o| self.shape(o));
-                        pairs.extend(out.map(|out| self.broadcasts_met_again(&shapes, &out)).unwrap_or_default());
+                        pairs.extend(out.as_ref().map(|out| self.broadcasts_met_again(&shapes, out)).unwrap_or_default());
+                        pairs.extend(out.map(|out| self.never_one_is_the_result(&shapes, &out)).unwrap_or_default());
                     }
                 }
                 _ => {}
@@ -209,6 +225,12 @@ impl<'g, 'a> Shapes<'g, 'a> {
         match node.op_type() {
             "ConstantOfShape" => match self.elements(&node.input[0], 0) {
                 Some(e) => e.into_iter().flatten().map(|d| (d, 0)).collect(),
+                None => vec![],
+            },
+            // A Conv fails where its window is longer than its padded
+            // input: each spatial axis it gives is at least 1.
+            "Conv" => match node.output.first().and_then(|o| self.shape(o)) {
+                Some(out) => out.into_iter().skip(2).map(|d| (d, 1)).collect(),
                 None => vec![],
             },
             "Gather" => {
@@ -240,6 +262,22 @@ impl<'g, 'a> Shapes<'g, 'a> {
                 true
             }
         }
+    }
+
+    /// `(d, r)` for each operand's axis d of a broadcast that is never 1
+    /// (at least 2 by the bounds), r the result's: a broadcast keeps an
+    /// axis other than 1 only where it is the result's.
+    fn never_one_is_the_result(&self, shapes: &[Vec<Dim>], out: &[Dim]) -> Vec<(Dim, Dim)> {
+        let rank = out.len();
+        let mut pairs = vec![];
+        for (i, r) in out.iter().enumerate() {
+            for d in aligned(shapes, rank, i) {
+                if d != r && d.value().is_none() && self.least_of(d) >= 2 {
+                    pairs.push((d.clone(), r.clone()));
+                }
+            }
+        }
+        pairs
     }
 
     /// `(min(e, n), e)` for each axis of a broadcast where both meet and
@@ -308,7 +346,16 @@ impl<'g, 'a> Shapes<'g, 'a> {
         // later name, for determinism.
         let rank = |x: &Dim| x.single_atom().map(|(a, _)| (!a.starts_with('$'), a.to_string()));
         let (first, second) = if rank(&a) >= rank(&b) { (&a, &b) } else { (&b, &a) };
-        let Some((atom, value)) = solve(first, second).or_else(|| solve(second, first)) else { return false };
+        let Some((atom, value)) = solve(first, second).or_else(|| solve(second, first)) else {
+            // A sum or product no atom of which can be solved for, equal
+            // to a number: that number wherever it is derived again.
+            let (poly, n) = match (a.value(), b.value()) {
+                (None, Some(n)) => (a, n),
+                (Some(n), None) => (b, n),
+                _ => return false,
+            };
+            return self.memo.numbers.borrow_mut().insert(poly.key(), n).is_none();
+        };
         self.memo.facts.borrow_mut().insert(atom, value);
         true
     }
@@ -327,7 +374,10 @@ impl<'g, 'a> Shapes<'g, 'a> {
             }
             d = d.substitute(|a| facts.get(a).cloned());
         }
-        d
+        match self.memo.numbers.borrow().get(&d.key()) {
+            Some(&n) => Dim::known(n),
+            None => d,
+        }
     }
 
     /// An output of an If: what both branches give it, axis by axis, as
@@ -1097,6 +1147,13 @@ impl<'g, 'a> Shapes<'g, 'a> {
             || d.least(|atom| self.least(atom, 0)).is_some_and(|n| n >= 0)
     }
 
+    /// The number a declared symbol is wherever the model runs, where the
+    /// equalities every run needs prove one (an image's channels: a Conv's
+    /// weight reads 3).
+    pub fn proved_symbol(&self, symbol: &str) -> Option<i64> {
+        self.resolve(Dim::atom(format!("${symbol}"))).value()
+    }
+
     /// The least `d` is, its atoms at their least (`least`).
     fn least_of(&self, d: &Dim) -> i64 {
         d.least(|atom| self.least(atom, 0)).unwrap_or(i64::MIN)
@@ -1122,8 +1179,17 @@ impl<'g, 'a> Shapes<'g, 'a> {
     /// where `len ≥ end`. Funnel's class token `x[:, :1]` and the rest
     /// `x[:, 1:]` of a sequence of at least 1 are 1 and `seq − 1` long.
     fn bounded_slice_length(&self, len: &Dim, start: i64, end: i64, step: i64) -> Option<Dim> {
-        if step != 1 || start < 0 || len.value().is_some() {
+        if step < 1 || start < 0 || len.value().is_some() {
             return None;
+        }
+        // Every step-th from start to the end (Swin's patch merging,
+        // `x[:, 0::2]` and `x[:, 1::2]`): ceil((len − start) / step).
+        if step > 1 {
+            let left = len.sub(&Dim::known(start))?;
+            if end < i64::MAX / 2 || !self.never_negative(&left) {
+                return None;
+            }
+            return floor_of(&left.add(&Dim::known(step - 1))?, step, &self.memo.floors);
         }
         let kept = match end {
             e if e >= i64::MAX / 2 => len.sub(&Dim::known(start))?,
@@ -1485,7 +1551,14 @@ impl<'g, 'a> Shapes<'g, 'a> {
             "Add" | "Sub" | "Mul" | "Div" | "Equal" => {
                 let op = node.op_type();
                 let integer = g.elem_type(value).is_some_and(crate::onnx::is_integer);
+                // A size divided by a positive number in an integer type
+                // is truncated, so rounded down (DINOv2's grid side
+                // `height // patch`).
+                let positive = |b: &Dim| b.value().filter(|&c| c > 0);
                 elementwise(&[arg(0)?, arg(1)?], |e| match e {
+                    [Some(a), Some(b)] if op == "Div" && integer && a.value().is_none() && self.never_negative(a) => {
+                        floor_of(a, positive(b)?, &self.memo.floors)
+                    }
                     [Some(a), Some(b)] => arithmetic(op, a, b, integer),
                     _ => None,
                 })
