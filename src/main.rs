@@ -331,19 +331,14 @@ fn run(cli: Cli) -> ExitCode {
         Ok(Done::VerificationFailed) => ExitCode::from(3),
         Ok(Done::ExpectationUnmet) => ExitCode::from(4),
         Err(e) if e.is::<Usage>() => {
-            errln!("onnx-fuse: usage error: {}", one_line(&format!("{e:#}")));
+            errln!("onnx-fuse: usage error: {}", report::one_line(&format!("{e:#}")));
             ExitCode::from(2)
         }
         Err(e) => {
-            errln!("onnx-fuse: error: {}", one_line(&format!("{e:#}")));
+            errln!("onnx-fuse: error: {}", report::one_line(&format!("{e:#}")));
             ExitCode::from(1)
         }
     }
-}
-
-/// Errors are one line: ONNX Runtime's messages, for one, span several.
-fn one_line(message: &str) -> String {
-    message.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 /// Two expectations of one pass (and file) that no count meets together:
@@ -453,7 +448,7 @@ fn fuse(args: FuseArgs) -> Result<Done> {
             print_file(file, args.report, args.explain, args.quiet)?;
         }
         for (file, error) in &report.errors {
-            errln!("onnx-fuse: error: {file}: {}", one_line(error));
+            errln!("onnx-fuse: error: {file}: {}", report::one_line(error));
         }
         if !args.quiet {
             for (file, why) in &report.skipped {

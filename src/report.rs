@@ -481,3 +481,8 @@ pub fn fused_in(model: &ModelProto) -> Vec<Found> {
     }
     found
 }
+
+/// Errors are one line: ONNX Runtime's messages, for one, span several.
+pub fn one_line(message: &str) -> String {
+    message.split_whitespace().collect::<Vec<_>>().join(" ")
+}

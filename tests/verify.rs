@@ -168,11 +168,10 @@ fn a_model_no_size_runs_names_only_the_dims_its_failure_reads_and_how_far_it_got
     let other = b.node("Relu", &[&other], vec![]);
     b.output(&other, FLOAT, None);
     let e = cannot_verify(&b.model(17));
-    assert!(e.contains("--dim NAME=VALUE for batch, num_channels, height, width ("), "{e}");
+    // The channels are the Conv weight's (3), proved, not asked for.
+    assert!(e.contains("--dim NAME=VALUE for batch, height, width ("), "{e}");
     assert!(!e.contains("other_length"), "{e}");
-    assert!(
-        e.contains("measured: with --dim height=12 --dim num_channels=3 --dim width=12 the run gets as far as"),
-        "{e}"
+    assert!(e.contains("measured: with --dim height=12 --dim width=12 the run gets as far as"), "{e}"
     );
     assert_eq!(e.lines().count(), 1, "{e}");
 }
@@ -189,13 +188,29 @@ fn image_sides_come_from_the_patch_grid_the_graph_fixes() {
 
 #[test]
 fn sizes_nothing_suggests_are_asked_for_by_name() {
+    // Two rows of seq into 5 × 7: no seq runs it.
     let mut b = Builder::default();
-    let x = b.input("x", FLOAT, Some(&[common::build::sym("seq")]));
+    let x = b.input("x", FLOAT, Some(&[common::build::sym("seq"), D::N(2)]));
     let shape = b.init("shape", tensor(onnx_fuse::onnx::INT64, &[2], &[5.0, 7.0]));
     let y = b.node("Reshape", &[&x, &shape], vec![]);
     b.output(&y, FLOAT, None);
     let e = cannot_verify(&b.model(17));
     assert!(e.contains("--dim NAME=VALUE for seq") && e.contains("seq=7"), "{e}");
+}
+
+#[test]
+fn a_size_the_shapes_prove_is_taken_as_given() {
+    // seq elements into 5 × 7: every run has seq = 35, which the shapes
+    // prove from the Reshape's element counts; no default or search finds it.
+    let mut b = Builder::default();
+    let x = b.input("x", FLOAT, Some(&[common::build::sym("seq")]));
+    let shape = b.init("shape", tensor(onnx_fuse::onnx::INT64, &[2], &[5.0, 7.0]));
+    let y = b.node("Reshape", &[&x, &shape], vec![]);
+    b.output(&y, FLOAT, None);
+    let model = b.model(17);
+    let v = verify_models(&model, &model);
+    assert!(v.passed, "{}", v.text());
+    assert_eq!(v.dims["seq"], 35);
 }
 
 #[test]

@@ -255,6 +255,16 @@ pub(super) fn default_dim(symbol: &str) -> i64 {
     }
 }
 
+/// The symbols of `unset` whose number the model's shapes prove (every
+/// run needs it: an image's channels, from its Conv's weight).
+pub(super) fn proved_symbols(model: &ModelProto, unset: &[&String]) -> BTreeMap<String, i64> {
+    let Some(graph) = model.graph.as_ref() else { return BTreeMap::new() };
+    let scope = Scope::default();
+    let view = crate::graph::Graph::new(graph, model.default_opset(), &scope);
+    let shapes = view.shapes();
+    unset.iter().filter_map(|s| Some((s.to_string(), shapes.proved_symbol(s).filter(|&n| n >= 0)?))).collect()
+}
+
 /// Inputs from the declared graph inputs: token ids within the vocabulary
 /// the embedding that reads them implies, attention masks of ones, position
 /// ids counting up, token type ids of zero, floats uniform in [-1, 1) from

@@ -270,6 +270,13 @@ fn run_original(
     let symbols = input_symbols(original.0);
     let given = given_symbols(original.0, options);
     let unset: Vec<&String> = symbols.iter().filter(|s| !given.contains(*s) && !s.contains('+')).collect();
+    // The sizes the model's shapes prove (an image's channels, from its
+    // Conv's weight) are taken as given, not searched.
+    let proved = proved_symbols(original.0, &unset);
+    let unset: Vec<&String> = unset.into_iter().filter(|s| !proved.contains_key(*s)).collect();
+    let user = options;
+    let with_proved = Options { dims: user.dims.clone().into_iter().chain(proved).collect(), ..user.clone() };
+    let options = &with_proved;
     // One session: every try runs it on other input sizes.
     let mut session = load(env, original.0, original.1, "original", probe, reference_ops)?;
     // The outer error is not about sizes (an array of the wrong type): no
@@ -367,15 +374,17 @@ fn run_original(
             break;
         }
     }
+    // ONNX Runtime's message may span lines; the verdict is one.
+    let first = crate::report::one_line(&format!("{first:#}"));
     // Made-up sizes were the problem only if the user's were not: with the
     // user's `--dim` values replaced by onnx-fuse's, does the model run?
-    if !options.dims.is_empty() && options.inputs.is_none() {
+    if !user.dims.is_empty() && user.inputs.is_none() {
         let mut o = options.clone();
-        o.dims.clear();
+        o.dims.retain(|k, _| !user.dims.contains_key(k));
         if runs(&o)?.is_ok() {
-            let mut gave: Vec<String> = options.dims.iter().map(|(k, v)| format!("--dim {k}={v}")).collect();
+            let mut gave: Vec<String> = user.dims.iter().map(|(k, v)| format!("--dim {k}={v}")).collect();
             gave.sort();
-            bail!("{first:#}; the model does not run with the sizes given ({}), and runs without them", gave.join(" "));
+            bail!("{first}; the model does not run with the sizes given ({}), and runs without them", gave.join(" "));
         }
     }
     // The symbols it needs: those of the inputs the failing node depends on.
@@ -399,7 +408,7 @@ fn run_original(
         _ => String::new(),
     };
     bail!(
-        "{first:#}; the sizes onnx-fuse chose ({}) do not fit the model, nor do the sizes its graph suggests: \
+        "{first}; the sizes onnx-fuse chose ({}) do not fit the model, nor do the sizes its graph suggests: \
          give the ones it needs with --dim NAME=VALUE for {}{further}",
         tried.join(", "),
         names.join(", ")
