@@ -129,6 +129,10 @@ def configs():
         "mobilevit": t.MobileViTConfig(image_size=32, patch_size=2, hidden_sizes=[16, 24, 32],
                                        neck_hidden_sizes=[8, 8, 16, 16, 24, 24, 32], num_attention_heads=4,
                                        expand_ratio=2.0),
+        # Shifted windows over a feature map padded to whole windows, merged
+        # by patches (`x[:, 0::2, 0::2]`); exported with height and width
+        # dynamic (`swin_hw_ts_op14.onnx`).
+        "swin": t.SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 4], window_size=4),
         # Soft-capped attention scores (and logits), sliding-window layers.
         "gemma2": t.Gemma2Config(**SMALL, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6,
                                  attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
@@ -174,6 +178,8 @@ def build(kind, attn="eager"):
         model = t.FunnelBaseModel(cfg)
     elif kind == "mobilevit":
         model = t.MobileViTModel(cfg)
+    elif kind == "swin":
+        model = t.SwinModel(cfg)
     elif kind in ENCODERS:
         model = t.AutoModel.from_config(cfg, attn_implementation=attn)
     else:
@@ -197,7 +203,7 @@ class Wrap(torch.nn.Module):
             return self.model(input_features=x).last_hidden_state
         if self.kind in ("sew", "hubert"):
             return self.model(input_values=x).last_hidden_state
-        if self.kind in ("vit", "dinov2", "mobilevit"):
+        if self.kind in ("vit", "dinov2", "mobilevit", "swin"):
             return self.model(pixel_values=x).last_hidden_state
         if self.kind == "trocr":
             return self.model(input_ids=x, attention_mask=mask, use_cache=False).logits
@@ -212,7 +218,7 @@ def sample_inputs(kind):
         return (torch.randn(1, 16, 32),), ["input_features"], {"input_features": {0: "batch"}}
     if kind in ("vit", "dinov2"):
         return (torch.randn(1, 3, 16, 16),), ["pixel_values"], {"pixel_values": {0: "batch"}}
-    if kind == "mobilevit":
+    if kind in ("mobilevit", "swin"):
         return (torch.randn(1, 3, 32, 32),), ["pixel_values"], {"pixel_values": {0: "batch", 2: "h", 3: "w"}}
     if kind in ("sew", "hubert"):
         return (torch.randn(1, 400),), ["input_values"], {"input_values": {0: "batch", 1: "len"}}
@@ -227,11 +233,12 @@ def record(name, **how):
     print(f"wrote {name}", file=sys.stderr)
 
 
-def export_torch(name, kind, *, opset, dynamo=False, fp16=False, attn="eager", optimize=True):
+def export_torch(name, kind, *, opset, dynamo=False, fp16=False, attn="eager", optimize=True, axes=None):
     model = build(kind, attn)
     if fp16:
         model = model.half()
-    args, names, axes = sample_inputs(kind)
+    args, names, sample_axes = sample_inputs(kind)
+    axes = axes or sample_axes
     if fp16 and kind in ("whisper", "vit"):
         args = (args[0].half(),)
     path = os.path.join(OUT, name)
@@ -977,6 +984,12 @@ def main():
         ("funnel_ts_op14.onnx", lambda n: export_torch(n, "funnel", opset=14)),
         ("longt5_ts_op17.onnx", lambda n: export_torch(n, "longt5", opset=17)),
         ("mobilevit_ts_op14.onnx", lambda n: export_torch(n, "mobilevit", opset=14)),
+        ("swin_hw_ts_op14.onnx", lambda n: export_torch(n, "swin", opset=14)),
+        # Height, width and channels dynamic, as Optimum exports vision models:
+        # the patch count floor(h/8)·floor(w/8) plus the class token meets 5
+        # position embeddings, so it is 5 (it is never 1).
+        ("vit_hw_ts_op14.onnx", lambda n: export_torch(n, "vit", opset=14, axes={
+            "pixel_values": {0: "batch", 1: "channels", 2: "height", 3: "width"}})),
         # 3-D scores viewed as 4-D once, against a 4-D v.
         ("bloom_dynamo_op18.onnx", lambda n: export_torch(n, "bloom", opset=18, dynamo=True)),
         ("opt_optimum.onnx", lambda n: export_optimum(n, "opt", "text-generation", opset=14)),

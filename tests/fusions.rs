@@ -113,6 +113,11 @@ pub const EXPORTS: &[(&str, &[(&str, usize)], f32)] = &[
     // Patches unfolded at a count computed in float (`math.ceil(h / 2)`):
     // the LayerNorms' last axis is proved, their gamma and beta inside.
     ("mobilevit_ts_op14.onnx", &[("layer-norm", 21), ("attention", 9)], 1e-5),
+    // Height, width and channels dynamic (as Optimum exports images): the
+    // patch count and class token meet the position embeddings.
+    ("vit_hw_ts_op14.onnx", &[("layer-norm", 5), ("attention", 2)], 1e-12),
+    // Shifted windows over a map padded to whole windows, patches merged.
+    ("swin_hw_ts_op14.onnx", &[("layer-norm", 7), ("attention", 2)], 1e-5),
     // LayerNorms over a feature map's (H, W) and over (C, H, W), without weights.
     ("ln_axes_ts_op14.onnx", &[("layer-norm", 2)], 1e-5),
     // Optimum's merged decoder: both branches read the If's output names.

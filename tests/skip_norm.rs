@@ -279,6 +279,13 @@ fn exports_fuse_their_residual_norms() {
         // by `(-seq) % 3`: `[:, :seq]` of `3·floor((seq + 2)/3)` rows is
         // seq long, as the remainder is never negative (2 of 4 before).
         ("longt5_ts_op17.onnx", "SkipSimplifiedLayerNormalization", 4),
+        // Height, width and channels dynamic: the first sum is the class
+        // token and floor(h/8)·floor(w/8) patches, never 1 long (a Conv's
+        // output is at least 1 long), added to 5 position embeddings, so 5.
+        ("vit_hw_ts_op14.onnx", "SkipLayerNormalization", 5),
+        // The second stage's first sum reads the merged patches
+        // (`x[:, 0::2]`: ceil(len / 2)) of a map padded to whole windows.
+        ("swin_hw_ts_op14.onnx", "SkipLayerNormalization", 3),
     ] {
         let (original, fused, outcome) = fuse(name);
         let skips = skip_nodes(&fused);
