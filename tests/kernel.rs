@@ -1418,9 +1418,10 @@ fn onnx_runtimes_pools_rounded_up_start_every_window_inside() {
 /// truncates the negative quotient, `(len − kernel) / stride + 1`, and
 /// keeps one window where the floor would give none (kernel 2 over one
 /// element: 1, not floor(1 / 2) = 0), so the floor is a pool's length only
-/// where the input is proved at least its window (shapes.rs).
+/// where the input is proved at least its window (shapes.rs). A Conv fails
+/// there.
 #[test]
-fn onnx_runtimes_pools_keep_one_window_over_an_input_shorter_than_it() {
+fn onnx_runtimes_pools_keep_one_window_over_an_input_shorter_than_it_where_a_conv_fails() {
     let here = std::path::Path::new(".");
     let shape_is = |len: i64, expected: i64| {
         let model = |pool: bool| {
@@ -1446,6 +1447,20 @@ fn onnx_runtimes_pools_keep_one_window_over_an_input_shorter_than_it() {
     for len in 2..=9 {
         assert!(shape_is(len, len / 2), "kernel 2, stride 2, len {len}: floor(len / 2)");
     }
+    // A Conv fails there instead, and on an empty axis whatever its
+    // kernel: each axis a Conv gives is at least 1 (shapes.rs's bounds).
+    let conv_runs = |kernel: i64, len: i64| {
+        let mut b = Builder::default();
+        let x = b.input("x", FLOAT, Some(&[D::N(1), D::N(1), sym("len")]));
+        let w = b.init("w", tensor(FLOAT, &[1, 1, kernel], &vec![0.5; kernel as usize]));
+        let y = b.node("Conv", &[&x, &w], vec![attr_ints("strides", &[kernel])]);
+        b.output(&y, FLOAT, None);
+        let model = b.model(17);
+        let options = verify::Options { dims: [("len".to_string(), len)].into(), ..Default::default() };
+        verify::verify((&model, here), (&model, here), &options).is_ok()
+    };
+    assert!(!conv_runs(2, 1) && !conv_runs(1, 0), "a Conv over less than its window fails");
+    assert!(conv_runs(2, 2) && conv_runs(1, 1));
 }
 
 /// `core(4)` whose mask's last axis is a length of its own, `m`, not

@@ -293,7 +293,8 @@ fn run_original(
     };
     let first = match runs(options)? {
         Ok(found) => return Ok(found),
-        Err(e) if unset.is_empty() => return Err(e),
+        // Nothing made up to vary, and no size of the user's to blame.
+        Err(e) if unset.is_empty() && (user.dims.is_empty() || user.inputs.is_some()) => return Err(e),
         Err(e) => e,
     };
     // Every try is within the budget before anything is allocated: a
@@ -319,7 +320,7 @@ fn run_original(
             tries.push(o);
         }
     }
-    for &size in &suggested {
+    for &size in suggested.iter().filter(|_| !unset.is_empty()) {
         let mut o = options.clone();
         let not_batch = unset.iter().filter(|s| !is_batch(s));
         o.dims.extend(not_batch.map(|s| (s.to_string(), size)));
