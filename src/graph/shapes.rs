@@ -1219,10 +1219,6 @@ impl<'g, 'a> Shapes<'g, 'a> {
         })
     }
 
-    /// The length of `Range(start, limit, delta)`, max(limit - start, 0)
-    /// for a step of 1 or -1: `limit` for the common `Range(0, n, 1)`, `seq`
-    /// for a cache's positions `Range(past, past + seq, 1)`; else computed
-    /// from numbers.
     /// Element `i` of a 1-D value whose length may be unknown, where a
     /// Gather of it runs (so `i` is within it; a negative `i` counts from
     /// the end), through Casts to types that hold sizes: of a `Range` of
@@ -1261,6 +1257,10 @@ impl<'g, 'a> Shapes<'g, 'a> {
         }
     }
 
+    /// The length of `Range(start, limit, delta)`, max(limit - start, 0)
+    /// for a step of 1 or -1: `limit` for the common `Range(0, n, 1)`, `seq`
+    /// for a cache's positions `Range(past, past + seq, 1)`; else computed
+    /// from numbers.
     fn range_length(&self, node: &crate::onnx::NodeProto) -> Option<Dim> {
         let g = self.g;
         let delta = g.scalar(node.input.get(2)?)?;
@@ -1508,13 +1508,14 @@ impl<'g, 'a> Shapes<'g, 'a> {
                 let to_integer = node.attr_int("to").and_then(|t| i32::try_from(t).ok()).is_some_and(crate::onnx::is_integer);
                 match source {
                     Some(e) if e.iter().all(Option::is_some) => Some(e),
-                    // `int(h / p)`: a float quotient of sizes, truncated.
-                    _ if to_integer && self.quotient(&node.input[0], depth).is_some() => {
-                        self.rounded(&node.input[0], false, depth)
-                    }
-                    // A float computed exactly from constants (DINOv2's grid
-                    // side, `Cast(Pow(4.0, 0.5))`), integral: a number.
-                    _ => self.integral(&node.input[0]).or(source),
+                    // `int(h / p)`: a float quotient of sizes, truncated;
+                    // or a float computed exactly from constants (DINOv2's
+                    // grid side, `Cast(Pow(4.0, 0.5))`), integral: a number.
+                    _ => to_integer
+                        .then(|| self.rounded(&node.input[0], false, depth))
+                        .flatten()
+                        .or_else(|| self.integral(&node.input[0]))
+                        .or(source),
                 }
             }
             // `math.ceil(h / p)` and `math.floor(h / p)`; of an integral
@@ -1554,12 +1555,12 @@ impl<'g, 'a> Shapes<'g, 'a> {
                 // A size divided by a positive number in an integer type
                 // is truncated, so rounded down (DINOv2's grid side
                 // `height // patch`).
-                let positive = |b: &Dim| b.value().filter(|&c| c > 0);
+                let rounded_down = |a: &Dim, b: &Dim| {
+                    let c = b.value().filter(|&c| c > 0 && op == "Div" && integer && a.value().is_none())?;
+                    self.never_negative(a).then(|| floor_of(a, c, &self.memo.floors))?
+                };
                 elementwise(&[arg(0)?, arg(1)?], |e| match e {
-                    [Some(a), Some(b)] if op == "Div" && integer && a.value().is_none() && self.never_negative(a) => {
-                        floor_of(a, positive(b)?, &self.memo.floors)
-                    }
-                    [Some(a), Some(b)] => arithmetic(op, a, b, integer),
+                    [Some(a), Some(b)] => rounded_down(a, b).or_else(|| arithmetic(op, a, b, integer)),
                     _ => None,
                 })
             }
@@ -1796,7 +1797,9 @@ pub fn slice_indices(start: i64, end: i64, step: i64, len: i64) -> Vec<i64> {
 /// inside the input or its leading pad, and runtimes that drop a window
 /// starting in the trailing pad (ONNX Runtime, torch) drop none. A length
 /// that is no number gives a polynomial (stride 1) or `floor_of` one; a
-/// run where it is not at least 1 fails.
+/// Conv's run where it is not at least 1 fails, and a pool's floor holds
+/// only where `least`, the least the input's length is, reaches its window
+/// (below).
 fn conv_length(
     node: &crate::onnx::NodeProto,
     i: usize,
