@@ -619,13 +619,23 @@ fn fused_matmul_scores(trans_a: bool) -> ModelProto {
     if trans_a {
         attributes.push(attr_int("transA", 1));
     }
-    let s = b.node("FusedMatMul", &["q", "key"], attributes);
-    b.graph.node.last_mut().unwrap().domain = Some("com.microsoft".into());
+    let s = fused_matmul(&mut b, attributes);
     let s = b.node("Add", &[&s, "mask"], vec![]);
     let p = b.node("Softmax", &[&s], vec![attr_int("axis", -1)]);
     b.node_to("MatMul", &[&p, "v"], &["out"], vec![]);
     b.output("out", FLOAT, None);
-    let mut model = b.model(14);
+    importing_microsoft(b.model(14))
+}
+
+/// `com.microsoft.FusedMatMul(q, key)` with `attributes`.
+fn fused_matmul(b: &mut Builder, attributes: Vec<onnx_fuse::onnx::AttributeProto>) -> String {
+    let s = b.node("FusedMatMul", &["q", "key"], attributes);
+    b.graph.node.last_mut().unwrap().domain = Some("com.microsoft".into());
+    s
+}
+
+/// `model` importing ONNX Runtime's domain, for its ops.
+fn importing_microsoft(mut model: ModelProto) -> ModelProto {
     model
         .opset_import
         .push(onnx_fuse::onnx::OperatorSetIdProto { domain: Some("com.microsoft".into()), version: Some(1) });
@@ -660,8 +670,7 @@ fn a_masked_fused_matmul_core_with_its_nan_guard_is_a_core() {
         b.input(v, FLOAT, Some(&dims(&[2, 2, 3, 3])));
     }
     b.input("mask", BOOL, Some(&dims(&[2, 1, 3, 3])));
-    let s = b.node("FusedMatMul", &["q", "key"], vec![attr_float("alpha", 0.35), attr_int("transB", 1)]);
-    b.graph.node.last_mut().unwrap().domain = Some("com.microsoft".into());
+    let s = fused_matmul(&mut b, vec![attr_float("alpha", 0.35), attr_int("transB", 1)]);
     let zero = b.init("zero", tensor(FLOAT, &[1], &[0.0]));
     let hidden = b.init("minus_infinity", tensor(FLOAT, &[1], &[f64::NEG_INFINITY]));
     let bias = b.node("Where", &["mask", &zero, &hidden], vec![]);
@@ -671,10 +680,7 @@ fn a_masked_fused_matmul_core_with_its_nan_guard_is_a_core() {
     let p = b.node("Where", &[&nan, &zero, &p], vec![]);
     b.node_to("MatMul", &[&p, "v"], &["out"], vec![]);
     b.output("out", FLOAT, None);
-    let mut model = b.model(18);
-    model
-        .opset_import
-        .push(onnx_fuse::onnx::OperatorSetIdProto { domain: Some("com.microsoft".into()), version: Some(1) });
+    let model = importing_microsoft(b.model(18));
     let (n, why, fused) = attention(&model);
     assert_eq!(n, 1, "{why:?}");
     let node = fused.graph.as_ref().unwrap().node.iter().find(|n| n.op_type() == "AttentionCore").unwrap();
