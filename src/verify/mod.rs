@@ -272,11 +272,14 @@ fn run_original(
     let unset: Vec<&String> = symbols.iter().filter(|s| !given.contains(*s) && !s.contains('+')).collect();
     // The sizes the model's shapes prove (an image's channels, from its
     // Conv's weight) are taken as given, not searched.
+    // Taken only where the inputs they give fit the budget.
     let proved = proved_symbols(original.0, &unset);
-    let unset: Vec<&String> = unset.into_iter().filter(|s| !proved.contains_key(*s)).collect();
     let user = options;
-    let with_proved = Options { dims: user.dims.clone().into_iter().chain(proved).collect(), ..user.clone() };
-    let options = &with_proved;
+    let with_proved = Options { dims: user.dims.clone().into_iter().chain(proved.clone()).collect(), ..user.clone() };
+    let (options, unset) = match check_budget(original.0, &with_proved, memory_available()) {
+        Ok(_) => (&with_proved, unset.into_iter().filter(|s| !proved.contains_key(*s)).collect()),
+        Err(_) => (user, unset),
+    };
     // One session: every try runs it on other input sizes.
     let mut session = load(env, original.0, original.1, "original", probe, reference_ops)?;
     // The outer error is not about sizes (an array of the wrong type): no
