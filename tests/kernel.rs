@@ -1373,6 +1373,14 @@ fn onnx_runtimes_pow_of_a_half_is_the_root_of_a_perfect_square() {
     assert!(!v.passed, "Pow(x, 0.5) was expected to differ from Sqrt somewhere off the squares");
 }
 
+/// Whether ONNX Runtime computes the same outputs from `a` and `b` with
+/// the symbol `len` at `len`.
+fn same_at_len(a: &ModelProto, b: &ModelProto, len: i64) -> bool {
+    let options = verify::Options { dims: [("len".to_string(), len)].into(), ..Default::default() };
+    let here = std::path::Path::new(".");
+    verify::verify((a, here), (b, here), &options).unwrap().outputs.iter().all(|c| c.passed)
+}
+
 /// The fact of ONNX Runtime's pools the shape rule for `ceil_mode` rests on
 /// (`graph/shapes.rs`, `conv_length`): rounded up, a pool's length is
 /// floor((len + pads - reach + stride - 1) / stride) + 1 where the end's pad
@@ -1383,7 +1391,6 @@ fn onnx_runtimes_pow_of_a_half_is_the_root_of_a_perfect_square() {
 /// window, not two), which is why the rule declines there.
 #[test]
 fn onnx_runtimes_pools_rounded_up_start_every_window_inside() {
-    let here = std::path::Path::new(".");
     let lengths = |pool: (i64, i64), conv: (i64, i64, i64), len: i64| {
         let model = |is_pool: bool| {
             let mut b = Builder::default();
@@ -1402,9 +1409,7 @@ fn onnx_runtimes_pools_rounded_up_start_every_window_inside() {
             b.output("n", INT64, None);
             b.model(17)
         };
-        let options = verify::Options { dims: [("len".to_string(), len)].into(), ..Default::default() };
-        let v = verify::verify((&model(true), here), (&model(false), here), &options).unwrap();
-        v.outputs.iter().all(|c| c.passed)
+        same_at_len(&model(true), &model(false), len)
     };
     for len in 1..=9 {
         assert!(lengths((2, 2), (2, 2, 1), len), "kernel 2, stride 2, len {len}: ceil(len / 2)");
@@ -1422,7 +1427,6 @@ fn onnx_runtimes_pools_rounded_up_start_every_window_inside() {
 /// there.
 #[test]
 fn onnx_runtimes_pools_keep_one_window_over_an_input_shorter_than_it_where_a_conv_fails() {
-    let here = std::path::Path::new(".");
     let shape_is = |len: i64, expected: i64| {
         let model = |pool: bool| {
             let mut b = Builder::default();
@@ -1438,9 +1442,7 @@ fn onnx_runtimes_pools_keep_one_window_over_an_input_shorter_than_it_where_a_con
             b.output("n", INT64, None);
             b.model(17)
         };
-        let options = verify::Options { dims: [("len".to_string(), len)].into(), ..Default::default() };
-        let v = verify::verify((&model(true), here), (&model(false), here), &options).unwrap();
-        v.outputs.iter().all(|c| c.passed)
+        same_at_len(&model(true), &model(false), len)
     };
     assert!(shape_is(1, 1), "kernel 2 over one element: one window");
     assert!(!shape_is(1, 0), "not floor(1 / 2)");
@@ -1457,6 +1459,7 @@ fn onnx_runtimes_pools_keep_one_window_over_an_input_shorter_than_it_where_a_con
         b.output(&y, FLOAT, None);
         let model = b.model(17);
         let options = verify::Options { dims: [("len".to_string(), len)].into(), ..Default::default() };
+        let here = std::path::Path::new(".");
         verify::verify((&model, here), (&model, here), &options).is_ok()
     };
     assert!(!conv_runs(2, 1) && !conv_runs(1, 0), "a Conv over less than its window fails");
