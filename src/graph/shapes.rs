@@ -1142,9 +1142,7 @@ impl<'g, 'a> Shapes<'g, 'a> {
     /// so `seq ≤ 3·floor((seq + 2)/3)`); or a sum whose atoms' bounds the
     /// run proves make it at least 0 (`seq − 1` where seq ≥ 1).
     fn never_negative(&self, d: &Dim) -> bool {
-        d.is_size()
-            || self.memo.remainders.borrow().contains(&d.key())
-            || d.least(|atom| self.least(atom, 0)).is_some_and(|n| n >= 0)
+        d.is_size() || self.memo.remainders.borrow().contains(&d.key()) || self.least_of(d) >= 0
     }
 
     /// The number a declared symbol is wherever the model runs, where the
@@ -1234,7 +1232,7 @@ impl<'g, 'a> Shapes<'g, 'a> {
         }
         match node.op_type() {
             "Identity" => self.element_at(node.input.first()?, i, depth + 1),
-            "Cast" if node.attr_int("to").and_then(|t| i32::try_from(t).ok()).is_some_and(crate::onnx::holds_sizes) => {
+            "Cast" if cast_to(node).is_some_and(crate::onnx::holds_sizes) => {
                 self.element_at(node.input.first()?, i, depth + 1)
             }
             "Concat" if node.attr_int("axis").is_some_and(|a| a == 0 || a == -1) => {
@@ -1503,9 +1501,9 @@ impl<'g, 'a> Shapes<'g, 'a> {
             }
             // Sizes keep their values through a Cast to a type of 32 bits
             // or more; a narrower one may wrap or round them.
-            "Cast" if node.attr_int("to").and_then(|t| i32::try_from(t).ok()).is_some_and(crate::onnx::holds_sizes) => {
+            "Cast" if cast_to(node).is_some_and(crate::onnx::holds_sizes) => {
                 let source = arg(0);
-                let to_integer = node.attr_int("to").and_then(|t| i32::try_from(t).ok()).is_some_and(crate::onnx::is_integer);
+                let to_integer = cast_to(node).is_some_and(crate::onnx::is_integer);
                 match source {
                     Some(e) if e.iter().all(Option::is_some) => Some(e),
                     // `int(h / p)`: a float quotient of sizes, truncated;
@@ -1848,6 +1846,11 @@ fn conv_length(
     };
     let out = floor_of(&len.add(&Dim::known(c))?, stride, floors)?.add(&Dim::known(plus))?;
     (out.value().is_none_or(|o| o > 0)).then_some(out)
+}
+
+/// The type a Cast casts to (none where `to` is no type number).
+fn cast_to(node: &NodeProto) -> Option<i32> {
+    node.attr_int("to").and_then(|t| i32::try_from(t).ok())
 }
 
 /// The floors named so far, by name: what each is the floor of, and by what.
