@@ -256,9 +256,10 @@ pub fn filled_shape(elem: i32, dims: &[i64], v: f64) -> Option<TensorProto> {
     })
 }
 
-/// The `to` type of a Cast node.
+/// The `to` type of a Cast node (none where `to` is no type number: a
+/// value past i32 is not wrapped into one).
 pub fn cast_to(node: &NodeProto) -> Option<i32> {
-    node.is("Cast").then(|| node.attr_int("to")).flatten().map(|t| t as i32)
+    node.is("Cast").then(|| node.attr_int("to")).flatten().and_then(|t| i32::try_from(t).ok())
 }
 
 // The spellings exporters write one function in. Each recognizer lives
