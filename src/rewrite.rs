@@ -74,9 +74,10 @@ pub struct Rewrite {
     /// The replacement's place in the node list (set by the driver).
     pub place: usize,
     /// A model-local function the replacement calls (for ops no runtime
-    /// has a kernel for). The driver adds it once per (domain, name,
-    /// overload), with the model's opset imports, imports its domain and
-    /// raises the IR version as far as functions need.
+    /// has a kernel for): its body is the matched nodes, written by the
+    /// driver (`write_function`). The driver adds it once per (domain,
+    /// name, overload), with the model's opset imports, imports its domain
+    /// and raises the IR version as far as functions need.
     pub function: Option<FunctionProto>,
     /// An operator set the replacement's op comes from, added to the
     /// model's imports when missing (e.g. `com.microsoft` version 1).
@@ -371,8 +372,18 @@ impl Match {
         self.replace_with(node_in(MICROSOFT, op_type, inputs, attributes)).importing(MICROSOFT, 1)
     }
 
-    /// A replacement that calls the model-local `function`.
+    /// A replacement that calls a model-local function of its domain, op
+    /// type and overload, whose body the driver writes from the matched
+    /// nodes (`write_function`). `function` names the inputs the
+    /// replacement reads (`input`, one name each) and says what it is
+    /// (`doc_string`).
     pub fn replace_with_call(self, replacement: NodeProto, function: FunctionProto) -> Rewrite {
+        let function = FunctionProto {
+            name: replacement.op_type.clone(),
+            domain: replacement.domain.clone(),
+            overload: replacement.overload.clone(),
+            ..function
+        };
         Rewrite { function: Some(function), ..self.replace_with(replacement) }
     }
 }
@@ -974,7 +985,7 @@ fn settle(g: &Graph, mut rewrite: Rewrite, functions: &[&FunctionProto]) -> Chec
         check_yields(g, &rewrite)?;
         check_computed_once(g, &rewrite, &walked)?;
         check_unambiguous(g, &rewrite, &walked.union(&rewrite.nodes).copied().collect())?;
-        check_function_identity(functions.iter().copied(), &rewrite)?;
+        write_function(g, &mut rewrite, functions)?;
         fill_original_ops(g, &mut rewrite)?;
         Ok(rewrite)
     })();
@@ -1171,6 +1182,25 @@ fn shape_from_survivors(
     Some(nodes)
 }
 
+/// The matched nodes and the `extra` ones in graph order, less those whose
+/// outputs the prelude now computes (a `Shape` of a removed value).
+fn in_order<'g>(g: &Graph<'g>, rewrite: &Rewrite, extra: &[usize]) -> Vec<&'g NodeProto> {
+    let by_prelude: HashSet<&str> = rewrite.prelude.iter().flat_map(|n| n.output.iter().map(String::as_str)).collect();
+    let mut order: Vec<usize> = rewrite.nodes.iter().chain(extra).copied().collect();
+    order.sort_by_key(|&n| g.position(n));
+    order.dedup();
+    order.into_iter().map(|n| g.node(n)).filter(|n| !n.output.iter().any(|o| by_prelude.contains(o.as_str()))).collect()
+}
+
+/// The values the replacement computes, by slot: the anchor's output
+/// first, then those it takes over.
+fn outputs_by_slot<'r>(g: &Graph<'r>, rewrite: &'r Rewrite) -> Vec<&'r str> {
+    let mut slots: Vec<(usize, &str)> = rewrite.takes_over.iter().map(|(slot, v)| (*slot, v.as_str())).collect();
+    slots.push((0, &g.node(rewrite.anchor).output[0]));
+    slots.sort();
+    slots.into_iter().map(|(_, v)| v).collect()
+}
+
 /// Fills each body of original ops in the replacement (at any depth) with
 /// the matched nodes, in their order, computing the replacement's outputs
 /// under their names (the outputs of the node that holds a body are not
@@ -1183,21 +1213,9 @@ fn fill_original_ops(g: &Graph, rewrite: &mut Rewrite) -> Check<()> {
     if !has_original(&rewrite.replacement) {
         return Ok(());
     }
-    let by_prelude: HashSet<&str> = rewrite.prelude.iter().flat_map(|n| n.output.iter().map(String::as_str)).collect();
-    let mut order: Vec<usize> = rewrite.nodes.iter().copied().collect();
-    order.sort_by_key(|&n| g.position(n));
-    let nodes: Vec<NodeProto> = order
-        .into_iter()
-        .map(|n| g.node(n))
-        .filter(|n| !n.output.iter().any(|o| by_prelude.contains(o.as_str())))
-        .cloned()
-        .collect();
-    let anchor = &g.node(rewrite.anchor).output[0];
-    let mut slots: Vec<(usize, &String)> = rewrite.takes_over.iter().map(|(slot, v)| (*slot, v)).collect();
-    slots.push((0, anchor));
-    slots.sort();
+    let nodes: Vec<NodeProto> = in_order(g, rewrite, &[]).into_iter().cloned().collect();
     let mut outputs = Vec::new();
-    for (_, value) in slots {
+    for value in outputs_by_slot(g, rewrite) {
         let elem = g.elem_type(value).or_decline(|| format!("the type of {value} is not known"))?;
         outputs.push(value_info(value, elem));
     }
@@ -1217,6 +1235,84 @@ fn fill_original_ops(g: &Graph, rewrite: &mut Rewrite) -> Check<()> {
         }
     }
     fill(&mut rewrite.replacement, &body);
+    Ok(())
+}
+
+/// Writes the body of the function the replacement calls
+/// (`Match::replace_with_call`): the matched nodes in graph order, and the
+/// producer of a kept value they read where it reads only the
+/// replacement's inputs (scores that stay for a `Shape` are computed
+/// again). Equal to what it replaced by construction. Its values are named
+/// apart from the graph's: the inputs the rule named first, then every
+/// other value from outside in the order the body reads them (`input_N`),
+/// the outputs `out`, `out_N` by slot, the rest `t0`, `t1`, … in order;
+/// node names, doc strings and metadata are dropped. A function of the
+/// same body is called again; another body of the rule's overload takes
+/// the first free `_2`, `_3`, … (a function's identity is its body).
+fn write_function(g: &Graph, rewrite: &mut Rewrite, earlier: &[&FunctionProto]) -> Check<()> {
+    let Some(mut function) = rewrite.function.take() else { return Ok(()) };
+    let declared: HashSet<&str> = rewrite.replacement.input.iter().map(String::as_str).collect();
+    let recomputed: Vec<usize> = rewrite
+        .kept
+        .iter()
+        .filter_map(|k| g.producer(k.value()))
+        .filter(|p| !rewrite.nodes.contains(p))
+        .filter(|&p| g.node(p).input.iter().all(|v| v.is_empty() || declared.contains(v.as_str())))
+        .filter(|&p| g.node(p).output.iter().any(|o| g.consumers(o).iter().any(|c| rewrite.nodes.contains(c))))
+        .collect();
+    let nodes = in_order(g, rewrite, &recomputed);
+    require!(
+        nodes.iter().all(|n| n.subgraphs().next().is_none()),
+        "the match holds a node with a body, which a function cannot take over"
+    );
+    let mut names: HashMap<&str, String> = HashMap::new();
+    let mut inputs: Vec<String> = Vec::new();
+    for (value, name) in rewrite.replacement.input.iter().zip(&function.input) {
+        names.entry(value.as_str()).or_insert_with(|| name.clone());
+        inputs.push(value.clone());
+    }
+    let produced: HashSet<&str> = nodes.iter().flat_map(|n| n.output.iter().map(String::as_str)).collect();
+    for value in nodes.iter().flat_map(|n| n.input.iter()) {
+        if !value.is_empty() && !produced.contains(value.as_str()) && !names.contains_key(value.as_str()) {
+            let name = format!("input_{}", function.input.len());
+            names.insert(value, name.clone());
+            function.input.push(name);
+            inputs.push(value.clone());
+        }
+    }
+    function.output.clear();
+    for (slot, value) in outputs_by_slot(g, rewrite).into_iter().enumerate() {
+        let name = if slot == 0 { "out".to_string() } else { format!("out_{slot}") };
+        names.insert(value, name.clone());
+        function.output.push(name);
+    }
+    let mut values = 0;
+    for value in nodes.iter().flat_map(|n| n.output.iter()).filter(|o| !o.is_empty()) {
+        names.entry(value.as_str()).or_insert_with(|| {
+            values += 1;
+            format!("t{}", values - 1)
+        });
+    }
+    function.node = nodes
+        .into_iter()
+        .map(|n| {
+            let mut n = NodeProto { name: None, doc_string: None, metadata_props: vec![], ..n.clone() };
+            n.input.iter_mut().chain(n.output.iter_mut()).filter(|v| !v.is_empty()).for_each(|v| *v = names[v.as_str()].clone());
+            n
+        })
+        .collect();
+    let kin = |f: &&&FunctionProto| (f.domain(), f.name()) == (function.domain(), function.name());
+    let overload = match earlier.iter().filter(kin).find(|f| same_body(f, &function)) {
+        Some(same) => same.overload().to_string(),
+        None => {
+            let taken = |o: &str| earlier.iter().filter(kin).any(|f| f.overload() == o);
+            unused_name(function.overload(), 2, taken)
+        }
+    };
+    function.overload = Some(overload.clone());
+    rewrite.replacement.overload = Some(overload);
+    rewrite.replacement.input = inputs;
+    rewrite.function = Some(function);
     Ok(())
 }
 
@@ -1375,21 +1471,6 @@ fn check_unambiguous(g: &Graph, rewrite: &Rewrite, walked: &BTreeSet<usize>) -> 
     for name in names.filter(|v| !v.is_empty() && !added(v)) {
         require!(!g.is_ambiguous(name), "{name} is defined in two scopes or twice (invalid ONNX; runtimes disagree)");
     }
-    Ok(())
-}
-
-/// A replacement may only call a function of an existing signature when
-/// the bodies agree: a function's identity is its body.
-fn check_function_identity<'f>(mut earlier: impl Iterator<Item = &'f FunctionProto>, rewrite: &Rewrite) -> Check<()> {
-    let Some(function) = &rewrite.function else { return Ok(()) };
-    let clash = earlier.find(|f| same_signature(f, function) && !same_body(f, function));
-    require!(
-        clash.is_none(),
-        "the model already has a function {}.{} (overload {:?}) with another body",
-        function.domain(),
-        function.name(),
-        function.overload()
-    );
     Ok(())
 }
 

@@ -58,13 +58,16 @@ fn every_form_is_one_core_with_its_own_function() {
         assert_eq!(f.opset_import, fused.opset_import, "{name}: the function imports the model's opsets");
         assert!(fused.opset_import.iter().any(|o| o.domain() == "transmuter" && o.version() == 1), "{name}");
         assert_eq!(fused.ir_version(), original.ir_version().max(10), "{name}: overloaded functions need IR 10");
-        // Every attribute the body refers to is declared, and the node sets it.
+        // The body is the matched nodes: no attribute of the node, every
+        // value it reads an input or computed before in it.
+        assert!(f.attribute.is_empty() && found.iter().all(|c| c.attribute.is_empty()), "{name}: no attributes");
+        let mut known: Vec<&str> = f.input.iter().map(String::as_str).collect();
         for node in &f.node {
-            for a in node.attribute.iter().filter(|a| a.ref_attr_name.is_some()) {
-                assert!(f.attribute.iter().any(|d| d == a.ref_attr_name()), "{name}: {} declared", a.ref_attr_name());
-                assert!(found[0].attr(a.ref_attr_name()).is_some(), "{name}: the node sets {}", a.ref_attr_name());
-            }
+            assert!(node.attribute.iter().all(|a| a.ref_attr_name.is_none()), "{name}: no attribute reference");
+            assert!(node.input.iter().all(|i| i.is_empty() || known.contains(&i.as_str())), "{name}: {node:?}");
+            known.extend(node.output.iter().map(String::as_str));
         }
+        assert_eq!(f.output, ["out"], "{name}");
         assert_eq!(f.input.len(), found[0].input.len(), "{name}: one function input per node input");
     }
 }
@@ -79,11 +82,7 @@ fn llama_core_structure_and_provenance() {
     assert_eq!(core.input[3], format!("{scope}Slice_4_output_0"), "the additive mask");
     assert_eq!(core.input.len(), 4, "q, k, v, mask");
     assert_eq!(core.output, [format!("{scope}MatMul_1_output_0")]);
-    let names: Vec<&str> = core.attribute.iter().map(|a| a.name()).collect();
-    assert_eq!(names, ["scale", "probs_to", "probs_to_2"]);
-    let scale = core.attr("scale").unwrap().t.as_ref().unwrap();
-    assert_eq!(scale.scalar().map(|s| s as f32), Some(1.0 / 8f32.sqrt()), "1/sqrt(head_dim), bit for bit");
-    assert_eq!(core.attr_int("probs_to"), Some(1));
+    assert!(core.attribute.is_empty(), "the body holds the constants");
     assert_provenance(
         core,
         &scope,
@@ -103,6 +102,12 @@ fn llama_core_structure_and_provenance() {
     assert_eq!(ops, ["MatMul", "Constant", "Mul", "Add", "Softmax", "Cast", "Cast", "MatMul"]);
     assert_eq!(f.input, ["q", "k", "v", "mask"]);
     assert_eq!(f.output, ["out"]);
+    let scale = f.node[1].attr("value").and_then(|a| a.t.as_ref()).expect("the scale's Constant");
+    assert_eq!(scale.scalar().map(|s| s as f32), Some(1.0 / 8f32.sqrt()), "1/sqrt(head_dim), bit for bit");
+    assert_eq!(f.node[5].attr_int("to"), Some(1));
+    // Named apart from the graph: the same body serves every layer.
+    assert!(f.node.iter().all(|n| n.name.is_none() && n.metadata_props.is_empty()));
+    assert_eq!(fused.functions.len(), 1, "both layers call one function");
 }
 
 #[test]
@@ -112,9 +117,11 @@ fn gpt2_core_takes_the_computed_divisor_and_the_keep_mask_as_inputs() {
     let f = function(&fused, core.overload());
     assert_eq!(f.input, ["q", "k", "v", "divisor", "keep", "mask"]);
     // GPT-2 fills hidden keys with torch.finfo(float32).min, kept bit for bit.
-    assert_eq!(core.attr("fill").unwrap().t.as_ref().unwrap().scalar(), Some(f32::MIN as f64));
-    let names: Vec<&str> = core.attribute.iter().map(|a| a.name()).collect();
-    assert_eq!(names, ["scores_to", "fill", "probs_to"]);
+    let ops: Vec<&str> = f.node.iter().map(|n| n.op_type()).collect();
+    assert_eq!(ops, ["MatMul", "Div", "Cast", "Constant", "Where", "Add", "Softmax", "Cast", "MatMul"]);
+    let fill = f.node[3].attr("value").and_then(|a| a.t.as_ref()).expect("the fill's Constant");
+    assert_eq!(fill.scalar(), Some(f32::MIN as f64));
+    assert_eq!(f.node[4].input, ["keep", "t2", "t3"]);
 }
 
 #[test]
@@ -137,8 +144,9 @@ fn trocr_reshape_pair_is_proved_with_symbolic_shapes() {
 /// DeBERTa views its 3-D scores as `[-1, heads, Shape(s)[-2], Shape(s)[-1]]`
 /// for the mask and the probabilities back as `[-1, Shape(p)[-2],
 /// Shape(p)[-1]]`: shapes computed from the core's own values, which the
-/// body computes too (from its own values), nodes copied. Where a node of
-/// that computation is read elsewhere, it cannot go with the core.
+/// body computes too (from its own values: they are part of the match).
+/// Where a node of that computation is read elsewhere, it cannot go with
+/// the core.
 #[test]
 fn reshape_shapes_computed_from_the_cores_values_are_computed_in_the_body() {
     let (original, fused, _) = fuse("deberta_ts_op14.onnx");

@@ -529,9 +529,10 @@ fn soft_capping_before_the_mask_is_a_step_of_the_core() {
         assert_eq!(n, 1, "{why:?}");
         let node = &fused.graph.as_ref().unwrap().node[0];
         assert_eq!(node.overload(), form);
-        assert_eq!(node.input, ["q", "k", "v", "mask"]);
-        let attributes: Vec<&str> = node.attribute.iter().map(|a| a.name()).collect();
-        assert_eq!(attributes, ["scale", "cap_in", "cap"]);
+        assert_eq!(node.input[..4], ["q", "k", "v", "mask"]);
+        let ops: Vec<&str> = fused.functions[0].node.iter().map(|n| n.op_type()).collect();
+        let capped = ["MatMul", "Mul", if mul { "Mul" } else { "Div" }, "Tanh", "Mul", "Add", "Softmax", "MatMul"];
+        assert_eq!(ops.iter().filter(|op| **op != "Constant").copied().collect::<Vec<_>>(), capped);
         assert_equivalent(&model, &fused, "softcap");
     }
     // After the mask, hidden keys would keep the weight of -cap.
@@ -568,7 +569,10 @@ fn megatrons_mask_of_zeros_and_ones_is_a_step_of_the_core() {
     let node = fused.graph.as_ref().unwrap().node.iter().find(|n| n.op_type() == "AttentionCore").unwrap();
     assert_eq!(node.overload(), "megatron_mask.softmax");
     assert_eq!(node.input[..3], ["q", "k", "v"]);
-    assert_eq!(node.input.len(), 4, "the mask m: {:?}", node.input);
+    // The mask m, then the initializers the body reads (constants shared
+    // with no node are inputs of the function).
+    assert_eq!(node.input[4..], ["one", "penalty"], "the mask m: {:?}", node.input);
+    assert_eq!(fused.functions[0].input, ["q", "k", "v", "keep_mask", "input_4", "input_5"]);
     assert_equivalent(&model, &fused, "megatron");
     // m a float input: not proved to hold only 0 and 1.
     let (n, why, _) = attention(&megatron(|_| "mask".to_string()));
@@ -650,8 +654,9 @@ fn fused_matmul_scores_with_their_alpha_are_a_core() {
     let node = fused.graph.as_ref().unwrap().node.iter().find(|n| n.op_type() == "AttentionCore").unwrap();
     assert_eq!(node.overload(), "fused_matmul.add.softmax");
     assert_eq!(node.input, ["q", "key", "v", "mask"]);
-    assert_eq!(node.attr_float("alpha"), Some(0.35));
-    assert_eq!(node.attr_int("trans_k"), Some(1));
+    let scores = &fused.functions[0].node[0];
+    assert_eq!((scores.domain(), scores.op_type()), ("com.microsoft", "FusedMatMul"));
+    assert_eq!((scores.attr_float("alpha"), scores.attr_int("transB")), (Some(0.35), Some(1)));
     assert_equivalent(&model, &fused, "fused_matmul");
     // transA: q transposed, not the core's q·k.
     let (n, why, _) = attention(&fused_matmul_scores(true));
@@ -685,7 +690,7 @@ fn a_masked_fused_matmul_core_with_its_nan_guard_is_a_core() {
     assert_eq!(n, 1, "{why:?}");
     let node = fused.graph.as_ref().unwrap().node.iter().find(|n| n.op_type() == "AttentionCore").unwrap();
     assert_eq!(node.overload(), "fused_matmul.add.softmax.nan_guard");
-    assert_eq!(node.attr_float("alpha"), Some(0.35));
+    assert_eq!(fused.functions[0].node[0].attr_float("alpha"), Some(0.35));
     assert_equivalent(&model, &fused, "masked fused_matmul");
 }
 
@@ -710,6 +715,12 @@ fn einsum_core(scores_equation: &str, out_equation: &str, value: &[i64]) -> Mode
     b.model(14)
 }
 
+/// The equations of the Einsums of the core's function, in order.
+fn einsum_equations(fused: &ModelProto) -> Vec<String> {
+    let einsums = fused.functions[0].node.iter().filter(|n| n.op_type() == "Einsum");
+    einsums.map(|n| String::from_utf8(n.attr("equation").unwrap().s.clone().unwrap().to_vec()).unwrap()).collect()
+}
+
 #[test]
 fn a_core_written_with_einsums_is_a_core() {
     let model = einsum_core("aecd,abcd->acbe", "acbe,aecd->abcd", &[2, 5, 2, 4]);
@@ -717,10 +728,8 @@ fn a_core_written_with_einsums_is_a_core() {
     assert_eq!(n, 1, "{why:?}");
     let node = fused.graph.as_ref().unwrap().node.iter().find(|n| n.op_type() == "AttentionCore").unwrap();
     assert_eq!(node.overload(), "einsum_kq.mul.add.softmax.einsum_v");
-    assert_eq!(node.input, ["query", "key", "value", "mask"], "q, k, v in the core's order");
-    let text = |name: &str| node.attr(name).and_then(|a| a.s.clone()).map(|s| String::from_utf8(s.to_vec()).unwrap());
-    assert_eq!(text("scores_equation").as_deref(), Some("aecd,abcd->acbe"));
-    assert_eq!(text("out_equation").as_deref(), Some("acbe,aecd->abcd"));
+    assert_eq!(node.input[..4], ["query", "key", "value", "mask"], "q, k, v in the core's order");
+    assert_eq!(einsum_equations(&fused), ["aecd,abcd->acbe", "acbe,aecd->abcd"]);
     assert_equivalent(&model, &fused, "einsum");
     // Contracting a sequence axis (the key's), or a probabilities' Einsum
     // that keeps their last axis: no attention core.
@@ -744,10 +753,7 @@ fn an_einsum_core_with_an_ellipsis_is_a_core() {
     let model = einsum_core(scores, out, &[2, 5, 2, 4]);
     let (n, why, fused) = attention(&model);
     assert_eq!(n, 1, "{why:?}");
-    let node = fused.graph.as_ref().unwrap().node.iter().find(|n| n.op_type() == "AttentionCore").unwrap();
-    let text = |name: &str| node.attr(name).and_then(|a| a.s.clone()).map(|s| String::from_utf8(s.to_vec()).unwrap());
-    assert_eq!(text("scores_equation").as_deref(), Some(scores));
-    assert_eq!(text("out_equation").as_deref(), Some(out));
+    assert_eq!(einsum_equations(&fused), [scores, out]);
     assert_equivalent(&model, &fused, "einsum with an ellipsis");
     // Near-misses: an ellipsis the operands give axes of other sizes (ONNX
     // broadcasts an ellipsis), or one operand's alone.
@@ -810,9 +816,10 @@ fn masked_fill_with_a_reshaped_fill_is_a_core() {
     assert_eq!(n, 1, "{why:?}");
     let node = &fused.graph.as_ref().unwrap().node[0];
     assert_eq!(node.overload(), "masked_fill.softmax");
-    assert_eq!(node.input, ["q", "k", "v", "hide"]);
+    assert_eq!(node.input[..4], ["q", "k", "v", "hide"]);
     let f = fused.functions.iter().find(|f| f.overload() == "masked_fill.softmax").unwrap();
-    assert_eq!(f.input, ["q", "k", "v", "hide"]);
+    // The fill and its Reshape's shape are initializers: inputs after the mask.
+    assert_eq!(f.input, ["q", "k", "v", "hide", "input_4", "input_5"]);
     assert_equivalent(&model, &fused, "forms");
     // A fill of -100 (through a Reshape too) leaves hidden keys weight.
     let model = core(

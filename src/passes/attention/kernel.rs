@@ -102,7 +102,7 @@ pub(super) fn attention(
                 require!(g.elem_type(value) == Some(elem), "the mask {value} is not of q's type");
                 masks.push(step.clone());
             }
-            Step::NanGuard(_) => nan_guard = true,
+            Step::NanGuard => nan_guard = true,
             Step::Where { .. } if softcap.is_none() => masks.push(step.clone()),
             Step::Where { .. } => decline!("a Where after a soft-cap: Attention caps the scores it masks"),
             Step::Megatron { .. } => decline!("Megatron's mask (s·m − penalty·(1 − m)) is no mask Attention takes"),

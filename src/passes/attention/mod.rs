@@ -5,40 +5,42 @@
 //!
 //! ```text
 //! s = MatMul(q, k)                 (an Identity or an inference Dropout anywhere on the way is no step)
-//!   | com.microsoft.FusedMatMul(q, k, alpha, transB)  not transA → token `fused_matmul`, attributes `alpha`, `trans_k`
-//!   | Einsum(q, k) | Einsum(k, q)   contracting one head axis, ending (query, key) → token `einsum` / `einsum_kq`,
-//!                                  attribute `scores_equation` (tf2onnx's Keras: `aecd,abcd->acbe` of key, query)
-//!     Mul(s, c) | Div(s, c)        c a constant with one value   → attribute `scale`
+//!   | com.microsoft.FusedMatMul(q, k, alpha, transB)  not transA → token `fused_matmul`
+//!   | Einsum(q, k) | Einsum(k, q)   contracting one head axis, ending (query, key) → token `einsum` / `einsum_kq`
+//!                                  (tf2onnx's Keras: `aecd,abcd->acbe` of key, query)
+//!     Mul(s, c) | Div(s, c)        c a constant with one value   → `mul` / `div`
 //!     Div(s, d) | Mul(s, d)        d computed at run time (SwinV2's per-head scale),
 //!                                  its broadcast leaving the scores' shape → input `divisor` / `multiplier`
 //!     Mul(Tanh(Div(s, cap)), cap)  soft-capping (Gemma 2), cap a constant with one
-//!                                  value, also Mul(s, 1/cap); before any mask → `cap_in`, `cap`
-//!     Cast(s, to = float type)                                   → attribute `scores_to`
+//!                                  value, also Mul(s, 1/cap); before any mask → `softcap` / `softcap_mul`
+//!     Cast(s, to = float type)                                   → `cast`
 //!     Sub(Mul(s, m), Mul(c, Sub(1, m)))  Megatron's mask, m proved to hold only 0 and 1
 //!                                  (a Cast of a bool, or a constant), c ≥ 1e4 → input `keep_mask`
-//!     Where(keep, s, fill)         fill a constant ≤ -1e4        → input `keep`, attribute `fill`
-//!     Where(hide, fill, s)         masked_fill: the same, inverted → input `hide`, attribute `fill`
+//!     Where(keep, s, fill)         fill a constant ≤ -1e4        → input `keep`
+//!     Where(hide, fill, s)         masked_fill: the same, inverted → input `hide`
 //!     Add(s, mask)                 either order; several in a row → input `mask`, `mask_2`, …
 //!     Sub(s, mask)                 a term subtracted (XLNet)      → token `sub`, input `mask`
-//!     Reshape(s, shape) … Reshape  a pair that gives back the shape of s → `scores_shape`, `scores_shape_2`
+//!     Reshape(s, shape) … Reshape  a pair that gives back the shape of s → input `scores_shape` where
+//!                                  computed at run time from other values
 //! p = Softmax(s)                   over the last axis only
-//!     Cast(p, to = float type)     (up to two)                   → attribute `probs_to`, `probs_to_2`
-//!     Where(IsNaN(p), 0, p)        the SDPA export's NaN guard   → attribute `nan_value`
-//!     Reshape(Reshape(p, a), b)    giving back the shape of p    → `probs_shape`, `probs_shape_2`
+//!     Cast(p, to = float type)     (up to two)
+//!     Where(IsNaN(p), 0, p)        the SDPA export's NaN guard   → `nan_guard`
+//!     Reshape(Reshape(p, a), b)    giving back the shape of p    → `probs_shape`
 //! out = MatMul(p, v)
-//!   | Einsum(p, v)                 contracting p's last axis with v → token `einsum_v`, attribute `out_equation`
+//!   | Einsum(p, v)                 contracting p's last axis with v → token `einsum_v`
 //! ```
 //!
 //! The steps present, in their order, are the form (`mul.add.softmax.cast`):
-//! the node's overload and the name of the model-local function that
-//! computes exactly those steps, so every runtime runs the same operators as
-//! before. Constants become attributes (tensors keep their type and bits),
-//! side values computed at run time become inputs after q, k, v in step
-//! order. docs/attention-core.md is the interface for kernel writers.
+//! the node's overload. The model-local function it calls is the matched
+//! nodes themselves, written by the driver (`rewrite::write_function`), so
+//! every runtime runs the same operators as before: q, k, v and the side
+//! values computed at run time are its first inputs, other values from
+//! outside (a constant the model shares) follow. docs/attention-core.md is
+//! the interface for kernel writers.
 
 use crate::graph::{known, Check, Graph, Miss, Relabel, Stop, Target};
 use crate::onnx::{
-    type_text, AttributeProto, AttributeType, FunctionProto, NodeProto, TensorProto, BFLOAT16, DOUBLE, FLOAT, FLOAT16,
+    type_text, AttributeProto, FunctionProto, NodeProto, TensorProto, BFLOAT16, DOUBLE, FLOAT, FLOAT16,
     TRANSMUTER_DOMAIN,
 };
 use crate::pattern::{self, cast_to};
@@ -74,11 +76,7 @@ enum Step {
     /// `Mul(Tanh(op(s, cap_in)), cap)`: op `Div` by cap, or `Mul` by 1/cap.
     Softcap(&'static str, TensorProto, TensorProto),
     /// Megatron's `s·m − penalty·(one − m)`, m of zeros and ones.
-    Megatron {
-        m: String,
-        penalty: TensorProto,
-        one: TensorProto,
-    },
+    Megatron(String),
     Cast(i32),
     /// `Where(keep, s, fill)`, or with `fill_first` `Where(hide, fill, s)`
     /// (`masked_fill`): the condition names the keys hidden.
@@ -95,107 +93,113 @@ enum Step {
         allowzero: bool,
     },
     Softmax,
-    NanGuard(TensorProto),
+    NanGuard,
 }
 
 impl Step {
-    /// The value computed at run time the step reads besides the scores.
-    fn side_input(&self) -> Option<&str> {
+    /// The value computed at run time the step reads besides the scores,
+    /// and the core's name for it (`after`: the step follows the Softmax).
+    fn side_input(&self, after: bool) -> Option<(&str, &'static str)> {
         match self {
-            Step::Divisor(d)
-            | Step::Multiplier(d)
-            | Step::Where { keep: d, .. }
-            | Step::Mask(d)
-            | Step::Subtract(d)
-            | Step::Megatron { m: d, .. } => Some(d),
-            Step::Reshape { shape: Side::Input(d), .. } => Some(d),
+            Step::Divisor(d) => Some((d, "divisor")),
+            Step::Multiplier(d) => Some((d, "multiplier")),
+            Step::Where { keep, fill_first: false, .. } => Some((keep, "keep")),
+            Step::Where { keep: hide, .. } => Some((hide, "hide")),
+            Step::Mask(d) | Step::Subtract(d) => Some((d, "mask")),
+            Step::Megatron(m) => Some((m, "keep_mask")),
+            Step::Reshape { shape: Side::Input(d), .. } => Some((d, if after { "probs_shape" } else { "scores_shape" })),
             _ => None,
         }
     }
+
+    /// The step's token in the core's form (docs/attention-core.md).
+    fn token(&self) -> String {
+        let token = match self {
+            Step::Scale(op, _) => return op.to_ascii_lowercase(),
+            Step::Divisor(_) => "div_input",
+            Step::Multiplier(_) => "mul_input",
+            Step::Softcap("Div", ..) => "softcap",
+            Step::Softcap(..) => "softcap_mul",
+            Step::Megatron(_) => "megatron_mask",
+            Step::Cast(_) => "cast",
+            Step::Where { fill_first: false, .. } => "where",
+            Step::Where { .. } => "masked_fill",
+            Step::Mask(_) => "add",
+            Step::Subtract(_) => "sub",
+            Step::Softmax => "softmax",
+            Step::NanGuard => "nan_guard",
+            Step::Reshape { shape, allowzero } => {
+                let token = match shape {
+                    Side::Constant => "reshape",
+                    Side::Input(_) => "reshape_input",
+                    Side::Computed => "reshape_computed",
+                };
+                // allowzero changes what a 0 in the shape means: another form.
+                return if *allowzero { format!("{token}_allowzero") } else { token.into() };
+            }
+        };
+        token.into()
+    }
 }
 
+/// A Reshape's shape.
 #[derive(Debug, Clone)]
 enum Side {
-    Constant(TensorProto),
+    Constant,
     Input(String),
     /// Computed from the shapes of the core's own values (DeBERTa views its
-    /// scores as `[-1, heads, Shape(s)[-2], Shape(s)[-1]]`): the nodes,
-    /// copied into the body.
-    Computed(Vec<ShapeNode>),
+    /// scores as `[-1, heads, Shape(s)[-2], Shape(s)[-1]]`): part of the
+    /// match.
+    Computed,
 }
 
-/// A node of a shape computation copied into the body: the model's node,
-/// its inputs read as `Feed`s.
-#[derive(Debug, Clone)]
-struct ShapeNode {
-    node: NodeProto,
-    inputs: Vec<Feed>,
-}
-
-#[derive(Debug, Clone)]
-enum Feed {
-    Constant(TensorProto),
-    /// The output of an earlier node of the computation.
-    Node(usize),
-    /// The scores after step i of the core (0: the scores themselves), read
-    /// by a `Shape`.
-    Step(usize),
-}
-
-/// The ops a shape computation copied into the body may use: `Shape` of a
+/// The ops of a shape computed from the core's own values: `Shape` of a
 /// value of the core, ops that select and regroup its elements, and
-/// arithmetic on them (each copy computes what the model's node did).
+/// arithmetic on them.
 const SHAPE_OPS: &[&str] =
     &["Shape", "Gather", "Slice", "Squeeze", "Unsqueeze", "Concat", "Cast", "Add", "Sub", "Mul", "Div"];
 
-/// `value` as computed from constants and `Shape`s of the core's values
-/// (`steps`: the scores and each step's output, in order), nodes in
-/// dependency order; none where anything else feeds it, or where no
-/// `Shape` of the core's values does (then it is an input of the core).
-fn shape_computation(g: &Graph, value: &str, steps: &[&str]) -> Option<Vec<ShapeNode>> {
-    fn visit(g: &Graph, value: &str, steps: &[&str], nodes: &mut Vec<(usize, ShapeNode)>) -> Option<Feed> {
-        if let Some(t) = g.constant(value) {
-            return Some(Feed::Constant(attribute_tensor(t)));
+/// Whether `value` is computed from constants and `Shape`s of the core's
+/// values alone (`steps`: the scores and each step's output, in order),
+/// one of them at least.
+fn computed_from_core_shapes(g: &Graph, value: &str, steps: &[&str]) -> bool {
+    fn visit(g: &Graph, value: &str, steps: &[&str], seen: &mut Vec<usize>, reads: &mut bool) -> Option<()> {
+        if g.constant(value).is_some() {
+            return Some(());
         }
         let p = g.producer(value)?;
-        if let Some(i) = nodes.iter().position(|(n, _)| *n == p) {
-            return Some(Feed::Node(i));
+        if seen.contains(&p) {
+            return Some(());
         }
         let node = g.node(p);
         let ok = SHAPE_OPS.iter().any(|op| node.is(op)) && node.output.len() == 1 && g.malformed(p).is_none();
-        if !ok || nodes.len() >= 32 {
+        if !ok || seen.len() >= 32 {
             return None;
         }
-        let inputs = if node.is("Shape") {
+        seen.push(p);
+        if node.is("Shape") {
             // Through what computes nothing (an inference Dropout).
             let mut x = node.input.first()?.as_str();
             while !steps.contains(&x) {
                 x = g.identity_input(g.producer(x)?)?;
             }
-            vec![Feed::Step(steps.iter().position(|s| *s == x)?)]
-        } else {
-            node.input.iter().map(|v| visit(g, v, steps, nodes)).collect::<Option<_>>()?
-        };
-        nodes.push((p, ShapeNode { node: node.clone(), inputs }));
-        Some(Feed::Node(nodes.len() - 1))
+            *reads = true;
+            return Some(());
+        }
+        node.input.iter().try_for_each(|v| visit(g, v, steps, seen, reads))
     }
-    let mut nodes = vec![];
-    visit(g, value, steps, &mut nodes)?;
-    let reads_steps = nodes.iter().any(|(_, n)| n.inputs.iter().any(|f| matches!(f, Feed::Step(_))));
-    reads_steps.then(|| nodes.into_iter().map(|(_, n)| n).collect())
+    let mut reads = false;
+    visit(g, value, steps, &mut vec![], &mut reads).is_some() && reads
 }
 
 /// How the scores are computed from q and k.
-enum Scores<'a> {
+enum Scores {
     MatMul,
     /// `com.microsoft.FusedMatMul(q, k, alpha, transB)`.
-    Fused(&'a NodeProto),
+    Fused,
     /// An Einsum over one head axis; `key_first` where its first operand
     /// is the key (Keras computes `einsum(key, query)`).
-    Einsum {
-        node: &'a NodeProto,
-        key_first: bool,
-    },
+    Einsum { key_first: bool },
 }
 
 fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
@@ -244,12 +248,12 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     let (scores, mut before) = scores_chain(g, &g.node(softmax).input[0], 0)?;
     let scores_node = g.node(scores);
     let form = match scores_node.op_type() {
-        "FusedMatMul" => Scores::Fused(scores_node),
-        "Einsum" => Scores::Einsum { node: scores_node, key_first: einsum_scores(&shapes, scores_node)? },
+        "FusedMatMul" => Scores::Fused,
+        "Einsum" => Scores::Einsum { key_first: einsum_scores(&shapes, scores_node)? },
         _ => Scores::MatMul,
     };
     let (a, b) = (scores_node.input[0].as_str(), scores_node.input[1].as_str());
-    let (q, k) = if matches!(form, Scores::Einsum { key_first: true, .. }) { (b, a) } else { (a, b) };
+    let (q, k) = if matches!(form, Scores::Einsum { key_first: true }) { (b, a) } else { (a, b) };
     if out.is("Einsum") {
         einsum_with_v(&shapes, out)?;
         // The Reshape pairs are proved against a MatMul's layout of v.
@@ -288,11 +292,11 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     }
     require!(count(&before, |s| matches!(s, Step::Cast(_))) <= 2, "more than two Casts before the Softmax");
     require!(count(&after, |s| matches!(s, Step::Cast(_))) <= 2, "more than two Casts after the Softmax");
-    require!(count(&after, |s| matches!(s, Step::NanGuard(_))) <= 1, "more than one NaN guard");
+    require!(count(&after, |s| matches!(s, Step::NanGuard)) <= 1, "more than one NaN guard");
     reshapes_give_back_shapes(g, &shapes, &before, &after, v)?;
     // A Reshape's shape computed from the shapes of the core's own values
-    // is computed in the body too (it would otherwise be computed from
-    // nodes the core replaces).
+    // is part of the match (it would otherwise be computed from nodes the
+    // core replaces).
     let values: Vec<&str> = std::iter::once(scores)
         .chain(before.iter().map(|(n, _)| *n))
         .chain([softmax])
@@ -305,12 +309,8 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     let positions = (0..softmax_at).chain(softmax_at + 1..);
     for (at, (_, step)) in positions.zip(before.iter_mut().chain(after.iter_mut())) {
         if let Step::Reshape { shape, .. } = step {
-            let computed = match shape {
-                Side::Input(value) => shape_computation(g, value, &values[..=at]),
-                _ => None,
-            };
-            if let Some(nodes) = computed {
-                *shape = Side::Computed(nodes);
+            if matches!(shape, Side::Input(value) if computed_from_core_shapes(g, value, &values[..=at])) {
+                *shape = Side::Computed;
             }
         }
     }
@@ -320,8 +320,8 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     // that do not stay: the driver declines a replacement that reads a value
     // computed from a node of its match.)
     let steps_nodes: Vec<usize> = before.iter().map(|(n, _)| *n).chain([softmax]).collect();
-    let side = before.iter().chain(&after).filter_map(|(_, step)| step.side_input());
-    for value in std::iter::once(v).chain(side) {
+    let side = before.iter().chain(&after).filter_map(|(_, step)| step.side_input(false));
+    for value in std::iter::once(v).chain(side.map(|(value, _)| value)) {
         let from_steps = steps_nodes.iter().any(|&n| g.computed_from(value, n));
         require!(!from_steps, "{value} is computed from the steps between the two MatMuls");
     }
@@ -330,18 +330,41 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
         before.iter().chain(&after).filter(|(_, s)| matches!(s, Step::Reshape { .. })).map(|(n, _)| *n).collect();
     let steps: Vec<Step> =
         before.into_iter().map(|(_, s)| s).chain([Step::Softmax]).chain(after.into_iter().map(|(_, s)| s)).collect();
+    lower(g, &shapes, Core { m, anchor: index, qkv: [q, k, v], scores: form, steps, views })
+}
+
+/// A matched core, one value: its match, the final product (`anchor`),
+/// q, k, v, how the scores are computed, the steps between the two
+/// products, and the Reshapes of the scores' views.
+struct Core<'a> {
+    m: Match,
+    anchor: usize,
+    qkv: [&'a str; 3],
+    scores: Scores,
+    steps: Vec<Step>,
+    views: Vec<usize>,
+}
+
+/// What a matched core becomes for the graph's target, decided here
+/// alone. `ort`: ONNX `Attention` (`kernel.rs`: guarded where the kernel
+/// computes some inputs otherwise, and only where the runtime's measured
+/// facts say it gains, `runtimes.rs`) where the opset has it, with
+/// `AttentionCore` the driver falls back to; else `AttentionCore`, with
+/// the reason it is not the kernel. `portable`: ONNX `Attention` where it
+/// computes the core exactly, else nothing.
+fn lower(g: &Graph, shapes: &Shapes, core: Core) -> Check<Rewrite> {
+    let Core { m, anchor, qkv: [q, k, v], scores: form, steps, views } = core;
+    let out = g.node(anchor);
     match g.target {
         Target::Ort => {
-            let (node, function) = build(q, k, v, &form, out, &steps);
-            let rewrite = m.replace_with_call(node, function);
+            let rewrite = attention_core(m, [q, k, v], &form, out, &steps);
             // The function calls com.microsoft's FusedMatMul: a function
             // resolves only the domains the model imports (ONNX Runtime
             // resolves an unimported one for nodes of the graph alone).
-            let core =
-                if matches!(form, Scores::Fused(_)) { rewrite.importing(crate::onnx::MICROSOFT, 1) } else { rewrite };
+            let core = if matches!(form, Scores::Fused) { rewrite.importing(crate::onnx::MICROSOFT, 1) } else { rewrite };
             // Where the model's opset has ONNX's Attention, the kernel the
             // runtime runs; the core where that is declined.
-            Ok(match kernel::attention(g, &shapes, index, [q, k, v], &form, &steps, &views) {
+            Ok(match kernel::attention(g, shapes, anchor, [q, k, v], &form, &steps, &views) {
                 Ok(kernel) => kernel.or(core),
                 // Where the opset has the kernel, a report says why this
                 // core is not it.
@@ -352,13 +375,13 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
         Target::Portable => {
             let what = match form {
                 Scores::MatMul if out.is("MatMul") => None,
-                Scores::Fused(_) => Some("the scores are ONNX Runtime's FusedMatMul"),
+                Scores::Fused => Some("the scores are ONNX Runtime's FusedMatMul"),
                 _ => Some("the core is written with Einsum"),
             };
             if let Some(what) = what {
                 decline!("{what}, which ONNX's Attention does not read");
             }
-            onnx_attention(g, &shapes, m, [q, k, v], &steps)
+            onnx_attention(g, shapes, m, [q, k, v], &steps)
         }
     }
 }
@@ -500,7 +523,7 @@ fn onnx_attention(g: &Graph, shapes: &Shapes, mut m: Match, [q, k, v]: [&str; 3]
             Step::Where { .. } => decline!("a masked core (Where): {MASK_FILLS}"),
             Step::Divisor(d) => decline!("the divisor {d} is computed at run time"),
             Step::Multiplier(d) => decline!("the multiplier {d} is computed at run time"),
-            Step::NanGuard(_) => decline!("a NaN guard: Attention does not zero NaN rows"),
+            Step::NanGuard => decline!("a NaN guard: Attention does not zero NaN rows"),
             Step::Softcap(..) => {
                 decline!("a soft-cap: not handed to Attention's softcap (not measured to round alike)")
             }
@@ -690,15 +713,14 @@ fn probs_step<'a>(g: &Graph<'a>, p: usize) -> Check<(Step, &'a str)> {
             pattern::scalar(g, &node.input[1], guarded, "the NaN guard's value")? == 0.0,
             "the NaN guard does not write 0"
         );
-        let zero = g.constant(&node.input[1]).expect("a constant, proved above");
-        return Ok((Step::NanGuard(attribute_tensor(zero)), guarded));
+        return Ok((Step::NanGuard, guarded));
     }
     no_candidate!()
 }
 
 fn reshape(g: &Graph, node: &NodeProto) -> Step {
     let shape = match g.constant(&node.input[1]) {
-        Some(t) => Side::Constant(attribute_tensor(t)),
+        Some(_) => Side::Constant,
         None => Side::Input(node.input[1].clone()),
     };
     Step::Reshape { shape, allowzero: node.attr_int("allowzero").unwrap_or(0) == 1 }
@@ -779,7 +801,7 @@ fn scores_chain<'a>(g: &Graph<'a>, value: &'a str, depth: usize) -> Check<(usize
             let (s, c) = if g.constant(&node.input[1]).is_some() { (0, 1) } else { (1, 0) };
             pattern::scalar(g, &node.input[c], &node.input[s], "the Mul scale")?;
             let scale = g.constant(&node.input[c]).expect("a constant, proved above");
-            let found = step(scores_chain(g, &node.input[s], depth + 1), Step::Scale("Mul", attribute_tensor(scale)));
+            let found = step(scores_chain(g, &node.input[s], depth + 1), Step::Scale("Mul", Clone::clone(scale)));
             return found;
         }
         "Div" if binary => {
@@ -787,7 +809,7 @@ fn scores_chain<'a>(g: &Graph<'a>, value: &'a str, depth: usize) -> Check<(usize
             let s = match g.constant(divisor) {
                 Some(t) => {
                     pattern::scalar(g, divisor, &node.input[0], "the Div scale")?;
-                    Step::Scale("Div", attribute_tensor(t))
+                    Step::Scale("Div", Clone::clone(t))
                 }
                 None => Step::Divisor(divisor.clone()),
             };
@@ -812,7 +834,7 @@ fn scores_chain<'a>(g: &Graph<'a>, value: &'a str, depth: usize) -> Check<(usize
                 if fill_first { (&node.input[2], &node.input[1]) } else { (&node.input[1], &node.input[2]) };
             let value = pattern::scalar(g, fill, scores, "the Where fill")?;
             require!(value <= MAX_FILL, "the Where fill is {value}, not at most -1e4: hidden keys would keep weight");
-            let fill = attribute_tensor(g.constant(fill).expect("a constant, proved above"));
+            let fill = Clone::clone(g.constant(fill).expect("a constant, proved above"));
             let s = Step::Where { keep: node.input[0].clone(), fill, fill_first };
             return step(scores_chain(g, scores, depth + 1), s);
         }
@@ -873,7 +895,7 @@ fn softcap<'a>(g: &Graph<'a>, node: &'a NodeProto) -> Check<Option<(&'a str, Ste
     };
     require!(matches, "the soft-cap divides by {by_value} and multiplies by {cap_value}: not one cap");
     require!(cap_value.is_finite() && cap_value > 0.0, "the soft-cap {cap_value} is not a positive number");
-    let constant = |v: &str| attribute_tensor(g.constant(v).expect("a constant, proved above"));
+    let constant = |v: &str| Clone::clone(g.constant(v).expect("a constant, proved above"));
     let op = if inner.is("Div") { "Div" } else { "Mul" };
     Ok(Some((scores.as_str(), Step::Softcap(op, constant(by), constant(cap)))))
 }
@@ -901,8 +923,7 @@ fn megatron_mask<'a>(g: &Graph<'a>, node: &'a NodeProto) -> Check<(&'a str, Step
     let c_value = pattern::scalar(g, c, scores, "the mask's penalty")?;
     require!(c_value >= -MAX_FILL, "the penalty is {c_value}, not at least 1e4: hidden keys would keep weight");
     require!(zeros_and_ones(g, m), "the mask {m} is not proved to hold only 0 and 1");
-    let constant = |v: &str| attribute_tensor(g.constant(v).expect("a constant, proved above"));
-    Ok((scores, Step::Megatron { m: m.to_string(), penalty: constant(c), one: constant(one) }))
+    Ok((scores, Step::Megatron(m.to_string())))
 }
 
 /// A value proved to hold only 0 and 1: a Cast of a bool, a constant of
@@ -1017,252 +1038,35 @@ fn reshapes_give_back_shapes(
     }
 }
 
-/// A constant as an attribute value: the same type and bits, no name.
-fn attribute_tensor(t: &TensorProto) -> TensorProto {
-    TensorProto { name: None, ..t.clone() }
-}
-
-/// The AttentionCore node and the function computing its form.
-fn build(q: &str, k: &str, v: &str, scores: &Scores, out: &NodeProto, steps: &[Step]) -> (NodeProto, FunctionProto) {
-    let mut b = Body::default();
-    let mut form = Vec::new();
-    let mut s = match scores {
-        Scores::MatMul => b.op("MatMul", &["q", "k"], vec![]),
-        Scores::Einsum { node, key_first } => {
-            // As the model wrote it, operands in its order.
-            form.push(if *key_first { "einsum_kq" } else { "einsum" }.to_string());
-            let equation = b.equation("scores_equation", node);
-            b.op("Einsum", if *key_first { &["k", "q"] } else { &["q", "k"] }, vec![equation])
-        }
-        Scores::Fused(node) => {
-            // FusedMatMul(q, k) = alpha · q · op(k), as the model wrote it.
-            form.push("fused_matmul".to_string());
-            let alpha = b.float("alpha", "alpha", node.attr_float("alpha").unwrap_or(1.0));
-            let trans = b.int("trans_k", node.attr_int("transB").unwrap_or(0));
-            let out =
-                b.op("FusedMatMul", &["q", "k"], vec![alpha, AttributeProto { name: Some("transB".into()), ..trans }]);
-            b.nodes.last_mut().expect("the FusedMatMul").domain = Some(crate::onnx::MICROSOFT.into());
-            out
-        }
+/// The AttentionCore node of the form: q, k, v and the side values the
+/// steps read, named for the function whose body the driver writes from
+/// the match.
+fn attention_core(m: Match, [q, k, v]: [&str; 3], scores: &Scores, out: &NodeProto, steps: &[Step]) -> Rewrite {
+    let first = match scores {
+        Scores::MatMul => None,
+        Scores::Fused => Some("fused_matmul"),
+        Scores::Einsum { key_first: true } => Some("einsum_kq"),
+        Scores::Einsum { key_first: false } => Some("einsum"),
     };
-    let mut after_softmax = false;
-    let side = |after: bool| if after { "probs" } else { "scores" };
-    // The scores after each step, as the body names them.
-    let mut values = vec![s.clone()];
-    for step in steps {
-        s = match step {
-            Step::Scale(op, c) => {
-                form.push(op.to_ascii_lowercase());
-                let c = b.constant("scale", c);
-                b.op(op, &[&s, &c], vec![])
-            }
-            Step::Softcap(op, by, cap) => {
-                form.push(if *op == "Div" { "softcap".into() } else { "softcap_mul".into() });
-                let (by, cap) = (b.constant("cap_in", by), b.constant("cap", cap));
-                let t = b.op(op, &[&s, &by], vec![]);
-                let t = b.op("Tanh", &[&t], vec![]);
-                b.op("Mul", &[&t, &cap], vec![])
-            }
-            Step::Megatron { m, penalty, one } => {
-                form.push("megatron_mask".into());
-                let m = b.input("keep_mask", m);
-                let (penalty, one) = (b.constant("penalty", penalty), b.constant("one", one));
-                let kept = b.op("Mul", &[&s, &m], vec![]);
-                let hidden = b.op("Sub", &[&one, &m], vec![]);
-                let hidden = b.op("Mul", &[&penalty, &hidden], vec![]);
-                b.op("Sub", &[&kept, &hidden], vec![])
-            }
-            Step::Divisor(d) => {
-                form.push("div_input".into());
-                let d = b.input("divisor", d);
-                b.op("Div", &[&s, &d], vec![])
-            }
-            Step::Multiplier(d) => {
-                form.push("mul_input".into());
-                let d = b.input("multiplier", d);
-                b.op("Mul", &[&s, &d], vec![])
-            }
-            Step::Cast(to) => {
-                form.push("cast".into());
-                let to = b.int(&format!("{}_to", side(after_softmax)), i64::from(*to));
-                b.op("Cast", &[&s], vec![to])
-            }
-            Step::Where { keep, fill, fill_first: false } => {
-                form.push("where".into());
-                let (keep, fill) = (b.input("keep", keep), b.constant("fill", fill));
-                b.op("Where", &[&keep, &s, &fill], vec![])
-            }
-            Step::Where { keep: hide, fill, fill_first: true } => {
-                form.push("masked_fill".into());
-                let (hide, fill) = (b.input("hide", hide), b.constant("fill", fill));
-                b.op("Where", &[&hide, &fill, &s], vec![])
-            }
-            Step::Mask(mask) => {
-                form.push("add".into());
-                let mask = b.input("mask", mask);
-                b.op("Add", &[&s, &mask], vec![])
-            }
-            Step::Subtract(mask) => {
-                form.push("sub".into());
-                let mask = b.input("mask", mask);
-                b.op("Sub", &[&s, &mask], vec![])
-            }
-            Step::Reshape { shape, allowzero } => {
-                let name = format!("{}_shape", side(after_softmax));
-                let (token, shape) = match shape {
-                    Side::Constant(t) => ("reshape", b.constant(&name, t)),
-                    Side::Input(value) => ("reshape_input", b.input(&name, value)),
-                    Side::Computed(nodes) => ("reshape_computed", b.shape_computation(&name, nodes, &values)),
-                };
-                // allowzero changes what a 0 in the shape means: another body.
-                form.push(if *allowzero { format!("{token}_allowzero") } else { token.into() });
-                let attrs = if *allowzero { vec![AttributeProto::int("allowzero", 1)] } else { vec![] };
-                b.op("Reshape", &[&s, &shape], attrs)
-            }
-            Step::Softmax => {
-                form.push("softmax".into());
-                after_softmax = true;
-                b.op("Softmax", &[&s], vec![AttributeProto::int("axis", -1)])
-            }
-            Step::NanGuard(zero) => {
-                form.push("nan_guard".into());
-                let nan = b.op("IsNaN", &[&s], vec![]);
-                let zero = b.constant("nan_value", zero);
-                b.op("Where", &[&nan, &zero, &s], vec![])
-            }
-        };
-        values.push(s.clone());
+    let tokens = steps.iter().map(Step::token);
+    let last = out.is("Einsum").then_some("einsum_v");
+    let form: Vec<String> = first.into_iter().map(String::from).chain(tokens).chain(last.map(String::from)).collect();
+    let form = form.join(".");
+    let (mut inputs, mut names) = (vec![q, k, v], vec!["q".to_string(), "k".into(), "v".into()]);
+    let softmax = steps.iter().position(|s| matches!(s, Step::Softmax));
+    for (i, step) in steps.iter().enumerate() {
+        if let Some((value, role)) = step.side_input(softmax.is_some_and(|at| i > at)) {
+            names.push(unused_name(role, 2, |n| names.iter().any(|taken| taken == n)));
+            inputs.push(value);
+        }
     }
-    if out.is("Einsum") {
-        form.push("einsum_v".into());
-        let equation = b.equation("out_equation", out);
-        b.op("Einsum", &[&s, "v"], vec![equation]);
-    } else {
-        b.op("MatMul", &[&s, "v"], vec![]);
-    }
-    let last = b.nodes.last_mut().expect("the final MatMul");
-    last.output = vec!["out".into()];
-    let overload = form.join(".");
-
-    let mut inputs = vec![q.to_string(), k.to_string(), v.to_string()];
-    inputs.extend(b.inputs.iter().map(|(_, value)| value.clone()));
-    let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
-    let node = NodeProto {
-        overload: Some(overload.clone()),
-        ..node_in(TRANSMUTER_DOMAIN, "AttentionCore", &inputs, b.attributes.clone())
-    };
-    let mut function_inputs = vec!["q".to_string(), "k".into(), "v".into()];
-    function_inputs.extend(b.inputs.iter().map(|(name, _)| name.clone()));
+    let node = NodeProto { overload: Some(form.clone()), ..node_in(TRANSMUTER_DOMAIN, "AttentionCore", &inputs, vec![]) };
     let function = FunctionProto {
-        name: Some("AttentionCore".into()),
-        domain: Some(TRANSMUTER_DOMAIN.into()),
-        overload: Some(overload.clone()),
-        input: function_inputs,
-        output: vec!["out".into()],
-        attribute: b.attributes.iter().map(|a| a.name().to_string()).collect(),
-        node: b.nodes,
+        input: names,
         doc_string: Some(format!(
-            "The attention core of form {overload}: exactly the operators it replaced. See onnx-fuse's docs/attention-core.md."
+            "The attention core of form {form}: exactly the operators it replaced. See onnx-fuse's docs/attention-core.md."
         )),
         ..Default::default()
     };
-    (node, function)
-}
-
-/// The function body being written, with the node's inputs and attributes.
-#[derive(Default)]
-struct Body {
-    nodes: Vec<NodeProto>,
-    /// (function input name, the node's input value)
-    inputs: Vec<(String, String)>,
-    attributes: Vec<AttributeProto>,
-}
-
-impl Body {
-    fn op(&mut self, op_type: &str, inputs: &[&str], attribute: Vec<AttributeProto>) -> String {
-        let out = format!("t{}", self.nodes.len());
-        self.nodes.push(NodeProto { output: vec![out.clone()], ..node(op_type, inputs, attribute) });
-        out
-    }
-
-    /// A name not yet used by an input or attribute: `base`, `base_2`, …
-    fn fresh(&self, base: &str) -> String {
-        let taken = |n: &str| self.inputs.iter().any(|(i, _)| i == n) || self.attributes.iter().any(|a| a.name() == n);
-        unused_name(base, 2, taken)
-    }
-
-    /// The nodes of a shape computation, each input a constant (a tensor
-    /// attribute), an earlier one's output or the scores after a step
-    /// (`values`); the last one's output.
-    fn shape_computation(&mut self, base: &str, nodes: &[ShapeNode], values: &[String]) -> String {
-        let mut outputs: Vec<String> = Vec::with_capacity(nodes.len());
-        for (i, n) in nodes.iter().enumerate() {
-            let inputs: Vec<String> = n
-                .inputs
-                .iter()
-                .enumerate()
-                .map(|(j, feed)| match feed {
-                    Feed::Constant(t) => self.constant(&format!("{base}_{i}_{j}"), t),
-                    Feed::Node(k) => outputs[*k].clone(),
-                    Feed::Step(k) => values[*k].clone(),
-                })
-                .collect();
-            let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
-            let out = self.op(n.node.op_type(), &inputs, n.node.attribute.clone());
-            outputs.push(out);
-        }
-        outputs.pop().expect("a computation of at least one node")
-    }
-
-    fn input(&mut self, base: &str, value: &str) -> String {
-        let name = self.fresh(base);
-        self.inputs.push((name.clone(), value.to_string()));
-        name
-    }
-
-    /// A tensor attribute of the node, read in the body by a `Constant`.
-    fn constant(&mut self, base: &str, t: &TensorProto) -> String {
-        let name = self.fresh(base);
-        self.attributes.push(AttributeProto {
-            name: Some(name.clone()),
-            r#type: Some(AttributeType::Tensor as i32),
-            t: Some(t.clone()),
-            ..Default::default()
-        });
-        let reference = AttributeProto {
-            name: Some("value".into()),
-            ref_attr_name: Some(name),
-            r#type: Some(AttributeType::Tensor as i32),
-            ..Default::default()
-        };
-        self.op("Constant", &[], vec![reference])
-    }
-
-    /// An attribute of the node (`attribute` named as given), passed to a
-    /// body node as `attr`: a reference of the same type.
-    fn pass(&mut self, base: &str, attr: &str, attribute: impl FnOnce(&str) -> AttributeProto) -> AttributeProto {
-        let name = self.fresh(base);
-        let attribute = attribute(&name);
-        let r#type = attribute.r#type;
-        self.attributes.push(attribute);
-        AttributeProto { name: Some(attr.into()), ref_attr_name: Some(name), r#type, ..Default::default() }
-    }
-
-    /// A float attribute of the node, passed to a body node as `attr`.
-    fn float(&mut self, base: &str, attr: &str, value: f32) -> AttributeProto {
-        self.pass(base, attr, |name| AttributeProto::float(name, value))
-    }
-
-    /// An Einsum's equation as a string attribute of the node, passed to
-    /// the body's Einsum.
-    fn equation(&mut self, base: &str, einsum: &NodeProto) -> AttributeProto {
-        let equation = einsum.attr("equation").cloned().unwrap_or_default();
-        self.pass(base, "equation", |name| AttributeProto { name: Some(name.into()), ..equation })
-    }
-
-    /// An int attribute of the node, passed to a body node as `attr`.
-    fn int(&mut self, base: &str, value: i64) -> AttributeProto {
-        let attr = if base.ends_with("_to") { "to" } else { base };
-        self.pass(base, attr, |name| AttributeProto::int(name, value))
-    }
+    m.replace_with_call(node, function)
 }
