@@ -141,6 +141,10 @@ pub enum Kept {
     /// Transpose shared with another reader); otherwise its producer is
     /// matched as usual.
     Shared(String),
+    /// The value stays when a node outside the match reads it besides a
+    /// `Shape` or `Size` (whose shape is computed anew from values that
+    /// survive: `shapes_read_outside`); otherwise its producer is matched.
+    BesidesShapes(String),
     /// The value stays when the only readers outside the match read its
     /// shape (`Shape` nodes); any other outside reader makes it escape.
     ForItsShape(String),
@@ -149,7 +153,7 @@ pub enum Kept {
 impl Kept {
     fn value(&self) -> &str {
         match self {
-            Kept::Shared(v) | Kept::ForItsShape(v) => v,
+            Kept::Shared(v) | Kept::BesidesShapes(v) | Kept::ForItsShape(v) => v,
         }
     }
 }
@@ -520,6 +524,7 @@ fn joins(g: &Graph, nodes: &BTreeSet<usize>, kept: &Kept) -> bool {
     let outside = || readers.iter().filter(|c| !nodes.contains(c));
     match kept {
         Kept::Shared(_) => !g.is_graph_output(value) && outside().next().is_none(),
+        Kept::BesidesShapes(_) => outside().all(|&c| g.node(c).is("Shape") || g.node(c).is("Size")),
         Kept::ForItsShape(_) => {
             g.is_graph_output(value) || outside().next().is_none() || !outside().all(|&c| g.node(c).is("Shape"))
         }
@@ -1629,7 +1634,7 @@ fn take_dead_kept_nodes(graph: &GraphProto, rewrites: &mut [Rewrite]) {
         .iter()
         .flat_map(|r| &r.kept)
         .filter_map(|k| match k {
-            Kept::Shared(v) => Some(v.as_str()),
+            Kept::Shared(v) | Kept::BesidesShapes(v) => Some(v.as_str()),
             Kept::ForItsShape(_) => None,
         })
         .collect();

@@ -320,11 +320,10 @@ pub(super) fn attention(
     // stays where something else reads it too (GPT-2's present key reads
     // the key's heads): first where a node besides a `Shape` does (what a
     // `Shape` reads is computed anew, `rewrite::shapes_read_outside`),
-    // then, where that fails, where any node does.
-    let passed: Vec<String> =
+    // then, where that fails, where any node does (`Kept`: the driver
+    // decides by readers).
+    let shared: Vec<String> =
         core_inputs.iter().zip([q.as_str(), key, value]).flat_map(|(from, to)| between(g, from, to)).collect();
-    let shared =
-        Shared { besides_shapes: passed.iter().filter(|v| read_besides_shapes(g, v)).cloned().collect(), any: passed };
     // What the mask is read from: the additive mask, or a Where's condition
     // (handed over as Attention's boolean mask, the keys kept), or, for a
     // Where with an additive mask (GPT-2) or several Wheres, the masks
@@ -576,36 +575,19 @@ fn grouped(rewrite: Rewrite, n: i64) -> Rewrite {
     }
 }
 
-/// The kernel's rewrite, each finished by `finish`: with the values
-/// `shared.besides_shapes` kept where read elsewhere, or where the
-/// driver's checks refuse that, with all of `shared.any`.
-fn replace(anchor: usize, replacement: NodeProto, shared: Shared, finish: impl Fn(Rewrite) -> Rewrite) -> Rewrite {
-    let rewrite = |kept: Vec<String>| {
+/// The kernel's rewrite, each finished by `finish`: the values `shared`
+/// that the match passes through kept where a node besides a `Shape` reads
+/// them elsewhere, or where the driver's checks refuse that, where any
+/// node does.
+fn replace(anchor: usize, replacement: NodeProto, shared: Vec<String>, finish: impl Fn(Rewrite) -> Rewrite) -> Rewrite {
+    let rewrite = |kept: fn(String) -> Kept| {
         let mut m = Match::new(anchor);
-        for value in kept {
-            m.keep(Kept::Shared(value));
+        for value in &shared {
+            m.keep(kept(value.clone()));
         }
         finish(m.replace_with(NodeProto { output: vec![], ..replacement.clone() }))
     };
-    let first = rewrite(shared.besides_shapes.clone());
-    if shared.any == shared.besides_shapes {
-        first
-    } else {
-        first.or(rewrite(shared.any))
-    }
-}
-
-/// The values a kernel's match passes through that stay where read
-/// elsewhere: those a node besides the next on the way (and a `Shape`)
-/// reads, and, for the fallback, all of them.
-struct Shared {
-    besides_shapes: Vec<String>,
-    any: Vec<String>,
-}
-
-/// Whether a node besides the next on a core's way and a `Shape` reads `value`.
-fn read_besides_shapes(g: &Graph, value: &str) -> bool {
-    g.consumers(value).iter().filter(|&&c| !g.node(c).is("Shape") && !g.node(c).is("Size")).count() > 1
+    rewrite(Kept::BesidesShapes).or(rewrite(Kept::Shared))
 }
 
 /// The values from a core's input `from` back to `to`, what the kernel
