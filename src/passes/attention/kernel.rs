@@ -40,6 +40,7 @@
 
 use std::collections::HashMap;
 
+use super::runtimes::ORT_CPU as SPEED;
 use super::{Scores, Step};
 use crate::graph::fold::fold;
 use crate::graph::{Check, Graph, Miss, Stop};
@@ -185,39 +186,38 @@ pub(super) fn attention(
     };
     let (value, n_v) = repeated(g, shapes, v, 4).unwrap_or((v, 1));
     require!(n == n_v, "the key's heads are repeated {n} times and the value's {n_v} times");
-    // Where the kernel gains: a key and value repeated for grouped heads
-    // (copied n times), or read from a cache whose transposed key the
-    // export scales by a value it computes at run time (GPT-2: 0.83–0.90×
-    // the export's decode time). Where the export only transposes the
-    // cached key, or scales it by a constant, ONNX Runtime folds both into
-    // its MatMul, and the kernel is slower than the ops it replaces (GPT-J,
-    // a Llama without grouped heads, T5's decoder: 0.98–1.15× the export's
-    // time, where AttentionCore takes 0.89–1.06×). A core without either
-    // (an encoder's) gains where the kernel reads and writes the heads
-    // merged, `[b, s, h·d]`, as the model computes them: no Transpose of
-    // q, k, v or the output is left (ONNX Runtime 1.31.1, BERT-base heads:
-    // 0.62–0.79× the ops it replaces). On 4-D heads its gain is within the
-    // guard's cost and the machine's spread (docs/benchmarks.md).
+    // Where the kernel gains (`runtimes.rs`, the runtime's measured
+    // facts): a key and value repeated for grouped heads (copied n times),
+    // or read from a cache whose transposed key the export scales by a
+    // value it computes at run time, or a cache otherwise where the
+    // runtime's row says so; a core without either (an encoder's) where
+    // the kernel reads and writes the heads merged, `[b, s, h·d]`, as the
+    // model computes them (no Transpose of q, k, v or the output is left),
+    // or on 4-D heads where the runtime's row says so.
     let merged = if n > 1 || (kept_whole(g, key) && kept_whole(g, value)) {
         require!(
-            n > 1 || key_scaled_at_run_time,
+            n > 1 || key_scaled_at_run_time || SPEED.plain_cache,
             "a cache without grouped heads whose key the export only transposes, or scales by a constant (ONNX \
-             Runtime folds both into its MatMul): ONNX Runtime's Attention is slower than the MatMuls it replaces \
-             here"
+             Runtime folds both into its MatMul): {} is slower than the MatMuls it replaces here",
+            SPEED.runtime
         );
         None
     } else {
-        let found = merged_heads(g, shapes, anchor, &q, x, key_perm.as_deref(), v);
-        Some(found.map_err(|miss| {
-            let why = match miss {
-                Miss::Declined(why) => why,
-                Miss::NotCandidate => String::new(),
-            };
-            Miss::Declined(format!(
-                "neither a KV cache nor grouped heads, and {why}: ONNX Runtime's Attention on 4-D heads is \
-                 slower than the MatMuls it replaces here"
-            ))
-        })?)
+        match merged_heads(g, shapes, anchor, &q, x, key_perm.as_deref(), v) {
+            Ok(merged) => Some(merged),
+            Err(_) if SPEED.four_d_heads => None,
+            Err(miss) => {
+                let why = match miss {
+                    Miss::Declined(why) => why,
+                    Miss::NotCandidate => String::new(),
+                };
+                decline!(
+                    "neither a KV cache nor grouped heads, and {why}: {} on 4-D heads is slower than the MatMuls it \
+                     replaces here",
+                    SPEED.runtime
+                )
+            }
+        }
     };
 
     let (Some(sq), Some(sx), Some(sv)) = (shapes.shape(&q), shapes.shape(key), shapes.shape(value)) else {
@@ -424,12 +424,10 @@ pub(super) fn attention(
         // An encoder's masks replayed over every head's scores (DeBERTa's
         // relative terms, MPNet's position bias, with a padding mask): the
         // guard reads that score-sized mask some ten times, which costs
-        // what the kernel saves (measured on ONNX Runtime 1.31.1, 2
-        // threads: DeBERTa-base at 512 tokens 1.05–1.07× AttentionCore,
-        // MPNet-base 0.99–1.05×, docs/benchmarks.md).
+        // what the kernel saves on some runtimes (`runtimes.rs`).
         let per_head = sm.len() == 4 && sm[1].value() != Some(1);
         require!(
-            !(merged.is_some() && masks.len() > 1 && per_head),
+            SPEED.replayed_masks || !(merged.is_some() && masks.len() > 1 && per_head),
             "an encoder's masks replayed over every head's scores ({}): the guard costs what the kernel saves",
             dims(&sm)
         );
@@ -1233,7 +1231,7 @@ fn hidden_rows_lifted(
 
 /// The query length from which the kernel runs on pieces of the queries
 /// (`over_query_pieces`).
-const LONG_QUERIES: i64 = 1024;
+const LONG_QUERIES: i64 = SPEED.long_queries;
 
 /// Whether a call's queries are long (`LONG_QUERIES` or more): known, or
 /// a condition computed at run time (`long`, pushed to `prelude`).
@@ -1333,7 +1331,7 @@ fn by_length(
 }
 
 /// The pieces a long call's queries are run in (`over_query_pieces`).
-const QUERY_PIECES: usize = 8;
+const QUERY_PIECES: usize = SPEED.query_pieces;
 
 /// The kernel branch with its `Attention` run on each of `QUERY_PIECES`
 /// pieces of the queries (axis -2 of q, of the mask and of the output, in

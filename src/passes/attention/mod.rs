@@ -49,6 +49,7 @@ use crate::shapes::{product, Shapes};
 use crate::{candidate, decline, no_candidate, require};
 
 mod kernel;
+mod runtimes;
 
 pub const PASS: Pass = Pass {
     name: "attention",
