@@ -59,6 +59,7 @@ pub(super) fn attention(
     form: &Scores,
     steps: &[Step],
     views: &[usize],
+    merge: Merge,
 ) -> Check<Rewrite> {
     g.require_opset(23, "Attention")?;
     let core_inputs = [q, k, v];
@@ -107,7 +108,6 @@ pub(super) fn attention(
             Step::Where { .. } if softcap.is_none() => masks.push(step.clone()),
             Step::Where { .. } => decline!("a Where after a soft-cap: Attention caps the scores it masks"),
             Step::Megatron { .. } => decline!("Megatron's mask (s·m − penalty·(1 − m)) is no mask Attention takes"),
-            Step::Subtract(d) => decline!("a term subtracted ({d}): Attention only adds its mask"),
             Step::Divisor(d) | Step::Multiplier(d) => {
                 // A divisor computed from the head size is a constant.
                 let c = fold(g, shapes, d).filter(|c| c.elem == elem && c.dims.len() <= 4).and_then(|c| c.scalar());
@@ -126,6 +126,7 @@ pub(super) fn attention(
                 require!(viewed > 0 || !normalized, "a Reshape of the probabilities alone");
                 viewed += 1;
             }
+            step => decline!("{}", step.not_in_attention()),
         }
     }
 
@@ -169,7 +170,7 @@ pub(super) fn attention(
             let (v, anchor) = match (views.len(), shapes.rank(v)) {
                 // The probabilities are viewed back: the output splits b·h.
                 (2, _) => {
-                    let split = split_batch(g, shapes, anchor);
+                    let split = split_batch(g, shapes, anchor, merge.split);
                     (unfolded(v)?, split.or_decline(|| "the 3-D output is not split into [b, h] heads alone".into())?)
                 }
                 // One view (BLOOM via dynamo): the probabilities stay 4-D.
@@ -203,7 +204,7 @@ pub(super) fn attention(
         );
         None
     } else {
-        match merged_heads(g, shapes, anchor, &q, x, key_perm.as_deref(), v) {
+        match merged_heads(g, shapes, (anchor, merge.merge), &q, x, key_perm.as_deref(), v) {
             Ok(merged) => Some(merged),
             Err(_) if SPEED.four_d_heads => None,
             Err(miss) => {
@@ -889,7 +890,7 @@ struct Merged<'a> {
 fn merged_heads<'a>(
     g: &Graph<'a>,
     shapes: &Shapes,
-    anchor: usize,
+    (anchor, merge): (usize, Option<usize>),
     q: &str,
     x: &'a str,
     key_perm: Option<&[i64]>,
@@ -911,15 +912,15 @@ fn merged_heads<'a>(
     let (value, hv, dv) = transposed_heads(v).ok_or_else(not)?;
     require!(h == hk && h == hv && d == dk, "the heads of q, the key and the value are not split alike");
 
-    // out [b, h, s, dv] → Transpose [b, s, h, dv] → Reshape [b, s, h·dv],
-    // read by nothing else but their shapes (from which exports compute
-    // the Reshape's target; the driver keeps what else reads them).
-    // (Through Identity nodes, which dynamo exports write between.)
+    // out [b, h, s, dv] → Transpose [b, s, h, dv] → Reshape [b, s, h·dv]
+    // (`merge`, the rule's anchor; what else reads them is the driver's to
+    // settle). (Through Identity nodes, which dynamo exports write between.)
     let out = &g.node(anchor).output[0];
     let merge = || -> Option<usize> {
-        let t = only_reader(g, out, "Transpose")?;
+        let r = merge?;
+        let t = g.produced_by(g.unchanged(g.node(r).input.first()?), "Transpose").ok()?;
         require_some(g.node(t).attr_ints("perm") == Some(&[0, 2, 1, 3][..]))?;
-        let r = only_reader(g, &g.node(t).output[0], "Reshape")?;
+        require_some(g.unchanged(g.node(t).input.first()?) == out)?;
         let (so, sr) = (shapes.shape(out)?, shapes.shape(&g.node(r).output[0])?);
         let merged = so.len() == 4
             && sr.len() == 3
@@ -948,30 +949,49 @@ fn merges_leading_two(s4: &[Dim], s3: &[Dim]) -> bool {
     s3.len() == 3 && s4.len() == 4 && s4[0].mul(&s4[1]).as_ref() == Some(&s3[0]) && s3[1..] == s4[2..]
 }
 
-/// The Reshape that alone reads the 3-D output of `anchor`, `[b·h, s, dv]`,
-/// and splits it into `[b, h, s, dv]` (b and h to be proved q's).
-fn split_batch(g: &Graph, shapes: &Shapes, anchor: usize) -> Option<usize> {
-    let out = &g.node(anchor).output[0];
-    let r = only_reader(g, out, "Reshape")?;
+/// `merge`, the Reshape that reads the 3-D output of `anchor`,
+/// `[b·h, s, dv]`, where it splits it into `[b, h, s, dv]` (b and h to be
+/// proved q's).
+fn split_batch(g: &Graph, shapes: &Shapes, anchor: usize, merge: Option<usize>) -> Option<usize> {
+    let (r, out) = (merge?, &g.node(anchor).output[0]);
+    require_some(g.unchanged(g.node(r).input.first()?) == out)?;
     merges_leading_two(&shapes.shape(&g.node(r).output[0])?, &shapes.shape(out)?).then_some(r)
 }
 
-/// The one node besides `Shape`s that reads `value` (through Identity
-/// nodes, which dynamo exports write between), where it is an `op` and
-/// `value` is no graph output.
-fn only_reader(g: &Graph, value: &str, op: &str) -> Option<usize> {
-    let mut value = value.to_string();
-    loop {
-        let mut readers = g.consumers(&value).iter().filter(|&&r| !g.node(r).is("Shape"));
-        let (Some(&reader), None) = (readers.next(), readers.next()) else { return None };
-        if g.is_graph_output(&value) {
-            return None;
-        }
-        match g.identity_input(reader) {
-            Some(_) => value = g.node(reader).output.first()?.clone(),
-            None => return g.node(reader).is(op).then_some(reader),
-        }
+/// Where a kernel's match grows past its core's product (the rule is at
+/// the last of these Reshapes): the Reshape that splits a 3-D output's
+/// batch `[b·h]` into `[b, h]` heads, and the one that merges the heads
+/// of `[b, s, h, d]` back into `[b, s, h·d]` after their Transpose.
+#[derive(Clone, Copy, Default)]
+pub(super) struct Merge {
+    pub split: Option<usize>,
+    pub merge: Option<usize>,
+}
+
+impl Merge {
+    /// The Reshape the rule is at, if any.
+    pub fn last(&self) -> Option<usize> {
+        self.merge.or(self.split)
     }
+}
+
+/// The product whose heads a Reshape at `r` may split or merge, and how:
+/// `r` reads the MatMul (a split), or a Transpose of it (a merge), or a
+/// Transpose of a Reshape of it (a split, then a merge), through Identity
+/// nodes.
+pub(super) fn merged_by(g: &Graph, r: usize) -> Option<(usize, Merge)> {
+    let before = |n: usize| Some(g.unchanged(g.node(n).input.first()?));
+    let x = before(r)?;
+    let Ok(t) = g.produced_by(x, "Transpose") else {
+        return Some((g.produced_by(x, "MatMul").ok()?, Merge { split: Some(r), merge: None }));
+    };
+    let x = before(t)?;
+    let split = g.produced_by(x, "Reshape").ok();
+    let x = match split {
+        Some(s) => before(s)?,
+        None => x,
+    };
+    Some((g.produced_by(x, "MatMul").ok()?, Merge { split, merge: Some(r) }))
 }
 
 /// `x4 = Reshape(x, …)` splitting the last axis of `x` `[b, s, h·d]` into

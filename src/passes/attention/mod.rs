@@ -113,6 +113,16 @@ impl Step {
         }
     }
 
+    /// Why ONNX `Attention` computes no such step, for each target's
+    /// translator (`kernel.rs`, `onnx_attention`) where it names the step
+    /// no other way: a new step is declined by both until one takes it.
+    fn not_in_attention(&self) -> String {
+        match self {
+            Step::Subtract(d) => format!("a term subtracted ({d}): Attention only adds its mask"),
+            step => format!("a step {} of the core: no step ONNX Attention takes", step.token()),
+        }
+    }
+
     /// The step's token in the core's form (docs/attention-core.md).
     fn token(&self) -> String {
         let token = match self {
@@ -204,11 +214,24 @@ enum Scores {
 }
 
 fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
+    let shapes = Shapes::new(g);
+    if g.target == Target::Ort && g.node(index).is("Reshape") {
+        // A kernel that merges its output's heads back grows past its
+        // core's product: matched from the Reshape that merges them.
+        let Some((out, merge)) = kernel::merged_by(g, index) else { no_candidate!() };
+        let core = matched(g, &shapes, out).map_err(|_| Miss::NotCandidate)?;
+        return lower(g, &shapes, core, merge);
+    }
+    let core = matched(g, &shapes, index)?;
+    lower(g, &shapes, core, kernel::Merge::default())
+}
+
+/// The core whose final product is node `index`.
+fn matched<'a>(g: &Graph<'a>, shapes: &Shapes, index: usize) -> Check<Core<'a>> {
     let node = g.node(index);
     candidate!(node.is("MatMul") || (node.is("Einsum") && node.input.len() == 2));
     let out = pattern::anchor(g, index, g.node(index).op_type())?;
     let mut m = Match::new(index);
-    let shapes = Shapes::new(g);
     let (probs, v) = (out.input[0].as_str(), out.input[1].as_str());
 
     // Back from the probabilities to the Softmax. A MatMul whose input is
@@ -331,7 +354,7 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
         before.iter().chain(&after).filter(|(_, s)| matches!(s, Step::Reshape { .. })).map(|(n, _)| *n).collect();
     let steps: Vec<Step> =
         before.into_iter().map(|(_, s)| s).chain([Step::Softmax]).chain(after.into_iter().map(|(_, s)| s)).collect();
-    lower(g, &shapes, Core { m, anchor: index, qkv: [q, k, v], scores: form, steps, views })
+    Ok(Core { m, anchor: index, qkv: [q, k, v], scores: form, steps, views })
 }
 
 /// A matched core, one value: its match, the final product (`anchor`),
@@ -351,9 +374,11 @@ struct Core<'a> {
 /// computes some inputs otherwise, and only where the runtime's measured
 /// facts say it gains, `runtimes.rs`) where the opset has it, with
 /// `AttentionCore` the driver falls back to; else `AttentionCore`, with
-/// the reason it is not the kernel. `portable`: ONNX `Attention` where it
-/// computes the core exactly, else nothing.
-fn lower(g: &Graph, shapes: &Shapes, core: Core) -> Check<Rewrite> {
+/// the reason it is not the kernel; `merge`, the Reshapes past the
+/// product that the kernel's match takes, where the rule is at them.
+/// `portable`: ONNX `Attention` where it computes the core exactly, else
+/// nothing.
+fn lower(g: &Graph, shapes: &Shapes, core: Core, merge: kernel::Merge) -> Check<Rewrite> {
     let Core { m, anchor, qkv: [q, k, v], scores: form, steps, views } = core;
     let out = g.node(anchor);
     match g.target {
@@ -365,7 +390,19 @@ fn lower(g: &Graph, shapes: &Shapes, core: Core) -> Check<Rewrite> {
             let core = if matches!(form, Scores::Fused) { rewrite.importing(crate::onnx::MICROSOFT, 1) } else { rewrite };
             // Where the model's opset has ONNX's Attention, the kernel the
             // runtime runs; the core where that is declined.
-            Ok(match kernel::attention(g, shapes, anchor, [q, k, v], &form, &steps, &views) {
+            let kernel = |merge| kernel::attention(g, shapes, anchor, [q, k, v], &form, &steps, &views, merge);
+            let found = kernel(merge);
+            // At a Reshape past the product, only what the rule at the
+            // product does not find: a kernel that takes that Reshape, or
+            // the reason found past it.
+            if let Some(r) = merge.last() {
+                match &found {
+                    Ok(kernel) if kernel.anchor == r => {}
+                    Err(Miss::Declined(why)) if kernel(kernel::Merge::default()).err() != Some(Miss::Declined(why.clone())) => {}
+                    _ => no_candidate!(),
+                }
+            }
+            Ok(match found {
                 Ok(kernel) => kernel.or(core),
                 // Where the opset has the kernel, a report says why this
                 // core is not it.
@@ -520,7 +557,6 @@ fn onnx_attention(g: &Graph, shapes: &Shapes, mut m: Match, [q, k, v]: [&str; 3]
                 require!(Some(*to) == elem, "a Cast between the MatMuls changes the type Attention computes in")
             }
             Step::Mask(_) => decline!("more than one additive mask"),
-            Step::Subtract(d) => decline!("a term subtracted ({d}): Attention only adds its mask"),
             Step::Where { .. } => decline!("a masked core (Where): {MASK_FILLS}"),
             Step::Divisor(d) => decline!("the divisor {d} is computed at run time"),
             Step::Multiplier(d) => decline!("the multiplier {d} is computed at run time"),
@@ -529,6 +565,7 @@ fn onnx_attention(g: &Graph, shapes: &Shapes, mut m: Match, [q, k, v]: [&str; 3]
                 decline!("a soft-cap: not handed to Attention's softcap (not measured to round alike)")
             }
             Step::Megatron { .. } => decline!("a masked core (Megatron's s·m − c·(1 − m)): {MASK_FILLS}"),
+            step => decline!("{}", step.not_in_attention()),
         }
     }
     // A one-value scale of q or of the transposed key (SDPA exports) is a
