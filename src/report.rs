@@ -5,8 +5,8 @@ use std::fmt::Write;
 
 use serde::Serialize;
 
-use crate::onnx::{GraphProto, ModelProto, FUSED_KEY};
-use crate::rewrite::{body_path, display_name, Absorbed, Declined, Fused, Outcome, Pass};
+use crate::onnx::{display_name, GraphProto, ModelProto, FUSED_KEY};
+use crate::rewrite::{body_path, Absorbed, Declined, Fused, Outcome, Pass};
 use crate::verify::Verification;
 
 #[derive(Debug, Serialize)]
