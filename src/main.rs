@@ -13,7 +13,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use onnx_fuse::io::{self, ExternalData, LoadOptions, Role};
 use onnx_fuse::report::{self, Expectation};
 use onnx_fuse::run::{self, Settings, Usage, Verdict};
-use onnx_fuse::{passes, verify};
+use onnx_fuse::{passes, usage, verify};
 
 /// Writes to standard output, what users pipe: a reader that went away
 /// (`| head`) ends the printing, not the run; any other failure (a full
@@ -331,11 +331,11 @@ fn run(cli: Cli) -> ExitCode {
         Ok(Done::VerificationFailed) => ExitCode::from(3),
         Ok(Done::ExpectationUnmet) => ExitCode::from(4),
         Err(e) if e.is::<Usage>() => {
-            errln!("onnx-fuse: usage error: {}", report::one_line(&format!("{e:#}")));
+            errln!("onnx-fuse: usage error: {}", usage::one_line(&format!("{e:#}")));
             ExitCode::from(2)
         }
         Err(e) => {
-            errln!("onnx-fuse: error: {}", report::one_line(&format!("{e:#}")));
+            errln!("onnx-fuse: error: {}", usage::one_line(&format!("{e:#}")));
             ExitCode::from(1)
         }
     }
@@ -448,7 +448,7 @@ fn fuse(args: FuseArgs) -> Result<Done> {
             print_file(file, args.report, args.explain, args.quiet)?;
         }
         for (file, error) in &report.errors {
-            errln!("onnx-fuse: error: {file}: {}", report::one_line(error));
+            errln!("onnx-fuse: error: {file}: {}", usage::one_line(error));
         }
         if !args.quiet {
             for (file, why) in &report.skipped {

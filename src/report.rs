@@ -5,8 +5,9 @@ use std::fmt::Write;
 
 use serde::Serialize;
 
-use crate::onnx::{GraphProto, ModelProto, FUSED_KEY};
-use crate::rewrite::{body_path, display_name, Absorbed, Declined, Fused, Outcome, Pass};
+use crate::onnx::{display_name, GraphProto, ModelProto, FUSED_KEY};
+use crate::passes::GROUPED_HEADS;
+use crate::rewrite::{body_path, Absorbed, Declined, Fused, Outcome, Pass};
 use crate::verify::Verification;
 
 #[derive(Debug, Serialize)]
@@ -422,9 +423,6 @@ impl Report {
     }
 }
 
-/// How a fused node's note begins where its Attention has grouped heads.
-pub const GROUPED_HEADS: &str = "grouped heads:";
-
 /// The before/after table of the op types a run changed.
 pub fn ops_table(ops: &[OpCount]) -> String {
     let mut s = String::new();
@@ -480,9 +478,4 @@ pub fn fused_in(model: &ModelProto) -> Vec<Found> {
         walk(g, "main", &mut found);
     }
     found
-}
-
-/// Errors are one line: ONNX Runtime's messages, for one, span several.
-pub fn one_line(message: &str) -> String {
-    message.split_whitespace().collect::<Vec<_>>().join(" ")
 }

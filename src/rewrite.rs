@@ -16,8 +16,8 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 pub use crate::graph::Portable;
 use crate::graph::{free_values, values_read_by, Check, Graph, Miss, Scope, Stop, Target};
 use crate::onnx::{
-    AttributeProto, FunctionProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, StringStringEntryProto,
-    TensorProto, FUSED_KEY, INT64, MICROSOFT,
+    display_name, AttributeProto, FunctionProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto,
+    StringStringEntryProto, TensorProto, FUSED_KEY, INT64, MICROSOFT,
 };
 use crate::pattern::Weight;
 use crate::{decline, require};
@@ -1494,15 +1494,6 @@ pub fn provenance_entry(node: &NodeProto) -> String {
 pub fn body_path(path: &str, holder: &str, attribute: &str, index: usize) -> String {
     let index = if index > 0 { format!("[{index}]") } else { String::new() };
     format!("{path}/{holder}.{attribute}{index}")
-}
-
-/// A node's name, or `<first output>` for an unnamed node.
-pub fn display_name(node: &NodeProto) -> String {
-    if node.name().is_empty() {
-        format!("<{}>", node.output.first().map_or("", String::as_str))
-    } else {
-        node.name().to_string()
-    }
 }
 
 /// The provenance of a rewrite: the anchor first, then the other nodes in

@@ -1,6 +1,7 @@
 //! An error in how the tool was asked to run (exit code 2): arguments,
 //! paths that clash, `--verify` options that cannot hold. Raised by `run`
-//! and `verify` alike, turned into the exit code by `main`.
+//! and `verify` alike, turned into the exit code by `main`. And the one
+//! line every error is shown as.
 
 #[derive(Debug)]
 pub struct Usage(pub String);
@@ -12,3 +13,8 @@ impl std::fmt::Display for Usage {
 }
 
 impl std::error::Error for Usage {}
+
+/// Errors are one line: ONNX Runtime's messages, for one, span several.
+pub fn one_line(message: &str) -> String {
+    message.split_whitespace().collect::<Vec<_>>().join(" ")
+}

@@ -24,7 +24,9 @@
 
 use std::collections::HashSet;
 
-use crate::onnx::{is_default_domain, DataType, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto};
+use crate::onnx::{
+    display_name, is_default_domain, DataType, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
+};
 
 /// The newest IR version ONNX Runtime 1.31.1 reads (measured: 14 refused).
 const MAX_IR_VERSION: i64 = 13;
@@ -193,7 +195,7 @@ fn check_node(
 }
 
 fn node_name(node: &NodeProto) -> String {
-    format!("node {} ({})", crate::rewrite::display_name(node), node.op_type())
+    format!("node {} ({})", display_name(node), node.op_type())
 }
 
 /// A tensor's element type is one ONNX defines; where something reads it,

@@ -6,9 +6,20 @@
 //! and only through ops whose result in IEEE arithmetic is exact or
 //! correctly rounded (no Pow, Exp, Log: runtimes round those differently).
 
-use super::shapes::Shapes;
+use super::dim::Dim;
 use super::Graph;
 use crate::onnx::{TensorProto, BFLOAT16, DOUBLE, FLOAT, FLOAT16, INT32, INT64};
+
+/// What folding asks of the symbolic shapes. `shapes::Shapes` answers,
+/// and folds a float constant's arithmetic through `fold` in turn: asked
+/// through this trait, the shapes stay the file above this one.
+pub trait ShapeFacts {
+    /// The shape of `value`, where its rank is known (`Shapes::shape`).
+    fn shape(&self, value: &str) -> Option<Vec<Dim>>;
+    /// The elements of an integer vector computed from shapes, each where
+    /// it is proved (`Shapes::shape_tensor`).
+    fn shape_tensor(&self, value: &str) -> Option<Vec<Option<Dim>>>;
+}
 
 /// The most elements a folded tensor may have.
 pub const SMALL: usize = 64;
@@ -70,11 +81,11 @@ pub fn cast_tensor(t: &TensorProto, to: i32) -> Option<TensorProto> {
 }
 
 /// The value of `value`, where it is a constant or folds from constants.
-pub fn fold(g: &Graph, shapes: &Shapes, value: &str) -> Option<Folded> {
+pub fn fold(g: &Graph, shapes: &dyn ShapeFacts, value: &str) -> Option<Folded> {
     fold_at(g, shapes, value, DEPTH)
 }
 
-fn fold_at(g: &Graph, shapes: &Shapes, value: &str, depth: usize) -> Option<Folded> {
+fn fold_at(g: &Graph, shapes: &dyn ShapeFacts, value: &str, depth: usize) -> Option<Folded> {
     if let Some(t) = g.constant(value) {
         return from_tensor(t);
     }
@@ -305,7 +316,7 @@ fn binary(a: Folded, b: Folded, f64_op: impl Fn(f64, f64) -> f64, f32_op: impl F
 /// Starts, ends, axes and steps of a Slice, as `Graph::slice_arguments`
 /// reads them, each input folded where computed from constants (a half
 /// of the last axis written `Shape(x)[-1] // 2`).
-pub fn slice_arguments(g: &Graph, shapes: &Shapes, node: &crate::onnx::NodeProto) -> Option<[Vec<i64>; 4]> {
+pub fn slice_arguments(g: &Graph, shapes: &dyn ShapeFacts, node: &crate::onnx::NodeProto) -> Option<[Vec<i64>; 4]> {
     if g.opset < 10 {
         let (starts, ends, axes, steps) = g.slice_arguments(node)?;
         return Some([starts, ends, axes, steps]);

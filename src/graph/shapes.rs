@@ -94,6 +94,16 @@ pub struct Shapes<'g, 'a> {
     depth: RefCell<usize>,
 }
 
+impl super::fold::ShapeFacts for Shapes<'_, '_> {
+    fn shape(&self, value: &str) -> Option<Vec<Dim>> {
+        Shapes::shape(self, value)
+    }
+
+    fn shape_tensor(&self, value: &str) -> Option<Vec<Option<Dim>>> {
+        Shapes::shape_tensor(self, value)
+    }
+}
+
 impl<'g, 'a> Shapes<'g, 'a> {
     pub fn new(g: &'g Graph<'a>) -> Self {
         let shapes = Shapes { g, memo: g.shape_memo(), depth: RefCell::new(0) };

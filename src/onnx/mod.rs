@@ -72,6 +72,16 @@ impl NodeProto {
     }
 }
 
+/// A node's name, or `<first output>` for an unnamed node: how messages,
+/// reports and provenance name a node.
+pub fn display_name(node: &NodeProto) -> String {
+    if node.name().is_empty() {
+        format!("<{}>", node.output.first().map_or("", String::as_str))
+    } else {
+        node.name().to_string()
+    }
+}
+
 pub fn is_default_domain(domain: &str) -> bool {
     domain.is_empty() || domain == "ai.onnx"
 }

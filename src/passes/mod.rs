@@ -29,6 +29,11 @@ pub const ALL: &[&Pass] = &[
     &pack_matmul::PASS,
 ];
 
+/// How the attention pass's note on a fused node begins where its
+/// Attention's query heads share key and value heads (a runtime may not
+/// run that: the report says which).
+pub const GROUPED_HEADS: &str = "grouped heads:";
+
 /// The pipeline a `--passes` list names (`default` expands to every default
 /// pass, `none` to no pass: `--opset N --passes none` only upgrades), less
 /// the `--disable` list. Unknown names are an error.

@@ -28,9 +28,9 @@
 //!   for (f64 fails to load); every input of one type.
 
 use crate::graph::{Check, Graph, Target};
-use crate::onnx::{is_default_domain, type_text, AttributeProto, FLOAT, FLOAT16};
+use crate::onnx::{display_name, is_default_domain, type_text, AttributeProto, FLOAT, FLOAT16};
 use crate::pattern::{self, Weight};
-use crate::rewrite::{display_name, Kept, Match, Pass, Rewrite};
+use crate::rewrite::{Kept, Match, Pass, Rewrite};
 use crate::shapes::{Dim, Shapes};
 use crate::{candidate, decline, no_candidate, require};
 

@@ -16,9 +16,10 @@ use std::collections::HashSet;
 
 use crate::graph::{Graph, Scope};
 use crate::onnx::{
-    AttributeProto, AttributeType, FunctionProto, GraphProto, ModelProto, NodeProto, TensorProto, ValueInfoProto,
+    display_name, AttributeProto, AttributeType, FunctionProto, GraphProto, ModelProto, NodeProto, TensorProto,
+    ValueInfoProto,
 };
-use crate::rewrite::{display_name, Bodies};
+use crate::rewrite::Bodies;
 
 pub use history::MAX_OPSET;
 

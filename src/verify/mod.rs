@@ -379,7 +379,7 @@ fn run_original(
         }
     }
     // ONNX Runtime's message may span lines; the verdict is one.
-    let first = crate::report::one_line(&format!("{first:#}"));
+    let first = crate::usage::one_line(&format!("{first:#}"));
     // Made-up sizes were the problem only if the user's were not: with the
     // user's `--dim` values replaced by onnx-fuse's, does the model run?
     if !user.dims.is_empty() && user.inputs.is_none() {

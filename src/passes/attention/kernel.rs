@@ -568,7 +568,7 @@ pub(super) fn attention(
 /// runtime may not run that (`report::GROUPED_HEADS`).
 fn grouped(rewrite: Rewrite, n: i64) -> Rewrite {
     if n > 1 {
-        rewrite.noting(format!("{} {n} query heads per key and value head", crate::report::GROUPED_HEADS))
+        rewrite.noting(format!("{} {n} query heads per key and value head", crate::passes::GROUPED_HEADS))
     } else {
         rewrite
     }
