@@ -1137,7 +1137,14 @@ fn shape_from_survivors(
     let start = clamp(shape.attr_int("start").unwrap_or(0));
     let end = clamp(shape.attr_int("end").unwrap_or(rank));
     let out = &shape.output[0];
-    let before = |v: &str| g.producer(v).is_none_or(|p| p < s) && !g.is_ambiguous(v);
+    // Before `s` in dependency order, not in the list (which may be in any
+    // order, spec ground rule 10): a value computed from `s`'s output would
+    // make a cycle. A malformed node's output has no place to compare.
+    let before = |v: &str| {
+        g.producer(v).is_none_or(|p| g.position(p) < g.position(s))
+            && g.computed_by_malformed(v).is_none()
+            && !g.is_ambiguous(v)
+    };
     let int64s = |name: &str, values: Vec<i64>| {
         let t = TensorProto {
             data_type: Some(crate::onnx::INT64),
