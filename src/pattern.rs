@@ -18,6 +18,24 @@ pub fn anchor<'a>(g: &Graph<'a>, index: usize, op_type: &str) -> Check<&'a NodeP
     Ok(node)
 }
 
+/// The nodes that, as the anchor does, read its input 0 as their input 0
+/// and are default-domain `op_type` nodes with all their inputs, in graph
+/// order, the anchor among them: the siblings a pass that takes them over
+/// (`Rewrite::taking_over`) groups. Who else reads that value is the
+/// driver's to settle.
+pub fn siblings(g: &Graph, anchor: usize, op_type: &str) -> Vec<usize> {
+    let Some(x) = g.node(anchor).input.first() else { return vec![] };
+    let mut found: Vec<usize> = g
+        .consumers(x)
+        .iter()
+        .copied()
+        .filter(|&c| g.node(c).is(op_type) && g.malformed(c).is_none() && g.node(c).input.first() == Some(x))
+        .collect();
+    found.sort_by_key(|&n| g.position(n));
+    found.dedup();
+    found
+}
+
 /// Splits the two operands of a commutative binary node into `(other,
 /// role)`, where `role` is the operand that fits the role (a constant, say),
 /// and tries `f` on them; when both operands fit, both orders are tried.

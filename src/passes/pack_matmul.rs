@@ -51,17 +51,8 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     let x = anchor.input[0].as_str();
     // Every MatMul of x by a constant 2-D weight, in the graph's order; the
     // first is the anchor, which the others join.
-    let mut group: Vec<(usize, &TensorProto)> = g
-        .consumers(x)
-        .iter()
-        .filter_map(|&c| {
-            let n = g.node(c);
-            let read = n.is("MatMul") && n.input.len() == 2 && n.input[0] == x;
-            Some((c, weight(g, n).filter(|_| read)?))
-        })
-        .collect();
-    group.sort_by_key(|&(n, _)| g.position(n));
-    group.dedup_by_key(|&mut (n, _)| n);
+    let group: Vec<(usize, &TensorProto)> =
+        pattern::siblings(g, index, "MatMul").into_iter().filter_map(|n| Some((n, weight(g, g.node(n))?))).collect();
     candidate!(group.len() >= 2 && group[0].0 == index);
     let (k, elem) = (group[0].1.dims[0], group[0].1.data_type());
     let mut m = Match::new(index);
