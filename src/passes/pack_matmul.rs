@@ -56,7 +56,8 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
         .iter()
         .filter_map(|&c| {
             let n = g.node(c);
-            let read = n.is("MatMul") && n.input.len() == 2 && n.input[0] == x;
+            // A malformed MatMul is hidden from rules (`Graph::malformed`).
+            let read = n.is("MatMul") && g.malformed(c).is_none() && n.input.len() == 2 && n.input[0] == x;
             Some((c, weight(g, n).filter(|_| read)?))
         })
         .collect();
