@@ -76,6 +76,9 @@ enum Pairs {
     Whole,
     /// Heads second: x `[b, 4, s, 8]`, the tables broadcast over axis 1.
     HeadsSecond,
+    /// The cos table a constant, `Reshape(Constant node, shape)`: what
+    /// computes the Reshape's input reads no input.
+    ConstantCos,
 }
 
 /// GPT-J's rotary as its TorchScript export writes it: x `[b, s, 4, 8]`
@@ -89,6 +92,13 @@ fn interleaved_model(broken: Pairs) -> ModelProto {
     let dims = if heads == 1 { [sym("b"), D::N(4), sym("s"), D::N(8)] } else { [sym("b"), sym("s"), D::N(4), D::N(8)] };
     let x = b.input("x", FLOAT, Some(&dims));
     let table = |b: &mut Builder, name: &str| {
+        if name == "cos" && broken == Pairs::ConstantCos {
+            // Each of 4 positions' 4 values twice, as [1, 4, 1, 8].
+            let values: Vec<f64> = (0..32).map(|i| f64::from(i / 2) * 0.125).collect();
+            let flat = b.constant(tensor(FLOAT, &[32], &values));
+            let to = b.ints(&[1, 4, 1, 8]);
+            return b.node("Reshape", &[&flat, &to], vec![]);
+        }
         let rows = b.input(name, FLOAT, Some(&[D::N(1), sym("s"), D::N(4)]));
         let (axes, reps) =
             if broken == Pairs::Whole { ([heads, 3], [1, 1, 1, 2, 1]) } else { ([heads, 4], [1, 1, 1, 1, 2]) };
@@ -306,4 +316,28 @@ fn gptjs_interleaved_rotaries_become_rotary_embeddings_and_compute_the_same() {
         assert_eq!(tiles.1, tiles.0 - 2, "{name}: each table's repeat goes with its last rotary");
         assert_equivalent(&original, &model, name);
     }
+}
+
+/// An interleaved rotary whose cos table is `Reshape(Constant node,
+/// shape)`: the table is no repeat the pass reads, and the candidate is
+/// declined with that reason. (The pass read the first input of the
+/// Reshape's producer before its op, and the Constant has none: the run
+/// ended in an internal error.)
+#[test]
+fn an_interleaved_rotary_whose_cos_table_is_a_reshaped_constant_declines() {
+    let model = interleaved_model(Pairs::ConstantCos);
+    onnx_fuse::validate::model(&model).unwrap();
+    let (fused, outcome) = fuse(&model);
+    assert_eq!(count_op(&fused, "RotaryEmbedding"), 0);
+    let said: Vec<&str> = outcome.declined.iter().map(|d| d.reason.as_str()).collect();
+    let why = "the cos table is repeated by Constant, not Tile or Expand";
+    assert!(said.iter().any(|r| r.contains(why)), "{why}: {said:?}");
+    // The command: no internal error, the reason in --explain.
+    let dir = tempdir();
+    let (input, out) = (dir.path().join("rotary.onnx"), dir.path().join("out.onnx"));
+    std::fs::write(&input, prost::Message::encode_to_vec(&model)).unwrap();
+    let r = run(&[input.to_str().unwrap(), "-o", out.to_str().unwrap(), "--explain"]);
+    assert!(r.status.success(), "{}", stderr(&r));
+    assert!(!stderr(&r).contains("internal error"), "{}", stderr(&r));
+    assert!(String::from_utf8_lossy(&r.stdout).contains(why), "{}", String::from_utf8_lossy(&r.stdout));
 }

@@ -314,13 +314,26 @@ impl<'a> Graph<'a> {
     /// `CastLike(c, like)` of a constant c is c cast to like's type
     /// (onnxscript's torchlib writes every literal so: an eps
     /// `CastLike(1e-5, mean)`): c itself where the types agree, else c cast
-    /// as `Cast` is (`reshaped_constant`). Known only once the types are.
+    /// as `Cast` is (`reshaped_constant`). Known only once the types are;
+    /// in the same walk in dependency order, what `reshaped_constant`
+    /// computes from such a constant (dynamo's `Reshape(CastLike(c, c),
+    /// shape)`) is one too.
     fn fold_cast_likes(&mut self) {
         let proto = self.proto;
         for &i in &self.order {
             let node = &proto.node[i];
-            let (Some(out), [c, like]) = (node.output.first(), node.input.as_slice()) else { continue };
-            if !node.is("CastLike") || self.malformed.contains_key(&i) || self.ambiguous.contains(out.as_str()) {
+            let Some(out) = node.output.first() else { continue };
+            if !node.is("CastLike") {
+                if !self.consts.contains_key(out.as_str()) {
+                    if let Some(t) = self.reshaped_constant(node) {
+                        self.types.entry(out).or_insert(t.data_type());
+                        self.consts.insert(out, Cow::Owned(t));
+                    }
+                }
+                continue;
+            }
+            let [c, like] = node.input.as_slice() else { continue };
+            if self.malformed.contains_key(&i) || self.ambiguous.contains(out.as_str()) {
                 continue;
             }
             let own = self.consts.get(c.as_str()).filter(|_| !self.ambiguous.contains(c.as_str())).cloned();

@@ -131,9 +131,11 @@ fn pt(of: &str, index: i64) -> Part<'_> {
 fn part<'a>(g: &Graph<'a>, shapes: &Shapes, value: &'a str, kind: Kind) -> Check<Part<'a>> {
     let p = g.producer(value).or_decline(|| format!("{value} is not a part of a complex tensor"))?;
     let node = g.node(p);
+    // ONNX's ops alone: another domain's Squeeze or Split may read nothing.
+    require!(crate::onnx::is_default_domain(node.domain()), "{value} is not a part of a complex tensor");
     let last = |x: &str, axis: i64| axis == -1 || shapes.rank(x).is_some_and(|r| axis == r as i64 - 1);
     let found = match (kind, node.op_type()) {
-        (Kind::Squeezed, "Gather") if crate::onnx::is_default_domain(node.domain()) => {
+        (Kind::Squeezed, "Gather") => {
             let index = g.constant(&node.input[1]);
             require!(index.is_some_and(|t| t.dims.is_empty()), "the Gather index of {value} is not a scalar");
             require!(

@@ -222,6 +222,13 @@ fn repeated_table(g: &Graph, v: &str, what: &str, sx: &[Dim], d: i64) -> Check<T
     let reshape = g.node(g.produced_by(v, "Reshape")?);
     let repeated = reshape.input[0].as_str();
     let step = g.node(g.computing(repeated)?);
+    // Its op first: another producer may read nothing (a constant table,
+    // `Reshape(Constant)`).
+    require!(
+        step.is("Tile") || step.is("Expand"),
+        "the {what} table is repeated by {}, not Tile or Expand",
+        step.op_type()
+    );
     let u = step.input[0].as_str();
     let (st, sr, su) = (shapes.shape(v), shapes.shape(repeated), shapes.shape(u));
     let (Some(st), Some(sr), Some(su)) = (st, sr, su) else {
@@ -242,16 +249,9 @@ fn repeated_table(g: &Graph, v: &str, what: &str, sx: &[Dim], d: i64) -> Check<T
         && sr[4].value() == Some(2)
         && st[3].value() == Some(d);
     require!(pairs, "the {what} table is not proved a repeat of each value twice on the last axis");
-    match step.op_type() {
-        "Tile" => {
-            let reps = g.constant(&step.input[1]).and_then(|t| t.ints());
-            require!(
-                reps.as_deref() == Some(&[1, 1, 1, 1, 2]),
-                "the {what} table's Tile repeats more than its last axis"
-            );
-        }
-        "Expand" => {}
-        op => decline!("the {what} table is repeated by {op}, not Tile or Expand"),
+    if step.is("Tile") {
+        let reps = g.constant(&step.input[1]).and_then(|t| t.ints());
+        require!(reps.as_deref() == Some(&[1, 1, 1, 1, 2]), "the {what} table's Tile repeats more than its last axis");
     }
     // Unsqueezes only add axes of one: the rows are u's values in order.
     let mut rows = u;
@@ -309,6 +309,7 @@ fn on_last_axis(g: &Graph, axis: i64, value: &str) -> bool {
 /// `Concat(Neg(x₂), x₁, axis −1)`: the Slices computing x₁ and x₂.
 fn halves_turned(g: &Graph, r: &str) -> Check<(usize, usize)> {
     let concat = g.node(g.produced_by(r, "Concat")?);
+    require!(concat.input.len() == 2, "the half turn is no Concat of two parts");
     require!(
         on_last_axis(g, concat.attr_int("axis").unwrap_or(0), r),
         "the half turn is not concatenated on the last axis"
@@ -324,6 +325,7 @@ fn halves_turned(g: &Graph, r: &str) -> Check<(usize, usize)> {
 fn pairs_turned(g: &Graph, r: &str) -> Check<(usize, usize)> {
     let stack = g.node(g.produced_by(r, "Reshape")?).input[0].as_str();
     let concat = g.node(g.produced_by(stack, "Concat")?);
+    require!(concat.input.len() == 2, "the pairs are no Concat of two parts");
     require!(
         on_last_axis(g, concat.attr_int("axis").unwrap_or(0), stack),
         "the pairs are not stacked on the last axis"
