@@ -305,12 +305,12 @@ impl Match {
 
     /// The name the replacement reads a new constant by whose rows are the
     /// `weights`' rows side by side (weights `[K, Nᵢ]` of one type give
-    /// `[K, N₁ + …]`), written as `io::side_by_side` writes it. None where a
-    /// weight's bytes are not in the model (external data, typed fields) or
-    /// do not match its dims, or no scratch file can be made.
+    /// `[K, N₁ + …]`): described (`onnx::rows`), its bytes composed where
+    /// the model is written. None where a weight's bytes are not in the
+    /// model (external data, typed fields) or do not match its dims.
     pub fn side_by_side(&mut self, g: &Graph, weights: &[&TensorProto], what: &str) -> Option<String> {
-        fn bytes(w: &TensorProto) -> Option<&[u8]> {
-            let raw = w.raw_data.as_deref().filter(|b| !b.is_empty() && !w.is_external() && w.external_data.is_empty());
+        fn bytes(w: &TensorProto) -> Option<&bytes::Bytes> {
+            let raw = w.raw_data.as_ref().filter(|b| !b.is_empty() && !w.is_external() && w.external_data.is_empty());
             Some((raw?, usize::try_from(w.numel()?).ok()?)).filter(|(b, n)| *n > 0 && b.len() % n == 0).map(|(b, _)| b)
         }
         let first = weights.first()?;
@@ -325,9 +325,9 @@ impl Match {
                 return None;
             }
             cols += n;
-            raw.push(b);
+            raw.push(b.clone());
         }
-        let bytes = crate::io::side_by_side(usize::try_from(rows).ok()?, &raw)?;
+        let bytes = crate::onnx::rows::side_by_side(usize::try_from(rows).ok()?, raw)?;
         let t = TensorProto { dims: vec![rows, cols], data_type: elem, raw_data: Some(bytes), ..Default::default() };
         Some(self.weight_input(g, Weight::Made(Box::new(t)), what))
     }

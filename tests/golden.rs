@@ -4,14 +4,14 @@
 //! against `testdata/golden/outputs.txt`. A change to the driver or the
 //! toolkit that is not meant to change what a pass writes must keep every
 //! line; one that is, rewrites the file (`ONNX_FUSE_BLESS=1`) and the diff
-//! shows which outputs changed.
+//! shows which outputs changed. An output is hashed as `io` encodes it
+//! (a payload pack-matmul describes composed: `onnx::rows`).
 
 mod common;
 
 use common::*;
 use onnx_fuse::graph::Target;
-use onnx_fuse::{passes, rewrite, upgrade};
-use prost::Message;
+use onnx_fuse::{io, passes, rewrite, upgrade};
 
 const FIRST_FOUR: &[&str] = &["layer-norm", "rms-norm", "attention", "complex-mul"];
 const MANIFEST: &str = "golden/outputs.txt";
@@ -44,7 +44,7 @@ fn outputs() -> String {
                 lines += &format!(
                     "{name} {prefix}{label} fused={} {:016x}\n",
                     outcome.fused.len(),
-                    fnv(&fused.encode_to_vec())
+                    fnv(&io::encode_to_vec(&fused))
                 );
             }
         }
@@ -54,7 +54,7 @@ fn outputs() -> String {
                 Ok((model, upgrade)) => {
                     let mut fused = model.clone();
                     let outcome = rewrite::run_upgraded(&mut fused, every_pass, target, upgrade.added.clone());
-                    let hash = fnv(&fused.encode_to_vec());
+                    let hash = fnv(&io::encode_to_vec(&fused));
                     lines += &format!("{name} every-pass opset-23 {label} fused={} {hash:016x}\n", outcome.fused.len());
                 }
                 Err(why) => {
@@ -113,7 +113,7 @@ fn every_run_writes_the_same_bytes() {
             .map(|_| {
                 let mut fused = model.clone();
                 rewrite::run_upgraded(&mut fused, &pipeline, Target::Ort, upgrade.added.clone());
-                fnv(&fused.encode_to_vec())
+                fnv(&io::encode_to_vec(&fused))
             })
             .collect();
         assert_eq!(hashes.len(), 1, "{name}: {} different outputs in 8 runs", hashes.len());

@@ -6,7 +6,9 @@ mod common;
 
 use common::build::{sym, tensor, Builder, D};
 use common::*;
-use onnx_fuse::onnx::{GraphProto, ModelProto, TensorProto, FLOAT, INT64};
+use onnx_fuse::io;
+use onnx_fuse::onnx::{rows, GraphProto, ModelProto, TensorProto, FLOAT, INT64};
+use prost::Message;
 
 /// The values of initializer `name`.
 fn values(model: &ModelProto, name: &str) -> Vec<f64> {
@@ -209,4 +211,46 @@ fn weights_not_held_as_raw_bytes_are_packed_by_their_concat() {
     assert_eq!((concat.input.as_slice(), concat.attr_int("axis")), (&["w0".to_string(), "w1".to_string()][..], Some(1)));
     assert_eq!(fused.graph.as_ref().unwrap().initializer.len(), 2);
     assert_equivalent(&original, &fused, "projections");
+}
+
+/// Weights read from a file: the packed weight is described while the
+/// rule matches (nothing is copied then) and composed where the model is
+/// written, row by row from the input, inside the model and with
+/// `--external-data` alike.
+#[test]
+fn a_packed_weight_of_weights_in_a_file_is_written_as_their_rows() {
+    let mut b = Builder::default();
+    let (_, weights, _) = projections(&mut b, &[1024, 512, 256]);
+    let original = b.model(17);
+    let want = rows_side_by_side(&original, &weights);
+    let dir = tempdir();
+    let input = dir.path().join("in.onnx");
+    std::fs::write(&input, original.encode_to_vec()).unwrap();
+    let loaded = io::load(&input, Default::default()).unwrap().model;
+    let (fused, outcome) = fuse_model(&loaded, &["pack-matmul"]);
+    assert_eq!(outcome.fused.len(), 1, "{:?}", outcome.declined);
+    let packed = &fused.graph.as_ref().unwrap().initializer[0];
+    assert!(rows::described(packed.raw_data.as_deref().unwrap()), "described, not copied");
+    assert_eq!(packed.values().unwrap(), want);
+    assert_equivalent(&original, &fused, "projections");
+    for apart in [false, true] {
+        let out = dir.path().join(format!("out_{apart}.onnx"));
+        let mut args = vec![input.to_str().unwrap(), "-o", out.to_str().unwrap(), "--passes", "pack-matmul", "-q"];
+        if apart {
+            args.push("--external-data");
+        }
+        let ran = run(&args);
+        assert!(ran.status.success(), "{}", stderr(&ran));
+        let written = io::load(&out, Default::default()).unwrap().model;
+        let t = &written.graph.as_ref().unwrap().initializer[0];
+        let bytes = if apart {
+            let entry = |key: &str| t.external_data.iter().find(|e| e.key() == key).unwrap().value().parse().unwrap();
+            let (offset, length): (usize, usize) = (entry("offset"), entry("length"));
+            std::fs::read(dir.path().join(format!("out_{apart}.onnx.data"))).unwrap()[offset..offset + length].to_vec()
+        } else {
+            t.raw_data.as_deref().unwrap().to_vec()
+        };
+        let f32s = bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap()));
+        assert_eq!(f32s.map(f64::from).collect::<Vec<f64>>(), want, "--external-data: {apart}");
+    }
 }

@@ -18,7 +18,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use bytes::{buf::UninitSlice, Buf, BufMut, Bytes};
 use prost::Message;
 
-use crate::onnx::{unknown, GraphProto, ModelProto, TensorProto};
+use crate::onnx::{rows, unknown, GraphProto, ModelProto, TensorProto};
 
 mod maps;
 mod paths;
@@ -262,33 +262,25 @@ pub fn encode_to(model: &ModelProto, file: &mut File) -> std::io::Result<()> {
     sink.finish()
 }
 
-/// A tensor's bytes made of others' rows side by side: row r of the result
-/// is row r of each source in turn (`rows` rows each; a weight `[K, N₁]`
-/// beside `[K, N₂]` is `[K, N₁ + N₂]`). They are written to an unnamed
-/// scratch file, inside the kernel where a source lies in a loaded model's
-/// map (its pages given back otherwise), and mapped back: writing the
-/// model copies them out the same way, so neither they nor their sources
-/// take memory of their own. None where no scratch file can be written.
-pub fn side_by_side(rows: usize, sources: &[&[u8]]) -> Option<Bytes> {
-    let total: usize = sources.iter().map(|s| s.len()).sum();
-    if rows == 0 || total == 0 || sources.iter().any(|s| s.len() % rows != 0) {
-        return None;
-    }
-    let mut file = Scratch::unnamed()?.file;
-    for r in 0..rows {
-        for source in sources {
-            let width = source.len() / rows;
-            let row = &source[r * width..(r + 1) * width];
-            if !maps::copy_range(row, &file).ok()? {
-                file.write_all(row).ok()?;
-                maps::release(row);
+/// `model` encoded in memory, every described payload (`onnx::rows`)
+/// composed: for a reader that takes bytes, not a file (verification,
+/// where no scratch file can be written).
+pub fn encode_to_vec(model: &ModelProto) -> Vec<u8> {
+    fn composed(g: &mut GraphProto) {
+        for t in &mut g.initializer {
+            if let Some(bytes) = t.raw_data.as_deref().and_then(rows::composed) {
+                t.raw_data = Some(bytes.into());
             }
         }
+        for node in &mut g.node {
+            node.subgraphs_mut().for_each(composed);
+        }
     }
-    // SAFETY: the file is unnamed and this process's alone; nothing
-    // writes it once mapped.
-    let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
-    (map.len() == total).then(|| Bytes::from_owner(maps::Registered::new(map, file)))
+    let mut model = model.clone();
+    if let Some(g) = model.graph.as_mut() {
+        composed(g);
+    }
+    model.encode_to_vec()
 }
 
 /// An unnamed scratch file for a model to be read back by path
@@ -411,7 +403,9 @@ fn clone_file(src: &File, dst: &File) -> bool {
 
 /// A `BufMut` that streams prost's encoding into a file through a fixed
 /// buffer; large byte fields (tensor data) go to the file directly from the
-/// memory map, so encoding never holds a second copy of the model.
+/// memory map, so encoding never holds a second copy of the model. A
+/// described payload (`onnx::rows`) goes as the pieces of its sources it
+/// is, each copied the same way.
 struct FileSink<'a> {
     file: &'a mut File,
     buf: Vec<u8>,
@@ -434,6 +428,9 @@ impl<'a> FileSink<'a> {
     }
 
     fn write(&mut self, data: &[u8]) {
+        if rows::pieces(data, &mut |piece| self.write(piece)) {
+            return;
+        }
         // Large payloads go in steps, each followed by its writeback.
         for piece in data.chunks(WRITEBACK_STEP as usize) {
             self.write_piece(piece);
@@ -519,7 +516,9 @@ unsafe impl BufMut for FileSink<'_> {
     }
 
     fn put_slice(&mut self, src: &[u8]) {
-        if src.len() >= SINK_BUFFER / 4 {
+        // A payload described is never short (`rows::DESCRIBED`): whether
+        // it is one is asked of payloads only.
+        if src.len() >= SINK_BUFFER / 4 || (src.len() >= rows::DESCRIBED && rows::described(src)) {
             self.flush_buf();
             self.write(src);
         } else {

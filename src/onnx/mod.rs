@@ -5,6 +5,7 @@ pub mod proto {
     #![allow(clippy::all)]
     include!(concat!(env!("OUT_DIR"), "/onnx.rs"));
 }
+pub mod rows;
 pub mod unknown;
 
 pub use proto::{
@@ -226,13 +227,14 @@ impl TensorProto {
 
     /// All values of a small numeric tensor as f64 (integers up to 2^53 are
     /// exact, which covers axes and indices). None for external data or
-    /// types we do not read.
+    /// types we do not read. A described payload (`rows`) is composed.
     pub fn values(&self) -> Option<Vec<f64>> {
         if self.is_external() {
             return None;
         }
         let n = usize::try_from(self.numel()?).ok()?;
-        let raw = self.raw_data.as_deref();
+        let composed = self.raw_data.as_deref().filter(|r| r.len() >= rows::DESCRIBED).and_then(rows::composed);
+        let raw = composed.as_deref().or(self.raw_data.as_deref());
         let from_raw = |size: usize, f: &dyn Fn(&[u8]) -> f64| -> Option<Vec<f64>> {
             let raw = raw?;
             (raw.len() == n * size).then(|| raw.chunks_exact(size).map(f).collect())

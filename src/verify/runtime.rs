@@ -172,7 +172,7 @@ pub(super) fn load(
         Some(s) => builder
             .commit_from_file(&s.path)
             .map_err(|e| e.to_string().replace(&*s.path.to_string_lossy(), "the model")),
-        None => builder.commit_from_memory(&copy.encode_to_vec()).map_err(|e| e.to_string()),
+        None => builder.commit_from_memory(&crate::io::encode_to_vec(&copy)).map_err(|e| e.to_string()),
     };
     loaded.map_err(|e| anyhow!("ONNX Runtime cannot load the {which} model: {e}"))
 }
