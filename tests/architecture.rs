@@ -466,3 +466,21 @@ fn the_import_reader_sees_every_spelling() {
     ]);
     assert_eq!(strongly_connected(&graph), [BTreeSet::from(["a".to_string(), "b".to_string()])]);
 }
+
+/// Who reads a value is the driver's to settle (`rewrite::settle`, `Kept`)
+/// and the toolkit's to answer (`pattern::siblings`): no pass file asks
+/// the graph for a value's consumers. (Comments and strings are left out.)
+#[test]
+fn no_pass_asks_who_reads_a_value() {
+    let passes = src().join("passes");
+    let asking: Vec<String> = modules(&src())
+        .into_iter()
+        .filter(|m| m.file.starts_with(&passes))
+        .filter(|m| code(&std::fs::read_to_string(&m.file).unwrap()).contains(".consumers("))
+        .map(|m| m.file.display().to_string())
+        .collect();
+    assert!(asking.is_empty(), "passes that ask who reads a value: {asking:?}");
+    // The check sees a call where there is one.
+    assert!(code("let r = g.consumers(x); // g.consumers(y)").contains(".consumers("));
+    assert!(!code("// g.consumers(y)\nlet s = \"g.consumers(\";").contains(".consumers("));
+}

@@ -565,7 +565,7 @@ pub(super) fn attention(
 }
 
 /// The report says where query heads share a key and value head: a
-/// runtime may not run that (`report::GROUPED_HEADS`).
+/// runtime may not run that (`passes::GROUPED_HEADS`).
 fn grouped(rewrite: Rewrite, n: i64) -> Rewrite {
     if n > 1 {
         rewrite.noting(format!("{} {n} query heads per key and value head", crate::passes::GROUPED_HEADS))
