@@ -600,9 +600,13 @@ fn between(g: &Graph, from: &str, to: &str) -> Vec<String> {
         }
         let Some(p) = g.producer(at).filter(|_| depth > 0) else { return false };
         let node = g.node(p);
+        // ONNX's ops only (another domain's may take any inputs).
         let data = match node.op_type() {
+            _ if !crate::onnx::is_default_domain(node.domain()) => return false,
             "Mul" | "Div" => &node.input[..],
-            "Reshape" | "Transpose" | "Expand" | "Tile" | "Unsqueeze" | "Squeeze" | "Identity" => &node.input[..1],
+            "Reshape" | "Transpose" | "Expand" | "Tile" | "Unsqueeze" | "Squeeze" | "Identity" => {
+                node.input.get(..1).unwrap_or_default()
+            }
             _ => return false,
         };
         path.push(at.to_string());
