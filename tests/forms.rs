@@ -803,6 +803,47 @@ fn a_term_subtracted_from_the_scores_is_a_step_and_one_they_are_subtracted_from_
     assert!(why.iter().any(|r| r.contains("mask is not computed by the graph")), "{why:?}");
 }
 
+/// OPT's and BART's eager attention before transformers 4.36 clamp the
+/// masked scores at the float's lowest, `Max(s + mask, lowest)`: a step of
+/// the core (written in three places: its `Step`, its token, its matcher),
+/// in the function as matched; no translator to ONNX `Attention` takes it.
+#[test]
+fn scores_clamped_by_a_max_are_a_step_of_the_core() {
+    let clamped = |bound: Option<f64>| {
+        core(
+            move |b, s| {
+                let s = b.node("Add", &[&s, "mask"], vec![]);
+                let bound = match bound {
+                    Some(c) => b.constant(tensor(FLOAT, &[], &[c])),
+                    None => "bias".to_string(),
+                };
+                b.node("Max", &[&s, &bound], vec![])
+            },
+            |_, p| p,
+        )
+    };
+    let model = clamped(Some(f32::MIN as f64));
+    let (n, why, fused) = attention(&model);
+    assert_eq!(n, 1, "{why:?}");
+    let node = fused.graph.as_ref().unwrap().node.iter().find(|n| n.op_type() == "AttentionCore").unwrap();
+    assert_eq!(node.overload(), "add.max.softmax");
+    assert_eq!(node.input, ["q", "k", "v", "mask"]);
+    let ops: Vec<&str> = fused.functions[0].node.iter().map(|n| n.op_type()).collect();
+    assert_eq!(ops, ["MatMul", "Add", "Constant", "Max", "Softmax", "MatMul"]);
+    assert_equivalent(&model, &fused, "max");
+    // A bound computed at run time (here a tensor of the scores' shape) is
+    // no one-value constant: no step.
+    let (n, why, _) = attention(&clamped(None));
+    assert_eq!(n, 0);
+    assert!(why.iter().any(|r| r.contains("the Max's bound")), "{why:?}");
+    // Where the opset has ONNX's Attention, the kernel does not take it.
+    let mut at_23 = model.clone();
+    at_23.opset_import.iter_mut().filter(|o| o.domain().is_empty()).for_each(|o| o.version = Some(23));
+    let (_, outcome) = fuse_model(&at_23, &["attention"]);
+    let note = outcome.fused[0].note.clone().unwrap_or_default();
+    assert!(note.contains("a step max of the core: no step ONNX Attention takes"), "{note}");
+}
+
 #[test]
 fn masked_fill_with_a_reshaped_fill_is_a_core() {
     let model = core(

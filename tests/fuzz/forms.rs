@@ -970,6 +970,22 @@ pub fn attention(rng: &mut Rng) -> Case {
             };
         }
     }
+    // OPT's and BART's eager attention (before transformers 4.36) clamp the
+    // masked scores at the float's lowest.
+    match rng.below(12) {
+        0 => {
+            c.note("the scores clamped by a Max of one value");
+            let lowest = if s_elem == FLOAT16 { -65504.0 } else { f64::from(f32::MIN) };
+            let bound = one_value(rng, &mut b, "clamp", s_elem, 0, lowest);
+            s = commuted(rng, &mut b, "Max", &s, &bound);
+        }
+        1 => {
+            c.breaks("the scores clamped by a Max of a value computed at run time");
+            let bound = b.input("clamp_src", s_elem, Some(&[D::N(1), D::N(1), sym("s"), sym("t")][4 - rank..]));
+            s = commuted(rng, &mut b, "Max", &s, &bound);
+        }
+        _ => {}
+    }
     let axis = match rng.below(8) {
         0 => {
             if opset < 13 {

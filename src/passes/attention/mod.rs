@@ -20,6 +20,7 @@
 //!     Where(hide, fill, s)         masked_fill: the same, inverted → input `hide`
 //!     Add(s, mask)                 either order; several in a row → input `mask`, `mask_2`, …
 //!     Sub(s, mask)                 a term subtracted (XLNet)      → token `sub`, input `mask`
+//!     Max(s, c)                    c a constant with one value (OPT's clamp) → `max`
 //!     Reshape(s, shape) … Reshape  a pair that gives back the shape of s → input `scores_shape` where
 //!                                  computed at run time from other values
 //! p = Softmax(s)                   over the last axis only
@@ -89,6 +90,10 @@ enum Step {
     Mask(String),
     /// `s − mask`.
     Subtract(String),
+    /// `Max(s, c)`, c a constant with one value: the masked scores clamped
+    /// at the float's lowest (OPT's and BART's eager attention before
+    /// transformers 4.36, in float16).
+    Max,
     Reshape {
         shape: Side,
         allowzero: bool,
@@ -137,6 +142,7 @@ impl Step {
             Step::Where { .. } => "masked_fill",
             Step::Mask(_) => "add",
             Step::Subtract(_) => "sub",
+            Step::Max => "max",
             Step::Softmax => "softmax",
             Step::NanGuard => "nan_guard",
             Step::Reshape { shape, allowzero } => {
@@ -857,6 +863,11 @@ fn scores_chain<'a>(g: &Graph<'a>, value: &'a str, depth: usize) -> Check<(usize
             require!(is_float(cast_to(node)), "the Cast before the Softmax is not to a float type");
             let s = Step::Cast(cast_to(node).unwrap_or_default());
             return step(scores_chain(g, &node.input[0], depth + 1), s);
+        }
+        "Max" if binary => {
+            let (s, c) = if g.constant(&node.input[1]).is_some() { (0, 1) } else { (1, 0) };
+            pattern::scalar(g, &node.input[c], &node.input[s], "the Max's bound")?;
+            return step(scores_chain(g, &node.input[s], depth + 1), Step::Max);
         }
         "Where" if node.input.len() == 3 => {
             // The fill is the constant branch: Where(keep, s, fill), or
