@@ -836,6 +836,10 @@ fn scores_clamped_by_a_max_are_a_step_of_the_core() {
     let (n, why, _) = attention(&clamped(None));
     assert_eq!(n, 0);
     assert!(why.iter().any(|r| r.contains("the Max's bound")), "{why:?}");
+    // A bound above a fill would give hidden keys weight again.
+    let (n, why, _) = attention(&clamped(Some(-100.0)));
+    assert_eq!(n, 0);
+    assert!(why.iter().any(|r| r.contains("not at most -1e4")), "{why:?}");
     // Where the opset has ONNX's Attention, the kernel does not take it.
     let mut at_23 = model.clone();
     at_23.opset_import.iter_mut().filter(|o| o.domain().is_empty()).for_each(|o| o.version = Some(23));

@@ -979,6 +979,11 @@ pub fn attention(rng: &mut Rng) -> Case {
             let bound = one_value(rng, &mut b, "clamp", s_elem, 0, lowest);
             s = commuted(rng, &mut b, "Max", &s, &bound);
         }
+        1 if rng.chance(0.5) => {
+            c.breaks("the scores clamped by a Max of -100, above a fill");
+            let bound = one_value(rng, &mut b, "clamp", s_elem, 0, -100.0);
+            s = commuted(rng, &mut b, "Max", &s, &bound);
+        }
         1 => {
             c.breaks("the scores clamped by a Max of a value computed at run time");
             let bound = b.input("clamp_src", s_elem, Some(&[D::N(1), D::N(1), sym("s"), sym("t")][4 - rank..]));

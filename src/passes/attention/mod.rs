@@ -866,7 +866,9 @@ fn scores_chain<'a>(g: &Graph<'a>, value: &'a str, depth: usize) -> Check<(usize
         }
         "Max" if binary => {
             let (s, c) = if g.constant(&node.input[1]).is_some() { (0, 1) } else { (1, 0) };
-            pattern::scalar(g, &node.input[c], &node.input[s], "the Max's bound")?;
+            let bound = pattern::scalar(g, &node.input[c], &node.input[s], "the Max's bound")?;
+            // At most a fill: a key the mask hides stays hidden.
+            require!(bound <= MAX_FILL, "the Max's bound is {bound}, not at most -1e4: hidden keys would keep weight");
             return step(scores_chain(g, &node.input[s], depth + 1), Step::Max);
         }
         "Where" if node.input.len() == 3 => {
