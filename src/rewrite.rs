@@ -1253,8 +1253,8 @@ fn fill_original_ops(g: &Graph, rewrite: &mut Rewrite) -> Check<()> {
 /// Writes the body of the function the replacement calls
 /// (`Match::replace_with_call`): the matched nodes in graph order, and the
 /// producer of a kept value they read where it reads only the
-/// replacement's inputs (scores that stay for a `Shape` are computed
-/// again). Equal to what it replaced by construction. Its values are named
+/// replacement's inputs and writes none (scores that stay for a `Shape`
+/// are computed again, but where the replacement reads them as well). Equal to what it replaced by construction. Its values are named
 /// apart from the graph's: the inputs the rule named first, then every
 /// other value from outside in the order the body reads them (`input_N`),
 /// the outputs `out`, `out_N` by slot, the rest `t0`, `t1`, … in order;
@@ -1270,6 +1270,7 @@ fn write_function(g: &Graph, rewrite: &mut Rewrite, earlier: &[&FunctionProto]) 
         .filter_map(|k| g.producer(k.value()))
         .filter(|p| !rewrite.nodes.contains(p))
         .filter(|&p| g.node(p).input.iter().all(|v| v.is_empty() || declared.contains(v.as_str())))
+        .filter(|&p| !g.node(p).output.iter().any(|o| declared.contains(o.as_str())))
         .filter(|&p| g.node(p).output.iter().any(|o| g.consumers(o).iter().any(|c| rewrite.nodes.contains(c))))
         .collect();
     let nodes = in_order(g, rewrite, &recomputed);
