@@ -5,7 +5,8 @@ model builder's output of the same random weights (scripts/bench_decode.sh
 makes them). Decode is one token after a past of P; prefill is S tokens
 after no past. Models are measured in alternation, round by round, each
 round starting with the next model, and each ratio is the median of the
-ratios of the same rounds. Peak memory is
+ratios of the same rounds, with their lowest and highest (the spread): a
+JSON line per point, then the table of them all. Peak memory is
 each model's own process's peak RSS (ru_maxrss) over a load and a prefill.
 
 Usage: bench_decode.py DIR MODEL_KIND [--rounds N] [--past P,P] [--prefill S,S]
@@ -128,11 +129,28 @@ def main():
                  ("fused", "fused-before"), ("fused-before", "export")]
         for x, y in pairs:
             if x in times and y in times:
-                row[f"{x}/{y}"] = statistics.median(u / v for u, v in zip(times[x], times[y]))
+                ratios = [u / v for u, v in zip(times[x], times[y])]
+                row[f"{x}/{y}"] = statistics.median(ratios)
+                # The spread of the same rounds' ratios: the lowest and highest.
+                row[f"{x}/{y} spread"] = [min(ratios), max(ratios)]
         if seq in peaks and what == "prefill":
             row["peak_mib"] = peaks[seq]
         rows.append(row)
         print(json.dumps(row), flush=True)
+    table(rows, [f"{x}/{y}" for x, y in pairs if x in sessions and y in sessions])
+
+
+def table(rows, pairs):
+    """The rows as the table docs/benchmarks.md shows: each point's median
+    time per model, and each ratio's median over the rounds with its spread."""
+    models = list(rows[0]["ms"]) if rows else []
+    print("\n| point | " + " | ".join(f"{m} (ms)" for m in models) + " | " + " | ".join(pairs) + " |")
+    print("|---" * (1 + len(models) + len(pairs)) + "|")
+    for row in rows:
+        point = f"decode, past {row['past']:,}" if row["what"] == "decode" else f"prefill {row['tokens']:,}"
+        ms = [f"{row['ms'][m]:.1f}" for m in models]
+        ratios = [f"{row[p]:.2f} [{row[p + ' spread'][0]:.2f}, {row[p + ' spread'][1]:.2f}]" for p in pairs]
+        print(f"| {point} | " + " | ".join(ms + ratios) + " |")
 
 
 if __name__ == "__main__":
