@@ -1,0 +1,239 @@
+#!/usr/bin/env python3
+"""The next tools in a user's pipeline accept onnx-fuse's output (issue 56).
+
+Usage: check_pipeline.py BINARY TESTDATA_DIR [--all] [--table FILE.md] [MODEL ...]
+
+For each model (MODEL names are paths relative to TESTDATA_DIR; without
+them the CI set below; `--all` takes every export: the top-level *.onnx but
+the near-misses nm_*, and the *.onnx of the *_folder exports), the
+everyday output (`BINARY IN -o OUT -q`) and the original each go through
+ONNX Runtime's quantization tools, as a user runs them:
+
+  int8      quantize_dynamic(IN, OUT)
+  pre+int8  quant_pre_process(IN, PRE) (ONNX Runtime's symbolic shape
+            inference, ONNX's shape inference, ONNX Runtime's basic
+            optimizations), then quantize_dynamic(PRE, OUT)
+  int4      MatMulNBitsQuantizer(onnx.load(IN), block_size=32).process()
+
+Where a tool succeeds on the original it must succeed on the output. Where
+both succeed, the quantized models and the float original run in ONNX
+Runtime on the same random but deterministic inputs
+(check_runtimes.make_feeds, seed 0): the quantized output must be as close
+to the quantized original as the quantized original is to the float
+original (the quantization's own error), with slack:
+
+  max|Fq - Oq| <= SLACK * max|Oq - O| + ATOL     (every graph output)
+
+A failure of the original is a fact about the tool, listed, not a failure
+of this check. The check fails (exit 1) where onnx-fuse fails, where a tool
+fails on the output only, where the outputs are further apart than allowed,
+and where nothing at all was compared, so it never passes quietly.
+`--table` writes the per-model results as a Markdown table.
+"""
+import contextlib
+import io
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import traceback
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from check_runtimes import graph_inputs, is_ids, make_feeds, vocab_size  # noqa: E402
+
+# Decoders and encoders of the three families' forms: Optimum's Llama with
+# past (the issue's), a Llama TorchScript export with grouped heads, GPT-2
+# with past, BERT from Optimum (the guarded encoder Attention), T5's encoder
+# (relative position bias, an RMS norm) and Whisper's encoder (unguarded
+# Attention at opset 23).
+CI_MODELS = (
+    "llama_optimum_past.onnx",
+    "mistral_sdpa_ts_op17.onnx",
+    "gpt2_optimum_past.onnx",
+    "bert_optimum.onnx",
+    "t5_encoder_ts_op14.onnx",
+    "whisper_encoder_dynamo_op23.onnx",
+)
+TOOLS = ("int8", "pre+int8", "int4")
+SLACK, ATOL = 2.0, 1e-4
+# Sizes (batch, sequence, past) tried in turn until the float original runs
+# (as check_runtimes.py: some exports bake a traced length into a Reshape,
+# audio encoders need longer inputs).
+SIZES = ((2, 5, 3), (1, 1, 3), (2, 7, 3), (1, 7, 3), (2, 64, 3))
+
+
+def exports(testdata):
+    names = sorted(n for n in os.listdir(testdata)
+                   if n.endswith(".onnx") and not n.startswith("nm_") and os.path.isfile(os.path.join(testdata, n)))
+    for folder in sorted(d for d in os.listdir(testdata) if d.endswith("_folder")):
+        names += sorted(f"{folder}/{n}" for n in os.listdir(os.path.join(testdata, folder)) if n.endswith(".onnx"))
+    return names
+
+
+def first_line(exc):
+    text = str(exc).strip().splitlines()
+    where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+    at = f" (at {os.path.basename(where.filename)}:{where.lineno} {where.name})" if where else ""
+    return f"{type(exc).__name__}: {text[0][:200] if text else ''}{at}"
+
+
+def quantize(tool, src, dst):
+    """Runs one tool; returns None or the first line of its error."""
+    from onnxruntime.quantization import quant_pre_process, quantize_dynamic
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    try:
+        # The quantizers log every node and print warnings; only the verdict counts.
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            if tool == "int8":
+                quantize_dynamic(src, dst)
+            elif tool == "pre+int8":
+                pre = dst + ".pre.onnx"
+                quant_pre_process(src, pre)
+                quantize_dynamic(pre, dst)
+            else:
+                q = MatMulNBitsQuantizer(onnx.load(src), block_size=32, is_symmetric=True)
+                q.process()
+                q.model.save_model_to_file(dst, use_external_data_format=False)
+        return None
+    except Exception as e:  # noqa: BLE001 - every refusal is a finding
+        return first_line(e)
+
+
+def session(path):
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.log_severity_level = 3
+    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+
+
+def run(sess, feed):
+    wanted = {i.name for i in sess.get_inputs()}
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(None, {k: v for k, v in feed.items() if k in wanted})))
+
+
+def feeds_for(path):
+    """Inputs the float original runs with, and its outputs on them."""
+    specs = graph_inputs(path)
+    vocab = vocab_size(path, [n for n, _, _ in specs if is_ids(n)])
+    sess = session(path)
+    last = None
+    for sizes in SIZES:
+        feed = make_feeds(specs, sizes, vocab)["ones"]
+        try:
+            return feed, run(sess, feed)
+        except Exception as e:  # noqa: BLE001 - try the next sizes
+            last = e
+    raise RuntimeError(f"the original runs on none of the sizes tried: {first_line(last)}")
+
+
+def max_diff(a, b):
+    """Largest |a - b| over every output both have; inf where one is not finite where the other is."""
+    worst = 0.0
+    for name in a.keys() & b.keys():
+        x, y = np.asarray(a[name], dtype=np.float64), np.asarray(b[name], dtype=np.float64)
+        if x.shape != y.shape or (np.isfinite(x) != np.isfinite(y)).any():
+            return float("inf")
+        both = np.isfinite(x)
+        if both.any():
+            worst = max(worst, float(np.abs(x[both] - y[both]).max()))
+    return worst
+
+
+def check(binary, testdata, name, tmp):
+    """One model: {"fuse": error or None, tool: result}, and the failures."""
+    src = os.path.join(testdata, name)
+    tag = name.replace("/", "__")[:-len(".onnx")]
+    out = os.path.join(tmp, f"{tag}.fused.onnx")
+    r = subprocess.run([binary, src, "-o", out, "-q"], capture_output=True, text=True)
+    if r.returncode != 0:
+        return {"fuse": (r.stderr or r.stdout).strip()[:200]}, [f"{name}: onnx-fuse failed: {r.stderr.strip()}"]
+    result, failures = {"fuse": None}, []
+    try:
+        feed, float_outputs = feeds_for(src)
+    except Exception as e:  # noqa: BLE001
+        feed, float_outputs = None, None
+        result["runs"] = first_line(e)
+    for tool in TOOLS:
+        paths = {which: os.path.join(tmp, f"{tag}.{which}.{tool}.onnx") for which in ("original", "output")}
+        errors = {"original": quantize(tool, src, paths["original"]), "output": quantize(tool, out, paths["output"])}
+        cell = {"original": errors["original"], "output": errors["output"]}
+        result[tool] = cell
+        if errors["original"] is None and errors["output"] is not None:
+            failures.append(f"{name}: {tool} succeeds on the original but fails on the output: {errors['output']}")
+            continue
+        if errors["original"] is not None or errors["output"] is not None or feed is None:
+            continue
+        try:
+            quantized = run(session(paths["original"]), feed)
+            fused = run(session(paths["output"]), feed)
+        except Exception as e:  # noqa: BLE001
+            failures.append(f"{name}: {tool}: a quantized model does not run: {first_line(e)}")
+            continue
+        own, ours = max_diff(quantized, float_outputs), max_diff(fused, quantized)
+        cell["quantization"], cell["fused"] = own, ours
+        if not ours <= SLACK * own + ATOL:
+            failures.append(f"{name}: {tool}: the quantized output is {ours:.3g} from the quantized original, "
+                            f"whose own quantization error is {own:.3g} (allowed {SLACK} x that + {ATOL})")
+    return result, failures
+
+
+def cell_text(cell):
+    def verdict(err):
+        return "ok" if err is None else "**fails**" if err else "–"
+    text = f"{verdict(cell['original'])} / {verdict(cell['output'])}"
+    if "fused" in cell:
+        text += f" ({cell['fused']:.2g} vs {cell['quantization']:.2g})"
+    return text
+
+
+def main(argv):
+    logging.disable(logging.WARNING)
+    args = [a for a in argv if not a.startswith("--")]
+    table = next((argv[i + 1] for i, a in enumerate(argv) if a == "--table"), None)
+    args = [a for a in args if a != table]
+    binary, testdata, models = args[0], args[1], args[2:]
+    if "--all" in argv:
+        models = exports(testdata)
+    models = models or list(CI_MODELS)
+    failures, rows, compared = [], [], 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in models:
+            if not os.path.isfile(os.path.join(testdata, name)):
+                failures.append(f"{name}: no such model in {testdata}")
+                continue
+            result, failed = check(binary, testdata, name, tmp)
+            failures += failed
+            compared += sum("fused" in result.get(t, {}) for t in TOOLS)
+            rows.append((name, result))
+            cells = "; ".join(f"{t} {cell_text(result[t])}" for t in TOOLS if t in result)
+            print(f"{name}: {cells or 'onnx-fuse failed'}{'; ' + result['runs'] if 'runs' in result else ''}",
+                  flush=True)
+            for t in TOOLS:
+                for which in ("original", "output"):
+                    err = result.get(t, {}).get(which)
+                    if err:
+                        print(f"  {t} {which}: {err}")
+            for f in os.listdir(tmp):  # the quantized copies of this model are done with
+                os.remove(os.path.join(tmp, f))
+    if table:
+        with open(table, "w") as f:
+            f.write("| model | " + " | ".join(TOOLS) + " |\n|---|" + "---|" * len(TOOLS) + "\n")
+            for name, result in rows:
+                f.write(f"| `{name}` | " + " | ".join(cell_text(result[t]) if t in result else "onnx-fuse failed"
+                                                    for t in TOOLS) + " |\n")
+    if compared == 0:
+        failures.append("no quantized model was compared: nothing was checked")
+    print(f"check_pipeline: {len(rows)} models, {compared} quantized pairs compared, {len(failures)} failures")
+    for f in failures:
+        print("FAIL", f)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
