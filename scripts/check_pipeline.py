@@ -225,18 +225,22 @@ def check(binary, testdata, name, tmp):
         errors = {"original": quantize(tool, src, paths["original"]), "output": quantize(tool, out, paths["output"])}
         cell = {"original": errors["original"], "output": errors["output"]}
         result[tool] = cell
-        if errors["original"] is not None or feed is None:
+        if feed is None:
             continue
+        # A model a quantizer wrote that does not run is its failure.
         quantized = fused = None
-        try:
-            quantized = run(session(paths["original"]), feed)
-            if errors["output"] is None:
+        if errors["original"] is None:
+            try:
+                quantized = run(session(paths["original"]), feed)
+            except Exception as e:  # noqa: BLE001
+                errors["original"] = cell["original"] = f"writes a model that does not run: {first_line(e)}"
+        if errors["output"] is None:
+            try:
                 fused = run(session(paths["output"]), feed)
-        except Exception as e:  # noqa: BLE001 - a model a quantizer wrote that does not load is its failure
-            if quantized is None:
-                cell["original"] = f"writes a model that does not run: {first_line(e)}"
-                continue
-            errors["output"] = cell["output"] = f"writes a model that does not run: {first_line(e)}"
+            except Exception as e:  # noqa: BLE001
+                errors["output"] = cell["output"] = f"writes a model that does not run: {first_line(e)}"
+        if errors["original"] is not None:
+            continue
         known = WORKAROUNDS.get(tool)
         if errors["output"] is not None and known and known[0] in errors["output"] and has_onnx_attention(out):
             # ONNX Runtime's tool lacks ONNX's Attention: the documented command instead.
