@@ -284,12 +284,16 @@ def main(argv):
     args = [a for a in argv if not a.startswith("--")]
     table = next((argv[i + 1] for i, a in enumerate(argv) if a == "--table"), None)
     args = [a for a in args if a != table]
-    binary, testdata, models = args[0], args[1], args[2:]
+    table = table and os.path.abspath(table)
+    binary, testdata, models = os.path.abspath(args[0]), os.path.abspath(args[1]), args[2:]
     if "--all" in argv:
         models = exports(testdata)
     models = models or list(CI_MODELS)
     failures, rows, compared = [], [], 0
     with tempfile.TemporaryDirectory() as tmp:
+        # quant_pre_process writes its temporaries (a model, external data
+        # under random names) into the working folder: the checkout's, else.
+        os.chdir(tmp)
         for name in models:
             if not os.path.isfile(os.path.join(testdata, name)):
                 failures.append(f"{name}: no such model in {testdata}")
@@ -308,6 +312,7 @@ def main(argv):
                         print(f"  {t} {which}: {err[:300]}")
             for f in os.listdir(tmp):  # the quantized copies of this model are done with
                 os.remove(os.path.join(tmp, f))
+        os.chdir("/")
     if table:
         with open(table, "w") as f:
             f.write("| model | " + " | ".join(TOOLS) + " |\n|---|" + "---|" * len(TOOLS) + "\n")
