@@ -685,6 +685,10 @@ pub fn run_upgraded(model: &mut ModelProto, passes: &[&Pass], target: Target, ad
     let context = Context { opset, opset_implied: model.imported_default_opset().is_none(), target };
     if let Some(graph) = model.graph.as_mut() {
         run_graph(graph, context, &Scope::default(), passes, "main", &mut outcome);
+        // A model nothing was fused in is written back as it was.
+        if !outcome.fused.is_empty() || !outcome.absorbed.is_empty() {
+            declare_types(graph, context, &Scope::default(), &HashSet::new());
+        }
     }
     for (domain, version) in std::mem::take(&mut outcome.imports) {
         if !model.opset_import.iter().any(|o| o.domain() == domain) {
@@ -693,6 +697,44 @@ pub fn run_upgraded(model: &mut ModelProto, passes: &[&Pass], target: Target, ad
     }
     add_functions(model, std::mem::take(&mut outcome.functions));
     outcome
+}
+
+/// Declares the element type, and the shape where proved
+/// (`Graph::declaration`), of the values ONNX's shape inference cannot
+/// reach in the fused graph: the outputs of every node ONNX does not know
+/// (ONNX Runtime's ops, `transmuter`'s; `ops::onnx_infers`) and of every
+/// node after one, in `graph` and its bodies; and the outputs of every
+/// fused node. Tools that type values by ONNX's inference (ONNX
+/// Runtime's quantizers) then see the types they see in the export. What
+/// the export declared is kept as it was (ground rule 9); a value whose
+/// type is not proved is not declared. `unreached` names the values of
+/// enclosing graphs ONNX cannot reach.
+fn declare_types(graph: &mut GraphProto, context: Context, outer: &Scope, unreached: &HashSet<String>) {
+    let (declarations, unreached, bodies) = {
+        let g = context.view(graph, outer);
+        let declared: HashSet<&str> = (graph.input.iter().chain(&graph.output).chain(&graph.value_info))
+            .map(|v| v.name())
+            .chain(graph.initializer.iter().map(|t| t.name()))
+            .collect();
+        let mut unreached = unreached.clone();
+        let mut declarations = Vec::new();
+        for node in g.order().iter().map(|&i| g.node(i)) {
+            let opaque = !crate::ops::onnx_infers(node.domain(), node.op_type(), context.opset)
+                || values_read_by(node).iter().any(|v| unreached.contains(v));
+            let fused = node.metadata(FUSED_KEY).is_some();
+            for out in node.output.iter().filter(|o| !o.is_empty()) {
+                if opaque {
+                    unreached.insert(out.clone());
+                }
+                if (opaque || fused) && !declared.contains(out.as_str()) {
+                    declarations.extend(g.declaration(out));
+                }
+            }
+        }
+        (declarations, unreached, Bodies::of(&g))
+    };
+    bodies.walk(graph, "", |body, scope, _| declare_types(body, context, scope, &unreached));
+    graph.value_info.extend(declarations);
 }
 
 /// Adds the functions replacements call, once each, with the model's opset

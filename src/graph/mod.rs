@@ -796,6 +796,35 @@ impl<'a> Graph<'a> {
         own.or_else(|| (!self.defined.contains(value)).then(|| self.outer.types.get(value).copied()).flatten())
     }
 
+    /// `value` declared as this view knows it: its element type, and its
+    /// shape where the rank is proved, each axis a number, a declared
+    /// symbol under its own name (`dim_param`), or left unnamed where it
+    /// is a size no declared symbol names (`past + seq`, an axis of some
+    /// value). None where the element type is not proved: nothing is
+    /// declared that is not known.
+    pub fn declaration(&self, value: &str) -> Option<ValueInfoProto> {
+        use crate::onnx::proto::tensor_shape_proto::{dimension::Value as DimValue, Dimension};
+        use crate::onnx::proto::type_proto::Tensor;
+        let elem = self.elem_type(value)?;
+        let axis = |d: &shapes::Dim| Dimension {
+            value: match (d.value(), d.single_atom()) {
+                (Some(n), _) if n >= 0 => Some(DimValue::DimValue(n)),
+                (None, Some((atom, 1))) => atom.strip_prefix('$').map(|p| DimValue::DimParam(p.to_string())),
+                _ => None,
+            },
+            ..Default::default()
+        };
+        let shape = self.shapes().shape(value).map(|dims| TensorShapeProto { dim: dims.iter().map(axis).collect() });
+        Some(ValueInfoProto {
+            name: Some(value.to_string()),
+            r#type: Some(crate::onnx::TypeProto {
+                value: Some(TypeValue::TensorType(Tensor { elem_type: Some(elem), shape })),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+    }
+
     /// Where `shapes::Shapes` keeps what it derived for this graph.
     pub fn shape_memo(&self) -> &shapes::Memo {
         &self.symbolic

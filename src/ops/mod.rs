@@ -54,6 +54,16 @@ pub fn arity(domain: &str, op: &str, opset: i64) -> Option<Arity> {
     })
 }
 
+/// True where ONNX's own shape inference (`onnx.shape_inference`) knows
+/// `op` at the model's default-domain `opset`: an op of ONNX's schemas from
+/// that opset on. ONNX Runtime's ops registered in the default domain
+/// (`SimplifiedLayerNormalization`, `LayerNormalization` below 17) and
+/// every other domain's are unknown to it: the values they compute, and
+/// those computed from them, get no type there.
+pub fn onnx_infers(domain: &str, op: &str, opset: i64) -> bool {
+    crate::onnx::is_default_domain(domain) && arity::DEFAULT_DOMAIN.iter().any(|&(name, since, _)| name == op && since <= opset)
+}
+
 /// Why a node is not one its op defines: too few or too many inputs or
 /// outputs, or an empty name where the op requires a value (at the
 /// model's default-domain opset). ONNX Runtime refuses such a node; the
