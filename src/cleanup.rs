@@ -20,7 +20,9 @@
 //! - **Twins.** Of two nodes with the same domain, op, attributes and inputs
 //!   (default domain, not random, no body) the first in dependency order
 //!   stays and readers of the second read the first; not where the second's
-//!   value is a graph output or a body reads it.
+//!   value is a graph output or a body reads it. So too an integer shape
+//!   value (rank 0 or 1) the shapes prove equal, element by element, to an
+//!   earlier one: every layer's `Shape(x)[0]` is the batch.
 //! - **Unread nodes** of the default domain go, as do the `Constant`s the
 //!   steps above leave unread.
 //!
@@ -75,7 +77,9 @@ pub struct Removed {
     pub graph: String,
     /// `constant` (its value is the same on every run: a `Constant` holds
     /// it now), `twin` (an earlier node with the same op, attributes and
-    /// inputs computes it) or `unread` (nothing reads its value).
+    /// inputs computes it), `equal` (a shape value the shapes prove equal,
+    /// element by element, to an earlier one, which its readers read now)
+    /// or `unread` (nothing reads its value).
     pub why: &'static str,
 }
 
@@ -124,8 +128,9 @@ struct Plan {
     constants: Vec<(usize, TensorProto)>,
     /// Reshapes whose target becomes a constant, under a new name.
     targets: Vec<(usize, String, TensorProto)>,
-    /// Twins: the node that goes, and the outputs its readers read instead.
-    twins: Vec<(usize, Vec<(String, String)>)>,
+    /// Twins and values proved equal: the node that goes, the outputs its
+    /// readers read instead, and why.
+    twins: Vec<(usize, Vec<(String, String)>, &'static str)>,
 }
 
 impl Run {
@@ -193,8 +198,8 @@ impl Run {
         }
         let mut gone: HashSet<usize> = HashSet::new();
         let mut renamed: HashMap<String, String> = HashMap::new();
-        for (i, outputs) in plan.twins {
-            self.removed(&graph.node[i], path, "twin");
+        for (i, outputs, why) in plan.twins {
+            self.removed(&graph.node[i], path, why);
             gone.insert(i);
             renamed.extend(outputs);
         }
@@ -406,8 +411,12 @@ fn reshape_targets(g: &Graph) -> Vec<(usize, String, TensorProto)> {
 /// Twins (spec, ground rule 12), found in dependency order with the
 /// readers of earlier twins already reading their first: the node that
 /// goes and, per output, the value its readers read instead.
-fn twins(g: &Graph) -> Vec<(usize, Vec<(String, String)>)> {
-    let mut first: HashMap<Vec<u8>, usize> = HashMap::new();
+fn twins(g: &Graph) -> Vec<(usize, Vec<(String, String)>, &'static str)> {
+    let shapes = g.shapes();
+    // Per computation, the values its first node's readers read (its own
+    // outputs, or the earlier value it proved equal to).
+    let mut first: HashMap<Vec<u8>, Vec<String>> = HashMap::new();
+    let mut equal: HashMap<(i32, Vec<i64>, Vec<Dim>), String> = HashMap::new();
     let mut renamed: HashMap<String, String> = HashMap::new();
     let mut found = vec![];
     for &i in g.order() {
@@ -417,30 +426,61 @@ fn twins(g: &Graph) -> Vec<(usize, Vec<(String, String)>)> {
         }
         let inputs: Vec<String> =
             node.input.iter().map(|v| renamed.get(v).cloned().unwrap_or_else(|| v.clone())).collect();
-        let key = computation(node, inputs);
-        let Some(&kept) = first.get(&key) else {
-            first.insert(key, i);
-            continue;
-        };
         // Its values must be free to take another name.
         let escapes = node.output.iter().filter(|o| !o.is_empty()).any(|o| {
             g.is_graph_output(o)
                 || g.consumers(o).iter().any(|&c| g.node(c).subgraphs().any(|b| free_values(b).contains(o)))
         });
-        if escapes {
+        let key = computation(node, inputs);
+        if let Some(kept) = first.get(&key) {
+            if escapes {
+                continue;
+            }
+            let outputs: Vec<(String, String)> = node
+                .output
+                .iter()
+                .zip(kept)
+                .filter(|(o, _)| !o.is_empty())
+                .map(|(o, k)| (o.clone(), k.clone()))
+                .collect();
+            renamed.extend(outputs.iter().cloned());
+            found.push((i, outputs, "twin"));
             continue;
         }
-        let outputs: Vec<(String, String)> = node
-            .output
-            .iter()
-            .zip(&g.node(kept).output)
-            .filter(|(o, _)| !o.is_empty())
-            .map(|(o, k)| (o.clone(), k.clone()))
-            .collect();
-        renamed.extend(outputs.iter().cloned());
-        found.push((i, outputs));
+        first.insert(key.clone(), node.output.clone());
+        // A shape value the shapes prove equal, element by element, to an
+        // earlier one (layer after layer's `Shape(x)[0]`, the batch).
+        let key_of_computation = key;
+        let Some(key) = proved_value(g, &shapes, node) else { continue };
+        match equal.get(&key) {
+            Some(kept) if !escapes => {
+                let outputs = vec![(node.output[0].clone(), kept.clone())];
+                first.insert(key_of_computation, vec![kept.clone()]);
+                renamed.extend(outputs.iter().cloned());
+                found.push((i, outputs, "equal"));
+            }
+            Some(_) => {}
+            None => {
+                equal.insert(key, node.output[0].clone());
+            }
+        }
     }
     found
+}
+
+/// A node's one integer value of rank 0 or 1 and known length, every
+/// element of which the shapes prove: its type, dims and the elements as
+/// every dimension equal to them is written.
+fn proved_value(g: &Graph, shapes: &Shapes, node: &NodeProto) -> Option<(i32, Vec<i64>, Vec<Dim>)> {
+    let [value] = node.output.as_slice() else { return None };
+    let elem = g.elem_type(value).filter(|&t| t == crate::onnx::INT64 || t == crate::onnx::INT32)?;
+    let dims: Vec<i64> = shapes.shape(value)?.iter().map(Dim::value).collect::<Option<_>>()?;
+    if dims.len() > 1 {
+        return None;
+    }
+    let elements: Vec<Dim> = shapes.shape_elements(value)?.into_iter().collect::<Option<_>>()?;
+    (elements.len() as i64 == dims.iter().product::<i64>())
+        .then(|| (elem, dims, elements.iter().map(|d| shapes.canonical(d)).collect()))
 }
 
 /// What a node computes, as bytes: domain, op, attributes, its inputs (as

@@ -371,11 +371,12 @@ impl Report {
         if let Some(c) = self.cleanup.as_ref().filter(|c| c.removed > 0 || c.added > 0) {
             let _ = writeln!(
                 s,
-                "\ncleanup: {} nodes removed ({} constant on every run, {} twins, {} unread), {} Constants added \
-                 ({} Reshape targets)",
+                "\ncleanup: {} nodes removed ({} constant on every run, {} twins, {} proved equal, {} unread), {} \
+                 Constants added ({} Reshape targets)",
                 c.removed,
                 c.count("constant"),
                 c.count("twin"),
+                c.count("equal"),
                 c.count("unread"),
                 c.added,
                 c.reshape_targets

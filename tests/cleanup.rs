@@ -386,3 +386,55 @@ fn the_text_report_shows_the_nodes_removed() {
     let line = text.lines().find(|l| l.starts_with("cleanup: ")).expect("a cleanup line");
     assert!(line.contains("nodes removed"), "{line}");
 }
+
+/// `x [b, 8]` and `y [<y0>, 4]`, each reshaped to `[its axis 0, 2, -1]`
+/// computed from its own Shape, and y's axis 0 read twice more (a twin of
+/// the node that goes).
+fn two_batches(y0: D) -> ModelProto {
+    let mut b = Builder::default();
+    b.input("x", FLOAT, Some(&[sym("b"), D::N(8)]));
+    b.input("y", FLOAT, Some(&[y0, D::N(4)]));
+    let mut outs = vec![];
+    for (v, twice) in [("x", false), ("y", true)] {
+        let shape = b.node("Shape", &[v], vec![]);
+        let i0 = b.constant(tensor(INT64, &[], &[0.0]));
+        let d = b.node("Gather", &[&shape, &i0], vec![attr_int("axis", 0)]);
+        let axes = b.ints(&[0]);
+        let u = b.node("Unsqueeze", &[&d, &axes], vec![]);
+        let rest = b.ints(&[2, -1]);
+        let target = b.node("Concat", &[&u, &rest], vec![attr_int("axis", 0)]);
+        // A Cast of the batch as a float scale, so the value has readers
+        // besides the Reshape's target.
+        let f = b.node("Cast", &[&d], vec![attr_int("to", FLOAT as i64)]);
+        let scaled = b.node("Mul", &[v, &f], vec![]);
+        outs.push(b.node("Reshape", &[&scaled, &target], vec![]));
+        if twice {
+            let again = b.node("Gather", &[&shape, &i0], vec![attr_int("axis", 0)]);
+            let f2 = b.node("Cast", &[&again], vec![attr_int("to", FLOAT as i64)]);
+            outs.push(b.node("Mul", &[v, &f2], vec![]));
+        }
+    }
+    for o in &outs {
+        b.output(o, FLOAT, None);
+    }
+    b.model(17)
+}
+
+#[test]
+fn shape_values_proved_equal_are_one_value() {
+    // y's axis 0 is b too: y's Gather (and its twin) read x's.
+    let mut model = two_batches(sym("b"));
+    let (out, done) = cleaned(&model, "cleanup_equal");
+    assert_eq!(count_op(&out, "Shape"), 1, "{:?}", done.nodes);
+    assert!(done.count("equal") >= 1, "{:?}", done.nodes);
+    // Every value read is defined (the twin of the node that went reads what it did).
+    let g = out.graph.as_ref().unwrap();
+    let defined: Vec<&String> =
+        g.node.iter().flat_map(|n| &n.output).chain(g.input.iter().map(|i| i.name.as_ref().unwrap())).collect();
+    assert!(g.node.iter().flat_map(|n| &n.input).all(|i| defined.contains(&i)));
+    // Declared other symbols: two batches, nothing shared.
+    model = two_batches(sym("c"));
+    let (out, done) = cleaned(&model, "cleanup_not_equal");
+    assert_eq!(count_op(&out, "Shape"), 2, "{:?}", done.nodes);
+    assert_eq!(done.count("equal"), 0);
+}

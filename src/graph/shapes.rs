@@ -1165,7 +1165,13 @@ impl<'g, 'a> Shapes<'g, 'a> {
     /// Whether `a` and `b` are the same number on every run (after the
     /// equalities every run needs).
     pub fn same_dim(&self, a: &Dim, b: &Dim) -> bool {
-        self.resolve(a.clone()) == self.resolve(b.clone())
+        self.canonical(a) == self.canonical(b)
+    }
+
+    /// `d` as every dimension equal to it on every run is written (after
+    /// the equalities every run needs): equal ones are equal `Dim`s.
+    pub fn canonical(&self, d: &Dim) -> Dim {
+        self.resolve(d.clone())
     }
 
     /// The least `d` is on any run: a number, or what the run proves of
