@@ -438,3 +438,44 @@ fn shape_values_proved_equal_are_one_value() {
     assert_eq!(count_op(&out, "Shape"), 2, "{:?}", done.nodes);
     assert_eq!(done.count("equal"), 0);
 }
+
+#[test]
+fn an_if_branch_is_cleaned_with_what_it_sees_outside() {
+    // The then-branch reshapes x by a target it computes from Shape(x)
+    // (x's axis 1 a number outside): the target becomes a constant there,
+    // and its twin Neg nodes one.
+    let mut then = Builder::default();
+    let shape = then.node("Shape", &["x"], vec![]);
+    let i1 = then.constant(tensor(INT64, &[], &[1.0]));
+    let d = then.node("Gather", &[&shape, &i1], vec![attr_int("axis", 0)]);
+    let axes = then.ints(&[0]);
+    let u = then.node("Unsqueeze", &[&d, &axes], vec![]);
+    let minus = then.ints(&[-1]);
+    let target = then.node("Concat", &[&minus, &u], vec![attr_int("axis", 0)]);
+    let r = then.node("Reshape", &["x", &target], vec![]);
+    let n1 = then.node("Neg", &[&r], vec![]);
+    let n2 = then.node("Neg", &[&r], vec![]);
+    let y = then.node("Add", &[&n1, &n2], vec![]);
+    then.output(&y, FLOAT, None);
+    then.graph.name = Some("then".into());
+    let mut other = Builder::default();
+    let z = other.node("Identity", &["x"], vec![]);
+    other.output(&z, FLOAT, None);
+    other.graph.name = Some("else".into());
+    let mut b = Builder::default();
+    b.input("x", FLOAT, Some(&[sym("b"), D::N(8)]));
+    b.input("c", BOOL, Some(&[]));
+    b.node_to(
+        "If",
+        &["c"],
+        &["y"],
+        vec![attr_graph("then_branch", then.graph.clone()), attr_graph("else_branch", other.graph.clone())],
+    );
+    b.output("y", FLOAT, None);
+    let model = b.model(17);
+    let (out, done) = cleaned(&model, "cleanup_if_branch");
+    assert!(done.nodes.iter().all(|r| r.graph.starts_with("main/")), "{:?}", done.nodes);
+    assert_eq!(count_op(&out, "Shape"), 0, "{:?}", done.nodes);
+    assert_eq!(count_op(&out, "Neg"), 1);
+    assert_eq!(reshape_target(&out), Some(vec![-1, 8]));
+}
