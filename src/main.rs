@@ -213,6 +213,10 @@ struct FuseArgs {
     /// one kernel; with this flag its cores stay transmuter.AttentionCore (docs/targets.md).
     #[arg(long, conflicts_with = "opset")]
     keep_opset: bool,
+    /// Leave out the exact cleanup after the passes: values the shapes prove the same on every run
+    /// made constant, twins computed once, unread nodes removed (docs/cleanup.md).
+    #[arg(long)]
+    no_cleanup: bool,
     /// List the passes with a one-line description, and exit.
     #[arg(long)]
     list_passes: bool,
@@ -435,6 +439,7 @@ fn fuse(args: FuseArgs) -> Result<Done> {
         weights_apart: args.external_data,
         verify: args.verify.then(|| args.verify_args.options()),
         expectations,
+        cleanup: !args.no_cleanup,
     };
     let progress = Progress::new(args.quiet);
     let step = |message: String| progress.step(message);

@@ -50,6 +50,10 @@ pub struct Report {
     /// Filled only with `--verify`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub verification: Option<Verification>,
+    /// What the exact cleanup after the passes removed (absent with
+    /// `--no-cleanup`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cleanup: Option<crate::cleanup::Cleanup>,
     /// Node counts of every op type the run changed, before and after.
     pub ops: Vec<OpCount>,
     /// `--expect` / `--expect-min` and whether each was met.
@@ -273,6 +277,7 @@ impl Report {
             cautions,
             declined,
             verification: None,
+            cleanup: None,
             ops: Vec::new(),
             expectations: Vec::new(),
             written: false,
@@ -362,6 +367,22 @@ impl Report {
         }
         if !self.not_loaded_by.is_empty() {
             let _ = writeln!(s, "\ntarget ort: not loaded by {}", self.not_loaded_by.join("; "));
+        }
+        if let Some(c) = self.cleanup.as_ref().filter(|c| c.removed > 0 || c.added > 0) {
+            let _ = writeln!(
+                s,
+                "\ncleanup: {} nodes removed ({} constant on every run, {} twins, {} proved equal, {} unread), {} \
+                 Constants added ({} Reshape targets)",
+                c.removed,
+                c.count("constant"),
+                c.count("twin"),
+                c.count("equal"),
+                c.count("unread"),
+                c.added,
+                c.reshape_targets
+            );
+            let by_op: Vec<String> = c.by_op().iter().map(|(op, n)| format!("{op} {n}")).collect();
+            let _ = writeln!(s, "    {}", by_op.join(", "));
         }
         s.push_str(&ops_table(&self.ops));
         s

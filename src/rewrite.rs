@@ -838,10 +838,9 @@ fn run_bodies(
     path: &str,
     outcome: &mut Outcome,
 ) {
-    let mut bodies = Bodies::of(&context.view(graph, outer));
     // The bodies of a fused node are its own (the original ops a guard
     // runs): no pass rewrites them, so a second run changes nothing.
-    bodies.hidden.retain(|(holder, _)| graph.node[*holder].metadata(FUSED_KEY).is_none());
+    let bodies = Bodies::of(&context.view(graph, outer)).of_nodes(graph, |n| n.metadata(FUSED_KEY).is_none());
     bodies.walk(graph, path, |body, scope, body_path| run_graph(body, context, scope, passes, body_path, outcome));
 }
 
@@ -880,6 +879,13 @@ impl Bodies {
         let holders: Vec<usize> = (0..g.proto.node.len()).filter(|&i| g.node(i).subgraphs().next().is_some()).collect();
         let scope = if holders.is_empty() { Scope::default() } else { g.scope_for_subgraphs() };
         Bodies { scope, hidden: holders.into_iter().map(|i| (i, g.hidden_from_bodies_of(i))).collect() }
+    }
+
+    /// Only the bodies of the nodes of `graph` (the graph `of` was given a
+    /// view of) that `keep` accepts.
+    pub fn of_nodes(mut self, graph: &GraphProto, keep: impl Fn(&NodeProto) -> bool) -> Bodies {
+        self.hidden.retain(|(holder, _)| keep(&graph.node[*holder]));
+        self
     }
 
     /// Calls `visit(body, its scope, its path)` for every body of `graph`,

@@ -61,6 +61,9 @@ pub struct Settings {
     /// `--verify`, with its options.
     pub verify: Option<verify::Options>,
     pub expectations: Vec<Expectation>,
+    /// The exact cleanup after the passes (`cleanup`; off with
+    /// `--no-cleanup`, and where no pass runs).
+    pub cleanup: bool,
 }
 
 /// How a run ended, worst first when several files are run.
@@ -155,7 +158,14 @@ fn fuse_loaded(
         }
     };
     let needed = outcome.needed_opset();
-    let unchanged = outcome.fused.is_empty() && upgrade.as_ref().is_none_or(|u| u.from == u.to);
+    // After the passes, so that their counts and provenance are what they were.
+    let cleanup = (settings.cleanup && !settings.pipeline.is_empty()).then(|| {
+        progress(format!("cleaning up {}", input.display()));
+        crate::cleanup::clean(&mut loaded.model)
+    });
+    let unchanged = outcome.fused.is_empty()
+        && upgrade.as_ref().is_none_or(|u| u.from == u.to)
+        && cleanup.as_ref().is_none_or(|c| c.removed == 0 && c.added == 0);
     let mut report = Report::new(
         input.display().to_string(),
         output.display().to_string(),
@@ -165,6 +175,7 @@ fn fuse_loaded(
     );
     report.set_target(settings.target, loaded.model.default_opset());
     report.upgrade = upgrade;
+    report.cleanup = cleanup;
     if let (Some(opset), Some(model)) = (needed, unfused) {
         report.needs_opset = with_opset(model, opset, settings, report.fused.len());
     }

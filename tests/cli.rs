@@ -162,7 +162,19 @@ fn report_json_has_the_documented_fields() {
     // The worst fused node differs by rounding: more than nothing, within tolerance.
     let worst = v["nodes"][0]["max_abs"].as_f64().unwrap();
     assert!(worst > 0.0 && worst <= 1e-5, "{worst}");
-    assert_eq!(v["outputs_decide"], false, "every fused node ran alone");
+    assert_eq!(v["outputs_decide"], true, "the cleanup changed nodes outside the fused ones: outputs decide too");
+    let cleanup = &report["cleanup"];
+    let removed = cleanup["removed"].as_u64().unwrap();
+    assert!(removed > 0 && cleanup["added"].as_u64().is_some() && cleanup["reshape_targets"].as_u64().is_some());
+    assert_eq!(cleanup["nodes"].as_array().unwrap().len() as u64, removed);
+    assert!(["constant", "twin", "unread"].contains(&cleanup["nodes"][0]["why"].as_str().unwrap()));
+    // Without it, every fused node ran alone and decides.
+    let (_, report) = run_with_report(
+        "llama_ts_op14.onnx",
+        &["-q", "--verify", "--keep-opset", "--passes", "default,skip-norm", "--no-cleanup"],
+    );
+    assert_eq!(report["verification"]["outputs_decide"], false, "every fused node ran alone");
+    assert!(report.get("cleanup").is_none());
     assert_eq!(v["dims"]["batch"], 2);
     assert_eq!(v["outputs"][0]["tolerance"]["rtol"], 1e-4);
 }

@@ -44,14 +44,16 @@ enum Verdict {
     False(String),
 }
 
-/// Fuses `model` with `passes` for `target` and compares through ONNX
-/// Runtime. Which model fails decides: where verification cannot run, the
+/// Fuses `model` with `passes` for `target`, cleans it as the everyday
+/// command does, and compares through ONNX Runtime. Which model fails decides: where verification cannot run, the
 /// original is run alone; if it runs, the fused model is what failed.
 fn differential(model: &ModelProto, passes: &[&str], target: Target) -> Verdict {
     let names: Vec<String> = passes.iter().map(|p| p.to_string()).collect();
     let pipeline = passes::pipeline(&names, &[]).expect("known passes");
     let mut fused = model.clone();
     let outcome = rewrite::run_for(&mut fused, &pipeline, target);
+    // What the everyday command writes: the cleanup after the passes too.
+    onnx_fuse::cleanup::clean(&mut fused);
     let specials = passes.iter().all(|p| GUARDED.contains(p));
     judge(model, (!outcome.fused.is_empty()).then_some(&fused), specials)
 }
@@ -64,6 +66,7 @@ fn upgraded_differential(model: &ModelProto, to: i64, passes: &[&str], target: T
     let (mut up, _) = onnx_fuse::upgrade::upgrade(model, to).map_err(|e| format!("--opset {to} refused: {e}"))?;
     let names: Vec<String> = passes.iter().map(|p| p.to_string()).collect();
     let outcome = rewrite::run_for(&mut up, &passes::pipeline(&names, &[]).expect("known passes"), target);
+    onnx_fuse::cleanup::clean(&mut up);
     Ok(match judge(model, Some(&up), false) {
         Verdict::Fused if outcome.fused.is_empty() => Verdict::NotFused,
         verdict => verdict,

@@ -1,6 +1,7 @@
 //! Every pass's output, byte for byte: every testdata export (and every
 //! fuzz regression) fused by the first four passes, by every pass, both
-//! targets, and by every pass after `--opset 23`, each output's hash held
+//! targets, by every pass after `--opset 23`, and the default passes'
+//! output after the cleanup (`docs/cleanup.md`), each output's hash held
 //! against `testdata/golden/outputs.txt`. A change to the driver or the
 //! toolkit that is not meant to change what a pass writes must keep every
 //! line; one that is, rewrites the file (`ONNX_FUSE_BLESS=1`) and the diff
@@ -48,6 +49,12 @@ fn outputs() -> String {
                 );
             }
         }
+        // What the cleanup after the passes makes of the default passes'
+        // output (docs/cleanup.md).
+        let mut cleaned = model.clone();
+        rewrite::run_for(&mut cleaned, &passes::pipeline(&["default".to_string()], &[]).unwrap(), Target::Ort);
+        let removed = onnx_fuse::cleanup::clean(&mut cleaned).removed;
+        lines += &format!("{name} default ort cleaned removed={removed} {:016x}\n", fnv(&io::encode_to_vec(&cleaned)));
         let (_, every_pass) = &pipelines[1];
         for (target, label) in [(Target::Ort, "ort"), (Target::Portable, "portable")] {
             match &upgraded {

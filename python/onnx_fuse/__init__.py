@@ -188,6 +188,7 @@ def fuse(
     allow_unknown_fields: bool = False,
     link_external_data: bool = False,
     external_data: bool = False,
+    cleanup: bool = True,
     return_model: bool = False,
 ) -> Union[Report, Tuple["onnx.ModelProto", Report]]:
     """Fuse ``model`` into ``output`` and return the JSON report.
@@ -203,7 +204,8 @@ def fuse(
     ``expect_min`` (``{"rms-norm": 5}``; ``"total"`` for the sum, and
     ``"FILE:PASS"`` for one file of a folder), and for verification ``dims``
     (``{"batch": 1}``), ``inputs`` (an ``.npz`` path, or arrays by input
-    name), ``rtol``, ``atol``, ``seed`` and ``ort_lib``.
+    name), ``rtol``, ``atol``, ``seed`` and ``ort_lib``. ``cleanup=False`` is
+    ``--no-cleanup``: no exact cleanup after the passes (docs/cleanup.md).
 
     With ``return_model=True`` the result is ``(fused_model, report)``, the
     model loaded with its external data; ``output`` may then be omitted, and
@@ -238,6 +240,8 @@ def fuse(
             args.append("--link-external-data")
         if external_data:
             args.append("--external-data")
+        if not cleanup:
+            args.append("--no-cleanup")
         if verify:
             args.append("--verify")
         args += _verify_args(dims, inputs, rtol, atol, seed, ort_lib, scratch_dir)

@@ -1162,6 +1162,24 @@ impl<'g, 'a> Shapes<'g, 'a> {
         self.resolve(Dim::atom(format!("${symbol}"))).value()
     }
 
+    /// Whether `a` and `b` are the same number on every run (after the
+    /// equalities every run needs).
+    pub fn same_dim(&self, a: &Dim, b: &Dim) -> bool {
+        self.canonical(a) == self.canonical(b)
+    }
+
+    /// `d` as every dimension equal to it on every run is written (after
+    /// the equalities every run needs): equal ones are equal `Dim`s.
+    pub fn canonical(&self, d: &Dim) -> Dim {
+        self.resolve(d.clone())
+    }
+
+    /// The least `d` is on any run: a number, or what the run proves of
+    /// its atoms (0 for a size nothing more is known of).
+    pub fn at_least(&self, d: &Dim) -> i64 {
+        self.least_of(&self.resolve(d.clone()))
+    }
+
     /// The least `d` is, its atoms at their least (`least`).
     fn least_of(&self, d: &Dim) -> i64 {
         d.least(|atom| self.least(atom, 0)).unwrap_or(i64::MIN)
@@ -1395,6 +1413,15 @@ impl<'g, 'a> Shapes<'g, 'a> {
     pub fn shape_tensor(&self, value: &str) -> Option<Vec<Option<Dim>>> {
         match self.shape(value) {
             Some(shape) if shape.len() != 1 => None,
+            _ => self.shape_elements(value),
+        }
+    }
+
+    /// `shape_tensor`, for a scalar too (one element): the cleanup folds
+    /// `Gather(Shape(x), i)` where x's axis i is a number.
+    pub fn shape_elements(&self, value: &str) -> Option<Vec<Option<Dim>>> {
+        match self.shape(value) {
+            Some(shape) if shape.len() > 1 => None,
             _ => Some(
                 self.elements(value, 0)?
                     .into_iter()
