@@ -10,7 +10,7 @@ mod common;
 use common::build::*;
 use common::*;
 use onnx_fuse::cleanup::{self, Cleanup};
-use onnx_fuse::onnx::{ModelProto, BOOL, FLOAT, INT64};
+use onnx_fuse::onnx::{ModelProto, BOOL, FLOAT, FLOAT16, INT64};
 
 fn dims(d: &[D]) -> Vec<D> {
     d.to_vec()
@@ -163,6 +163,31 @@ fn a_shape_of_numbered_axes_and_its_arithmetic_fold() {
     assert_eq!(done.added, 1);
     let c = all_nodes(&out)[0].attr("value").unwrap().t.clone().unwrap();
     assert_eq!(c.values(), Some(vec![16.0]));
+}
+
+/// `x · (Shape(x)[0] in f16 <op> 3)` back in f32: ONNX Runtime's CPU
+/// computes the f16 arithmetic in f32 and drops the casts around it.
+fn half_arithmetic(op: &str) -> ModelProto {
+    let mut b = Builder::default();
+    b.input("x", FLOAT, Some(&[D::N(2)]));
+    let shape = b.node("Shape", &["x"], vec![]);
+    let half = b.node("Cast", &[&shape], vec![attr_int("to", FLOAT16 as i64)]);
+    let three = b.constant(tensor(FLOAT16, &[], &[3.0]));
+    let q = b.node(op, &[&half, &three], vec![]);
+    let f = b.node("Cast", &[&q], vec![attr_int("to", FLOAT as i64)]);
+    let y = b.node("Mul", &["x", &f], vec![]);
+    b.output(&y, FLOAT, None);
+    b.model(17)
+}
+
+#[test]
+fn half_arithmetic_that_rounds_is_not_folded() {
+    // 2 / 3 in f16 is 0.6665; ONNX Runtime computes 0.6666667.
+    let (out, _) = cleaned(&half_arithmetic("Div"), "cleanup_half_rounds");
+    assert!(ops(&out).contains(&"Div".to_string()), "{:?}", ops(&out));
+    // 2 · 3 is 6 in f16 too: the same on both roads.
+    let (out, _) = cleaned(&half_arithmetic("Mul"), "cleanup_half_exact");
+    assert_eq!(ops(&out), ["Constant", "Mul"]);
 }
 
 #[test]

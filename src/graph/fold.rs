@@ -269,12 +269,27 @@ fn cast(x: Folded, to: i32) -> Option<Folded> {
     if is_int(to) && x.values.iter().any(|v| v.fract() != 0.0) {
         return None;
     }
-    Some(Folded { elem: to, values, ..x })
+    let exact = x.exact && kept_in_half(to, &x.values, &values);
+    Some(Folded { elem: to, values, exact, ..x })
 }
 
 fn unary(x: Folded, f: impl Fn(f64) -> f64) -> Option<Folded> {
-    let values = x.values.iter().map(|&v| round(f(v), x.elem)).collect::<Option<Vec<f64>>>()?;
-    Some(Folded { values, ..x })
+    let computed: Vec<f64> = x.values.iter().map(|&v| f(v)).collect();
+    let values = computed.iter().map(|&v| round(v, x.elem)).collect::<Option<Vec<f64>>>()?;
+    let exact = x.exact && kept_in_half(x.elem, &computed, &values);
+    Some(Folded { values, exact, ..x })
+}
+
+/// Whether rounding `computed` to `elem` gave `rounded` back unchanged
+/// where `elem` is f16 or bf16. ONNX Runtime's CPU has no half kernel for
+/// most arithmetic: it computes a chain of such ops in f32 and drops the
+/// casts between them (the Cast to f16 before them too), so a value its
+/// half type rounds is within a unit in the last place of what it
+/// computes, not equal to it (`Cast(2) / 3` in f16 is 0.6665, ONNX
+/// Runtime's 0.6666667).
+fn kept_in_half(elem: i32, computed: &[f64], rounded: &[f64]) -> bool {
+    !matches!(elem, FLOAT16 | BFLOAT16)
+        || computed.iter().zip(rounded).all(|(c, r)| c == r || (c.is_nan() && r.is_nan()))
 }
 
 /// A float op computed in the element type's own arithmetic: f64 for
@@ -309,8 +324,9 @@ fn binary(a: Folded, b: Folded, f64_op: impl Fn(f64, f64) -> f64, f32_op: impl F
     } else {
         return None;
     };
-    let values = values.into_iter().map(|v| round(v, elem)).collect::<Option<Vec<f64>>>()?;
-    Some(Folded { elem, dims, values, exact: a.exact && b.exact })
+    let rounded = values.iter().map(|&v| round(v, elem)).collect::<Option<Vec<f64>>>()?;
+    let exact = a.exact && b.exact && kept_in_half(elem, &values, &rounded);
+    Some(Folded { elem, dims, values: rounded, exact })
 }
 
 /// Starts, ends, axes and steps of a Slice, as `Graph::slice_arguments`
