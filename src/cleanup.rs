@@ -158,9 +158,19 @@ impl Run {
         for _ in 0..MAX_ROUNDS {
             let plan = {
                 let g = Graph::new(graph, self.opset, outer);
-                let mut plan = Plan { constants: constants(&g), targets: reshape_targets(&g), twins: vec![] };
+                // Where no run succeeds, what the shapes prove holds
+                // vacuously, and written as constants it can contradict
+                // itself where ONNX's own inference reads it (a Reshape
+                // proves an axis 7, a broadcast 2): only what needs no
+                // shapes is done.
+                let vacuous = g.shapes().vacuous();
+                let mut plan = Plan::default();
+                if !vacuous {
+                    plan.constants = constants(&g);
+                    plan.targets = reshape_targets(&g);
+                }
                 if plan.constants.is_empty() && plan.targets.is_empty() {
-                    plan.twins = twins(&g);
+                    plan.twins = twins(&g, !vacuous);
                 }
                 plan
             };
@@ -410,8 +420,9 @@ fn reshape_targets(g: &Graph) -> Vec<(usize, String, TensorProto)> {
 
 /// Twins (spec, ground rule 12), found in dependency order with the
 /// readers of earlier twins already reading their first: the node that
-/// goes and, per output, the value its readers read instead.
-fn twins(g: &Graph) -> Vec<(usize, Vec<(String, String)>, &'static str)> {
+/// goes and, per output, the value its readers read instead; with the
+/// shapes, values proved equal too.
+fn twins(g: &Graph, with_shapes: bool) -> Vec<(usize, Vec<(String, String)>, &'static str)> {
     let shapes = g.shapes();
     // Per computation, the values its first node's readers read (its own
     // outputs, or the earlier value it proved equal to).
@@ -451,7 +462,7 @@ fn twins(g: &Graph) -> Vec<(usize, Vec<(String, String)>, &'static str)> {
         // A shape value the shapes prove equal, element by element, to an
         // earlier one (layer after layer's `Shape(x)[0]`, the batch).
         let key_of_computation = key;
-        let Some(key) = proved_value(g, &shapes, node) else { continue };
+        let Some(key) = proved_value(g, &shapes, node).filter(|_| with_shapes) else { continue };
         match equal.get(&key) {
             Some(kept) if !escapes => {
                 let outputs = vec![(node.output[0].clone(), kept.clone())];

@@ -71,6 +71,9 @@ pub struct Memo {
     remainders: RefCell<HashSet<String>>,
     /// The merged output shapes of each If (by node), derived together.
     ifs: RefCell<HashMap<usize, Vec<Option<Vec<Dim>>>>>,
+    /// Two equalities the run needs contradict: no run succeeds
+    /// (`Shapes::vacuous`).
+    vacuous: std::cell::Cell<bool>,
 }
 
 impl Memo {
@@ -126,6 +129,7 @@ impl<'g, 'a> Shapes<'g, 'a> {
                     // is vacuous, and the shapes are derived as without
                     // the equalities, as the ops alone give them.
                     None => {
+                        shapes.memo.vacuous.set(true);
                         shapes.memo.facts.borrow_mut().clear();
                         shapes.memo.numbers.borrow_mut().clear();
                         shapes.memo.lower.borrow_mut().clear();
@@ -1160,6 +1164,12 @@ impl<'g, 'a> Shapes<'g, 'a> {
     /// weight reads 3).
     pub fn proved_symbol(&self, symbol: &str) -> Option<i64> {
         self.resolve(Dim::atom(format!("${symbol}"))).value()
+    }
+
+    /// Whether two equalities the model needs to run contradict each other
+    /// (a Reshape proves an axis 7, a broadcast 2): no run succeeds.
+    pub fn vacuous(&self) -> bool {
+        self.memo.vacuous.get()
     }
 
     /// Whether `a` and `b` are the same number on every run (after the
