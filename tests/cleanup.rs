@@ -207,6 +207,61 @@ fn a_symbolic_axis_never_becomes_a_constant() {
     assert_eq!(done, Cleanup::default());
 }
 
+/// `Shape(x + w)[0]` as a float scale, x `[s, 8]` and w `[2, 8]`: where
+/// the sum runs, its axis 0 is 2. With `contradicted`, x is also reshaped
+/// to `[7, 8]`: no run succeeds (s would be 7, and 7 meets 2).
+fn broadcast_to_two(contradicted: bool) -> ModelProto {
+    let mut b = Builder::default();
+    b.input("x", FLOAT, Some(&[sym("s"), D::N(8)]));
+    let w = b.constant(tensor(FLOAT, &[2, 8], &[0.5; 16]));
+    let sum = b.node("Add", &["x", &w], vec![]);
+    let shape = b.node("Shape", &[&sum], vec![]);
+    let i0 = b.constant(tensor(INT64, &[], &[0.0]));
+    let d = b.node("Gather", &[&shape, &i0], vec![attr_int("axis", 0)]);
+    let f = b.node("Cast", &[&d], vec![attr_int("to", FLOAT as i64)]);
+    let y = b.node("Mul", &[&sum, &f], vec![]);
+    b.output(&y, FLOAT, None);
+    if contradicted {
+        let target = b.ints(&[7, 8]);
+        let r = b.node("Reshape", &["x", &target], vec![]);
+        b.output(&r, FLOAT, None);
+    }
+    b.model(17)
+}
+
+#[test]
+fn a_model_no_run_of_which_succeeds_keeps_its_shape_arithmetic() {
+    let (out, done) = cleaned(&broadcast_to_two(false), "cleanup_broadcast_to_two");
+    assert_eq!(done.count("constant"), 3, "Gather, Cast and Shape's slice fold: {:?}", done.nodes);
+    assert!(!ops(&out).contains(&"Shape".to_string()));
+    // Written as constants, 2 and the Reshape's 7 would contradict each
+    // other where ONNX's own inference reads them (onnx.checker refuses the
+    // output); nothing runs this model, so nothing is gained either.
+    let model = broadcast_to_two(true);
+    let mut out = model.clone();
+    let done = cleanup::clean(&mut out);
+    assert_eq!(out, model, "{:?}", done.nodes);
+    assert_eq!(done, Cleanup::default());
+}
+
+#[test]
+fn an_onnx_rotary_keeps_its_input_shape() {
+    // RotaryEmbedding (opset 23) of x [b, 2, s, 8]: Shape(y)[1] is 2.
+    let mut b = Builder::default();
+    b.input("x", FLOAT, Some(&[sym("b"), D::N(2), sym("s"), D::N(8)]));
+    b.input("cos", FLOAT, Some(&[sym("b"), sym("s"), D::N(4)]));
+    b.input("sin", FLOAT, Some(&[sym("b"), sym("s"), D::N(4)]));
+    let y = b.node("RotaryEmbedding", &["x", "cos", "sin"], vec![]);
+    let shape = b.node("Shape", &[&y], vec![]);
+    let i1 = b.constant(tensor(INT64, &[], &[1.0]));
+    let d = b.node("Gather", &[&shape, &i1], vec![attr_int("axis", 0)]);
+    let f = b.node("Cast", &[&d], vec![attr_int("to", FLOAT as i64)]);
+    let z = b.node("Mul", &[&y, &f], vec![]);
+    b.output(&z, FLOAT, None);
+    let (out, done) = cleaned(&b.model(23), "cleanup_onnx_rotary");
+    assert_eq!(ops(&out), ["RotaryEmbedding", "Constant", "Mul"], "{:?}", done.nodes);
+}
+
 #[test]
 fn a_value_that_is_a_graph_output_keeps_its_producer() {
     let mut b = Builder::default();

@@ -200,7 +200,7 @@ pub const SAME_SHAPE_AS_FIRST_INPUT: &[&str] = &[
     "Mish", "HardSwish", "Clip", "IsInf", "CumSum", "Trilu", "ScatterND", "ScatterElements", "BitwiseNot", "EyeLike",
     "Tan", "Atan", "Acos", "Asin", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Softsign", "ThresholdedRelu", "Shrink",
     "Celu", "Hardmax", "LpNormalization", "MeanVarianceNormalization", "InstanceNormalization", "GroupNormalization",
-    "RMSNormalization", "BatchNormalization", "PRelu",
+    "RMSNormalization", "BatchNormalization", "PRelu", "RotaryEmbedding",
 ];
 
 /// True when output `index` of a `com.microsoft` op onnx-fuse writes has
