@@ -325,7 +325,11 @@ fn constants(g: &Graph) -> Vec<(usize, TensorProto)> {
     for &i in g.order() {
         let node = g.node(i);
         let [value] = node.output.as_slice() else { continue };
-        if !ours(g, i) || node.is("Constant") || value.is_empty() || g.is_graph_output(value) {
+        // A copy computes nothing: as a Constant it would only copy a
+        // weight's bytes, and only where they are inside the model (a
+        // model's output would depend on where its weights are stored).
+        let copy = node.is("Identity") || node.is("Dropout");
+        if !ours(g, i) || node.is("Constant") || copy || value.is_empty() || g.is_graph_output(value) {
             continue;
         }
         let Some(folded) = fold::fold(g, &Scalars(&shapes), value).filter(|f| f.exact) else { continue };

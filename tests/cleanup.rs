@@ -245,6 +245,21 @@ fn a_model_no_run_of_which_succeeds_keeps_its_shape_arithmetic() {
 }
 
 #[test]
+fn a_copy_of_a_constant_stays_a_copy() {
+    // As a Constant it would copy the weight's bytes, and only where they
+    // are inside the model (docs/cleanup.md).
+    let mut b = Builder::default();
+    b.input("x", FLOAT, Some(&[D::N(2)]));
+    let w = b.constant(tensor(FLOAT, &[2], &[0.5, 2.0]));
+    let copy = b.node("Identity", &[&w], vec![]);
+    let y = b.node("Mul", &["x", &copy], vec![]);
+    b.output(&y, FLOAT, None);
+    let model = b.model(17);
+    let (out, done) = cleaned(&model, "cleanup_copy");
+    assert_eq!(out, model, "{:?}", done.nodes);
+}
+
+#[test]
 fn an_onnx_rotary_keeps_its_input_shape() {
     // RotaryEmbedding (opset 23) of x [b, 2, s, 8]: Shape(y)[1] is 2.
     let mut b = Builder::default();
