@@ -2,7 +2,8 @@
 //! does not know ONNX Runtime's ops, so every value after a fused norm
 //! would have no type for the tools that type values by it (ONNX Runtime's
 //! quantizers). The driver declares what it proved of them: the element
-//! type, the shape where proved, a symbolic axis under its own name;
+//! type, the shape where proved, a symbolic axis unnamed (named, ONNX
+//! Runtime fuses SkipLayerNormalization itself, slower on its CPU);
 //! nothing where the type is unknown; what the export declared stays.
 
 mod common;
@@ -52,7 +53,7 @@ fn declared_type(vi: &ValueInfoProto) -> (i32, Option<Vec<Option<Result<i64, Str
 }
 
 fn batch_seq(last: i64) -> Option<Vec<Option<Result<i64, String>>>> {
-    Some(vec![Some(Err("batch".into())), Some(Err("seq".into())), Some(Ok(last))])
+    Some(vec![None, None, Some(Ok(last))])
 }
 
 #[test]
@@ -63,7 +64,7 @@ fn a_fused_nodes_output_and_the_values_after_it_declare_their_type_and_proved_sh
     let y = &norm.output[0];
     // The norm's output: ONNX does not know the op.
     let [vi] = declarations(&fused, y)[..] else { panic!("{y} declared other than once") };
-    assert_eq!(declared_type(vi), (FLOAT, batch_seq(4)), "symbolic axes keep their names");
+    assert_eq!(declared_type(vi), (FLOAT, batch_seq(4)), "symbolic axes unnamed");
     // The MatMul after it: ONNX reaches it no more without the norm's type.
     let [vi] = declarations(&fused, "mm")[..] else { panic!("mm declared other than once") };
     assert_eq!(declared_type(vi), (FLOAT, batch_seq(3)));

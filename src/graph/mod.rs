@@ -797,21 +797,19 @@ impl<'a> Graph<'a> {
     }
 
     /// `value` declared as this view knows it: its element type, and its
-    /// shape where the rank is proved, each axis a number, a declared
-    /// symbol under its own name (`dim_param`), or left unnamed where it
-    /// is a size no declared symbol names (`past + seq`, an axis of some
-    /// value). None where the element type is not proved: nothing is
-    /// declared that is not known.
+    /// shape where the rank is proved, each axis a number or left unnamed
+    /// (a symbolic axis, even a declared symbol: named, ONNX Runtime proves
+    /// two values' shapes equal and fuses each residual Add and its
+    /// LayerNormalization into its CPU SkipLayerNormalization, which the
+    /// skip-norm pass leaves to a request for being slower: BERT-base 1.07×
+    /// at 512 tokens, docs/pipeline.md). None where the element type is
+    /// not proved: nothing is declared that is not known.
     pub fn declaration(&self, value: &str) -> Option<ValueInfoProto> {
         use crate::onnx::proto::tensor_shape_proto::{dimension::Value as DimValue, Dimension};
         use crate::onnx::proto::type_proto::Tensor;
         let elem = self.elem_type(value)?;
         let axis = |d: &shapes::Dim| Dimension {
-            value: match (d.value(), d.single_atom()) {
-                (Some(n), _) if n >= 0 => Some(DimValue::DimValue(n)),
-                (None, Some((atom, 1))) => atom.strip_prefix('$').map(|p| DimValue::DimParam(p.to_string())),
-                _ => None,
-            },
+            value: d.value().filter(|&n| n >= 0).map(DimValue::DimValue),
             ..Default::default()
         };
         let shape = self.shapes().shape(value).map(|dims| TensorShapeProto { dim: dims.iter().map(axis).collect() });
