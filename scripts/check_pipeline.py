@@ -229,20 +229,20 @@ def check(binary, testdata, name, tmp):
         result[tool] = cell
         # A model a quantizer wrote that does not run is its failure; where
         # no inputs could be made, that it loads is all that is checked.
-        def outputs(path):
-            return run(session(path), feed) if feed is not None else session(path) and None
+        def run_quantized(path):
+            """(its outputs, None), or (None, why it does not run)."""
+            try:
+                return (run(session(path), feed) if feed is not None else session(path) and None), None
+            except Exception as e:  # noqa: BLE001
+                return None, f"writes a model that does not run: {first_line(e)}"
 
         quantized = fused = None
         if errors["original"] is None:
-            try:
-                quantized = outputs(paths["original"])
-            except Exception as e:  # noqa: BLE001
-                errors["original"] = cell["original"] = f"writes a model that does not run: {first_line(e)}"
+            quantized, errors["original"] = run_quantized(paths["original"])
+            cell["original"] = errors["original"] or cell["original"]
         if errors["output"] is None:
-            try:
-                fused = outputs(paths["output"])
-            except Exception as e:  # noqa: BLE001
-                errors["output"] = cell["output"] = f"writes a model that does not run: {first_line(e)}"
+            fused, errors["output"] = run_quantized(paths["output"])
+            cell["output"] = errors["output"] or cell["output"]
         if errors["original"] is not None:
             continue
         known = WORKAROUNDS.get(tool)
@@ -251,10 +251,8 @@ def check(binary, testdata, name, tmp):
             cell["instead"] = known[1]
             errors["output"] = cell["workaround"] = quantize(tool, out, paths["output"], workaround=True)
             if errors["output"] is None:
-                try:
-                    fused = outputs(paths["output"])
-                except Exception as e:  # noqa: BLE001
-                    errors["output"] = cell["workaround"] = f"writes a model that does not run: {first_line(e)}"
+                fused, errors["output"] = run_quantized(paths["output"])
+                cell["workaround"] = errors["output"] or cell["workaround"]
         if errors["output"] is not None:
             failures.append(f"{name}: {tool} succeeds on the original but fails on the output: {errors['output']}")
             continue

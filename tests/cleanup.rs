@@ -190,16 +190,21 @@ fn half_arithmetic_that_rounds_is_not_folded() {
     assert_eq!(ops(&out), ["Constant", "Mul"]);
 }
 
+/// `x · Shape(x)[axis]` (as a float), the value that computes it.
+fn times_its_axis(b: &mut Builder, x: &str, axis: i64) -> String {
+    let shape = b.node("Shape", &[x], vec![]);
+    let index = b.constant(tensor(INT64, &[], &[axis as f64]));
+    let d = b.node("Gather", &[&shape, &index], vec![attr_int("axis", 0)]);
+    let f = b.node("Cast", &[&d], vec![attr_int("to", FLOAT as i64)]);
+    b.node("Mul", &[x, &f], vec![])
+}
+
 #[test]
 fn a_symbolic_axis_never_becomes_a_constant() {
     // Shape(x)[0] is b: whatever the run feeds.
     let mut b = Builder::default();
     b.input("x", FLOAT, Some(&[sym("b"), D::N(8)]));
-    let shape = b.node("Shape", &["x"], vec![]);
-    let i0 = b.constant(tensor(INT64, &[], &[0.0]));
-    let d = b.node("Gather", &[&shape, &i0], vec![attr_int("axis", 0)]);
-    let f = b.node("Cast", &[&d], vec![attr_int("to", FLOAT as i64)]);
-    let y = b.node("Mul", &["x", &f], vec![]);
+    let y = times_its_axis(&mut b, "x", 0);
     b.output(&y, FLOAT, None);
     let model = b.model(17);
     let (out, done) = cleaned(&model, "cleanup_symbolic");
@@ -215,11 +220,7 @@ fn broadcast_to_two(contradicted: bool) -> ModelProto {
     b.input("x", FLOAT, Some(&[sym("s"), D::N(8)]));
     let w = b.constant(tensor(FLOAT, &[2, 8], &[0.5; 16]));
     let sum = b.node("Add", &["x", &w], vec![]);
-    let shape = b.node("Shape", &[&sum], vec![]);
-    let i0 = b.constant(tensor(INT64, &[], &[0.0]));
-    let d = b.node("Gather", &[&shape, &i0], vec![attr_int("axis", 0)]);
-    let f = b.node("Cast", &[&d], vec![attr_int("to", FLOAT as i64)]);
-    let y = b.node("Mul", &[&sum, &f], vec![]);
+    let y = times_its_axis(&mut b, &sum, 0);
     b.output(&y, FLOAT, None);
     if contradicted {
         let target = b.ints(&[7, 8]);
@@ -267,11 +268,7 @@ fn an_onnx_rotary_keeps_its_input_shape() {
     b.input("cos", FLOAT, Some(&[sym("b"), sym("s"), D::N(4)]));
     b.input("sin", FLOAT, Some(&[sym("b"), sym("s"), D::N(4)]));
     let y = b.node("RotaryEmbedding", &["x", "cos", "sin"], vec![]);
-    let shape = b.node("Shape", &[&y], vec![]);
-    let i1 = b.constant(tensor(INT64, &[], &[1.0]));
-    let d = b.node("Gather", &[&shape, &i1], vec![attr_int("axis", 0)]);
-    let f = b.node("Cast", &[&d], vec![attr_int("to", FLOAT as i64)]);
-    let z = b.node("Mul", &[&y, &f], vec![]);
+    let z = times_its_axis(&mut b, &y, 1);
     b.output(&z, FLOAT, None);
     let (out, done) = cleaned(&b.model(23), "cleanup_onnx_rotary");
     assert_eq!(ops(&out), ["RotaryEmbedding", "Constant", "Mul"], "{:?}", done.nodes);
