@@ -328,7 +328,7 @@ fn constants(g: &Graph) -> Vec<(usize, TensorProto)> {
         // A copy computes nothing: as a Constant it would only copy a
         // weight's bytes, and only where they are inside the model (a
         // model's output would depend on where its weights are stored).
-        let copy = node.is("Identity") || node.is("Dropout");
+        let copy = g.identity_input(i).is_some();
         if !ours(g, i) || node.is("Constant") || copy || value.is_empty() || g.is_graph_output(value) {
             continue;
         }
@@ -463,10 +463,13 @@ fn twins(g: &Graph, with_shapes: bool) -> Vec<(usize, Vec<(String, String)>, &'s
             continue;
         }
         first.insert(key.clone(), node.output.clone());
+        if !with_shapes {
+            continue;
+        }
         // A shape value the shapes prove equal, element by element, to an
         // earlier one (layer after layer's `Shape(x)[0]`, the batch).
         let key_of_computation = key;
-        let Some(key) = proved_value(g, &shapes, node).filter(|_| with_shapes) else { continue };
+        let Some(key) = proved_value(g, &shapes, node) else { continue };
         match equal.get(&key) {
             Some(kept) if !escapes => {
                 let outputs = vec![(node.output[0].clone(), kept.clone())];
