@@ -17,7 +17,7 @@ pub use crate::graph::Portable;
 use crate::graph::{free_values, values_read_by, Check, Graph, Miss, Scope, Stop, Target};
 use crate::onnx::{
     display_name, AttributeProto, FunctionProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto,
-    StringStringEntryProto, TensorProto, FUSED_KEY, INT64, MICROSOFT,
+    StringStringEntryProto, TensorProto, FLOAT, FUSED_KEY, INT64, MICROSOFT,
 };
 use crate::pattern::Weight;
 use crate::{decline, require};
@@ -569,6 +569,51 @@ pub fn node_in(domain: &str, op_type: &str, inputs: &[&str], attributes: Vec<Att
 /// before itself).
 pub fn writing(name: &str, n: NodeProto) -> NodeProto {
     NodeProto { output: vec![name.to_string()], ..n }
+}
+
+/// Nodes a rewrite writes around its replacement (a guard's conditions, a
+/// branch's steps), each named by what it computes after a prefix (the
+/// value replaced and a `/`, say).
+pub struct Nodes {
+    prefix: String,
+    pub list: Vec<NodeProto>,
+}
+
+impl Nodes {
+    pub fn new(prefix: String) -> Nodes {
+        Nodes { prefix, list: Vec::new() }
+    }
+
+    /// The name of `what`.
+    pub fn name(&self, what: &str) -> String {
+        format!("{}{what}", self.prefix)
+    }
+
+    /// `op(inputs)`, written as `what`: its name.
+    pub fn op(&mut self, what: &str, op: &str, inputs: &[&str], attributes: Vec<AttributeProto>) -> String {
+        let name = self.name(what);
+        self.list.push(writing(&name, node(op, inputs, attributes)));
+        name
+    }
+
+    /// A `Constant` of one value of `elem` (`FLOAT` or `INT64`), written as
+    /// `what`: its name.
+    pub fn scalar(&mut self, what: &str, elem: i32, value: f64) -> String {
+        let t = match elem {
+            INT64 => TensorProto { data_type: Some(INT64), int64_data: vec![value as i64], ..Default::default() },
+            _ => TensorProto { data_type: Some(FLOAT), float_data: vec![value as f32], ..Default::default() },
+        };
+        let name = self.name(what);
+        self.list.push(writing(&name, node("Constant", &[], vec![AttributeProto::tensor("value", t)])));
+        name
+    }
+
+    /// A `Constant` of the 1-D int64 `values`, written as `what`: its name.
+    pub fn ints(&mut self, what: &str, values: &[i64]) -> String {
+        let name = self.name(what);
+        self.list.push(ints_constant(&name, values));
+        name
+    }
 }
 
 /// The body's nodes, and the bodies written with them, read `to` where

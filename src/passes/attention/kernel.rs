@@ -45,7 +45,7 @@ use super::{Scores, Step};
 use crate::graph::fold::fold;
 use crate::graph::{Check, Graph, Miss, Stop};
 use crate::onnx::{type_text, AttributeProto, GraphProto, NodeProto, TensorProto, FLOAT, INT64};
-use crate::rewrite::{ints_constant, node, original_ops, reading_instead, value_info, writing, Kept, Match, Rewrite};
+use crate::rewrite::{node, original_ops, reading_instead, value_info, writing, Kept, Match, Nodes, Rewrite};
 use crate::shapes::{Dim, Shapes};
 use crate::{decline, require};
 
@@ -251,15 +251,13 @@ pub(super) fn attention(
         None => (anchor, q, key, value),
     };
     let a = &g.node(anchor).output[0];
-    let name = |what: &str| format!("{a}/{what}");
-    let mut prelude: Vec<NodeProto> = Vec::new();
-    let mut then: Vec<NodeProto> = Vec::new();
+    let (mut prelude, mut then) = (Nodes::new(format!("{a}/")), Nodes::new(format!("{a}/")));
     let mut conditions: Vec<String> = Vec::new();
     // A mask added to the folded scores before their view is read in it.
     let mut viewed_shapes: HashMap<String, Vec<Dim>> = HashMap::new();
     for &i in &before_view {
         let Step::Mask(m) = &masks[i] else { continue };
-        if let Some((x, shape)) = in_the_view(shapes, m, &sq, &name, &mut prelude)? {
+        if let Some((x, shape)) = in_the_view(shapes, m, &sq, &mut prelude)? {
             masks[i] = Step::Mask(x.clone());
             viewed_shapes.insert(x, shape);
         }
@@ -286,33 +284,24 @@ pub(super) fn attention(
         let sizes: Vec<String> = empty
             .iter()
             .enumerate()
-            .map(|(i, x)| name(&if alike(x) { format!("size_{i}_{}", short(x)) } else { format!("size_{}", short(x)) }))
+            .map(|(i, x)| {
+                let what = if alike(x) { format!("size_{i}_{}", short(x)) } else { format!("size_{}", short(x)) };
+                // Read where every layer's guard reads it (`input_as_empty_as`).
+                let dims = shapes.shape(x).unwrap_or_default();
+                prelude.op(&what, "Size", &[input_as_empty_as(g, shapes, &dims).unwrap_or(x)], vec![])
+            })
             .collect();
-        for (x, size) in empty.iter().zip(&sizes) {
-            // Read where every layer's guard reads it (`input_as_empty_as`).
-            let dims = shapes.shape(x).unwrap_or_default();
-            let x = input_as_empty_as(g, shapes, &dims).unwrap_or(x);
-            prelude.push(writing(size, node("Size", &[x], vec![])));
-        }
-        let fewest = if sizes.len() == 1 {
-            sizes[0].clone()
-        } else {
-            let min = name("fewest");
-            prelude.push(writing(&min, node("Min", &refs(&sizes), vec![])));
-            min
+        let fewest = match &sizes[..] {
+            [one] => one.clone(),
+            _ => prelude.op("fewest", "Min", &refs(&sizes), vec![]),
         };
-        let zero = name("zero");
-        prelude.push(constant(&zero, scalar_tensor(INT64, 0.0)));
-        let ok = name("nonempty");
-        prelude.push(writing(&ok, node("Greater", &[&fewest, &zero], vec![])));
-        conditions.push(ok);
+        let zero = prelude.scalar("zero", INT64, 0.0);
+        conditions.push(prelude.op("nonempty", "Greater", &[&fewest, &zero], vec![]));
     }
 
     let kernel_key = match &key_perm {
         Some(key_perm) if merged.is_none() => {
-            let transposed = name("key");
-            then.push(writing(&transposed, node("Transpose", &[key], vec![AttributeProto::ints("perm", key_perm)])));
-            transposed
+            then.op("key", "Transpose", &[key], vec![AttributeProto::ints("perm", key_perm)])
         }
         _ => key.to_string(),
     };
@@ -343,20 +332,17 @@ pub(super) fn attention(
     if !masks.is_empty() {
         // The scores' bound: |scale · q·k| ≤ scale · d · max|q| · max|k|.
         let d = sq[3].value().filter(|&d| d > 0);
-        let score_bound = |prelude: &mut Vec<NodeProto>, what: &str| -> Check<String> {
+        let score_bound = |nodes: &mut Nodes, what: &str| -> Check<String> {
             let d = d.or_decline(|| {
                 format!("the head size {} is no known number: the bound on the scores {what} needs", sq[3])
             })?;
-            let (mq, mk) = (largest(&q, "q", &name, prelude), largest(key, "key", &name, prelude));
-            let (product, per, bound) = (name("largest_qk"), name("scale_times_d"), name("score_bound"));
-            prelude.push(writing(&product, node("Mul", &[&mq, &mk], vec![])));
-            prelude.push(constant(&per, scalar_tensor(elem, scale * d as f64)));
-            prelude.push(writing(&bound, node("Mul", &[&product, &per], vec![])));
-            Ok(bound)
+            let (mq, mk) = (largest(&q, "q", nodes), largest(key, "key", nodes));
+            let product = nodes.op("largest_qk", "Mul", &[&mq, &mk], vec![]);
+            let per = nodes.scalar("scale_times_d", elem, scale * d as f64);
+            Ok(nodes.op("score_bound", "Mul", &[&product, &per], vec![]))
         };
         let (mask, sm) = if masks.len() > 1 {
-            let (mask, sm, rows) =
-                replayed_mask(&shape_of, &masks, &name, &mut prelude, &mut conditions, &score_bound)?;
+            let (mask, sm, rows) = replayed_mask(&shape_of, &masks, &mut prelude, &mut conditions, &score_bound)?;
             lifted = rows;
             (mask, sm)
         } else {
@@ -365,36 +351,30 @@ pub(super) fn attention(
             let sm = shape_of(source).or_decline(|| format!("the shape of the mask {source} is not proved"))?;
             let mask = match kept {
                 None => {
-                    let visible = visible_rows(g, shapes, source, nan_guard, &name, &mut prelude, &mut conditions)?;
+                    let visible = visible_rows(g, shapes, source, nan_guard, &mut prelude, &mut conditions)?;
                     // Where a row hides every key, the kernel may still run
                     // with that row lifted (`hidden_rows_lifted`): the bound
                     // on the scores is computed there, where it is needed.
                     if let Some(visible) = visible {
-                        let mut nodes = Vec::new();
+                        let mut nodes = Nodes::new(format!("{a}/"));
                         if let Ok(bound) = score_bound(&mut nodes, "rows hidden whole") {
-                            lifted =
-                                Some(Lifted { mask: source.to_string(), visible, nodes, bound, rows: Rows::Visible });
+                            let (mask, nodes) = (source.to_string(), nodes.list);
+                            lifted = Some(Lifted { mask, visible, nodes, bound, rows: Rows::Visible });
                         }
                     }
                     source.to_string()
                 }
                 Some((condition, fill, hides)) => {
-                    let keep = if hides {
-                        let keep = name("kept");
-                        prelude.push(writing(&keep, node("Not", &[condition], vec![])));
-                        keep
-                    } else {
-                        condition.to_string()
-                    };
+                    let keep =
+                        if hides { prelude.op("kept", "Not", &[condition], vec![]) } else { condition.to_string() };
                     // A row that keeps no key: the kernel gives zeros, the
                     // core the mean of v (a finite fill) or NaN (-inf).
                     let every_row = g.constant(condition).is_some_and(|t| every_row_keeps(t, hides));
                     let mut visible = None;
                     if !every_row {
-                        let (axes, flags) = (name("last_axis"), name("kept_flags"));
-                        prelude.push(ints_constant(&axes, &[-1]));
-                        prelude.push(writing(&flags, node("Cast", &[&keep], vec![int("to", i64::from(elem))])));
-                        let names = ["row_kept", "least_row_kept", "no", "kept_rows"].map(|n| name(n));
+                        let axes = prelude.ints("last_axis", &[-1]);
+                        let flags = prelude.op("kept_flags", "Cast", &[&keep], vec![int("to", i64::from(elem))]);
+                        let names = ["row_kept", "least_row_kept", "no", "kept_rows"];
                         let kept_rows = rows_above(&flags, &axes, 0.0, names, &mut prelude);
                         conditions.push(kept_rows.clone());
                         visible = Some((kept_rows, flags));
@@ -407,14 +387,12 @@ pub(super) fn attention(
                     let room = (fill.abs().min(f64::from(f32::MAX)) - 128.0) / 2.0;
                     require!(room > 0.0, "the Where fill {fill} leaves the scores no room");
                     let bound = score_bound(&mut prelude, "a Where mask")?;
-                    let (limit, ok) = (name("score_room"), name("scores_bounded"));
-                    prelude.push(constant(&limit, scalar_tensor(elem, room)));
-                    prelude.push(writing(&ok, node("Less", &[&bound, &limit], vec![])));
-                    conditions.push(ok);
+                    let limit = prelude.scalar("score_room", elem, room);
+                    conditions.push(prelude.op("scores_bounded", "Less", &[&bound, &limit], vec![]));
                     // A row that keeps no key is the fill throughout, whose
                     // softmax (a finite fill) is even: lifted.
                     if let Some((visible, flags)) = visible.filter(|_| fill.is_finite()) {
-                        let rows = Rows::Kept { flags, zero: name("no") };
+                        let rows = Rows::Kept { flags, zero: prelude.name("no") };
                         lifted = Some(Lifted { mask: keep.clone(), visible, nodes: Vec::new(), bound, rows });
                     }
                     keep
@@ -446,12 +424,10 @@ pub(super) fn attention(
             dims(&sm)
         );
         if length_unproved {
-            let (length, keys, same) = (name("mask_length"), name("key_length"), name("mask_length_is_keys"));
             let at = key_perm.as_ref().map_or(2, |p| p[2]);
-            prelude.push(writing(&length, node("Shape", &[&mask], vec![int("start", r as i64 - 1)])));
-            prelude.push(writing(&keys, node("Shape", &[key], vec![int("start", at), int("end", at + 1)])));
-            prelude.push(writing(&same, node("Equal", &[&length, &keys], vec![])));
-            conditions.push(same);
+            let length = prelude.op("mask_length", "Shape", &[&mask], vec![int("start", r as i64 - 1)]);
+            let keys = prelude.op("key_length", "Shape", &[key], vec![int("start", at), int("end", at + 1)]);
+            conditions.push(prelude.op("mask_length_is_keys", "Equal", &[&length, &keys], vec![]));
         }
         let leading_fit = match r {
             4 => fits(&sm[0], &sq[0]) && fits(&sm[1], &sq[1]),
@@ -465,15 +441,12 @@ pub(super) fn attention(
             // Attention takes a mask of the scores' query axis: the one
             // row broadcast over the queries (q's axis 2 of [b, h, s, d],
             // 1 of [b, s, h·d]).
-            let (rows, ones, shape, expanded) = (name("queries"), name("ones"), name("mask_shape"), name("mask"));
             let at = if merged.is_some() { 1 } else { 2 };
-            then.push(writing(&rows, node("Shape", &[&q], vec![int("start", at), int("end", at + 1)])));
-            then.push(ints_constant(&ones, &vec![1; r - 2]));
-            let one = name("one");
-            then.push(ints_constant(&one, &[1]));
-            then.push(writing(&shape, node("Concat", &[&ones, &rows, &one], vec![int("axis", 0)])));
-            then.push(writing(&expanded, node("Expand", &[&mask, &shape], vec![])));
-            inputs.push(expanded);
+            let rows = then.op("queries", "Shape", &[&q], vec![int("start", at), int("end", at + 1)]);
+            let ones = then.ints("ones", &vec![1; r - 2]);
+            let one = then.ints("one", &[1]);
+            let shape = then.op("mask_shape", "Concat", &[&ones, &rows, &one], vec![int("axis", 0)]);
+            inputs.push(then.op("mask", "Expand", &[&mask, &shape], vec![]));
         }
     }
     let mut attributes = vec![AttributeProto::float("scale", scale as f32)];
@@ -481,20 +454,18 @@ pub(super) fn attention(
         attributes.extend([int("q_num_heads", m.heads), int("kv_num_heads", m.heads)]);
     }
     attributes.extend(softcap.map(|cap| AttributeProto::float("softcap", cap as f32)));
-    let attention = node("Attention", &refs(&inputs), attributes);
     if nan_guard {
         // Where the kernel's result holds a NaN, the original's NaN rows
         // became zeros: the original ops run.
-        let (y, sum, bad) = (name("attention"), name("sum"), name("has_nan"));
-        then.push(writing(&y, attention));
-        then.push(writing(&sum, node("ReduceSum", &[&y], vec![int("keepdims", 0)])));
-        then.push(writing(&bad, node("IsNaN", &[&sum], vec![])));
+        let y = then.op("attention", "Attention", &refs(&inputs), attributes);
+        let sum = then.op("sum", "ReduceSum", &[&y], vec![int("keepdims", 0)]);
+        let bad = then.op("has_nan", "IsNaN", &[&sum], vec![]);
         let kept = branch("the kernel's result", vec![writing(a, node("Identity", &[&y], vec![]))], a, elem);
-        then.push(writing(a, guard(&bad, original_ops(), kept)));
+        then.list.push(writing(a, guard(&bad, original_ops(), kept)));
     } else {
-        then.push(writing(a, attention));
+        then.list.push(writing(a, node("Attention", &refs(&inputs), attributes)));
     }
-    let whole = branch("ONNX Attention", then, a, elem);
+    let whole = branch("ONNX Attention", then.list, a, elem);
     // A long call's pieces read only the keys they see where the mask
     // hides the rest: a float mask by its lowest or -inf, a Where's kept
     // keys by false.
@@ -505,7 +476,7 @@ pub(super) fn attention(
     };
     let at = if merged.is_some() { 1 } else { 2 };
     let (of, at) = input_axis(g, shapes, &sq[2]).unwrap_or((&q, at));
-    let length = query_length(&sq[2], of, at, &name, &mut prelude);
+    let length = query_length(&sq[2], of, at, &mut prelude);
     // The 3-D value's last axis, named to ONNX's shape inference where a
     // piece cuts its keys (`keys_seen`).
     let width = merged.as_ref().and_then(|_| shapes.shape(value)?.last()?.value());
@@ -518,9 +489,8 @@ pub(super) fn attention(
     let ok = conditions.split_first().map(|(first, rest)| {
         let mut ok = first.clone();
         for (i, next) in rest.iter().enumerate() {
-            let both = if i + 1 == rest.len() { name("ok") } else { name(&format!("ok_{i}")) };
-            prelude.push(writing(&both, node("And", &[&ok, next], vec![])));
-            ok = both;
+            let both = if i + 1 == rest.len() { "ok".to_string() } else { format!("ok_{i}") };
+            ok = prelude.op(&both, "And", &[&ok, next], vec![]);
         }
         ok
     });
@@ -532,7 +502,7 @@ pub(super) fn attention(
     let lifted_branch = |in_pieces: bool, held: Option<&str>| match &lifted {
         Some(lifted) => {
             let kernel = if in_pieces { over_query_pieces(&whole, Some(Hiding::Lowest), width) } else { whole.clone() };
-            hidden_rows_lifted(lifted.clone(), &conditions, &kernel, held, a, &name)
+            hidden_rows_lifted(lifted.clone(), &conditions, &kernel, held, a)
         }
         None => original_ops(),
     };
@@ -547,18 +517,20 @@ pub(super) fn attention(
         (None, _) if !nan_guard => {
             let mut nodes = whole.node;
             let attention = nodes.pop().expect("the kernel");
-            prelude.extend(nodes);
+            prelude.list.extend(nodes);
+            let prelude = prelude.list;
             return Ok(replace(anchor, attention, shared, |r| grouped(r.after(prelude.clone()).needing_opset(23), n)));
         }
         (None, _) => {
             // Only the NaN guard: the kernel runs before it, unguarded.
             let mut nodes = kernel.node;
             let nan_guard = nodes.pop().expect("the NaN guard");
-            prelude.extend(nodes);
+            prelude.list.extend(nodes);
             nan_guard
         }
-        (Some(ok), _) => by_length(&ok, [kernel, pieces], (otherwise, long_lifted), &length, a, &name, &mut prelude),
+        (Some(ok), _) => by_length(&ok, [kernel, pieces], (otherwise, long_lifted), &length, a, &mut prelude),
     };
+    let prelude = prelude.list;
     Ok(replace(anchor, replacement, shared, |r| {
         grouped(r.after(prelude.clone()).running("Attention").needing_opset(23), n)
     }))
@@ -646,22 +618,16 @@ fn between(g: &Graph, from: &str, to: &str) -> Vec<String> {
 fn replayed_mask(
     shape_of: &dyn Fn(&str) -> Option<Vec<Dim>>,
     masks: &[Step],
-    name: &dyn Fn(&str) -> String,
-    prelude: &mut Vec<NodeProto>,
+    prelude: &mut Nodes,
     conditions: &mut Vec<String>,
-    score_bound: &dyn Fn(&mut Vec<NodeProto>, &str) -> Check<String>,
+    score_bound: &dyn Fn(&mut Nodes, &str) -> Check<String>,
 ) -> Check<(String, Vec<Dim>, Option<Lifted>)> {
-    let mut m = name("zero_score");
-    prelude.push(constant(&m, scalar_tensor(FLOAT, 0.0)));
+    let mut m = prelude.scalar("zero_score", FLOAT, 0.0);
     let mut kept: Option<String> = None;
     let mut read = Vec::new();
-    let both = |kept: Option<String>, flag: String, i: usize, prelude: &mut Vec<NodeProto>| match kept {
+    let both = |kept: Option<String>, flag: String, i: usize, prelude: &mut Nodes| match kept {
         None => flag,
-        Some(before) => {
-            let both = name(&format!("kept_by_{i}"));
-            prelude.push(writing(&both, node("And", &[&before, &flag], vec![])));
-            both
-        }
+        Some(before) => prelude.op(&format!("kept_by_{i}"), "And", &[&before, &flag], vec![]),
     };
     let added: Vec<&str> = masks
         .iter()
@@ -672,47 +638,34 @@ fn replayed_mask(
         .collect();
     if let [m1, m2] = added[..] {
         // Where one of the two is 0, the core's (s + m1) + m2 is s + (m1 + m2).
-        let zero = name("zero_mask");
-        prelude.push(constant(&zero, scalar_tensor(FLOAT, 0.0)));
+        let zero = prelude.scalar("zero_mask", FLOAT, 0.0);
         let flags: Vec<String> = [m1, m2]
             .iter()
             .enumerate()
-            .map(|(i, x)| {
-                let flag = name(&format!("mask_{i}_zero"));
-                prelude.push(writing(&flag, node("Equal", &[x, &zero], vec![])));
-                flag
-            })
+            .map(|(i, x)| prelude.op(&format!("mask_{i}_zero"), "Equal", &[x, &zero], vec![]))
             .collect();
-        let one_added = name("one_mask_added");
-        prelude.push(writing(&one_added, node("Or", &refs(&flags), vec![])));
-        kept = Some(one_added);
+        kept = Some(prelude.op("one_mask_added", "Or", &refs(&flags), vec![]));
     }
     for (i, step) in masks.iter().enumerate() {
-        let next = name(&format!("mask_{i}"));
-        match step {
+        let next = format!("mask_{i}");
+        m = match step {
             Step::Mask(value) => {
-                prelude.push(writing(&next, node("Add", &[&m, value], vec![])));
                 read.push(value.as_str());
+                prelude.op(&next, "Add", &[&m, value], vec![])
             }
             Step::Where { keep, fill, fill_first } => {
                 let value = fill.scalar().filter(|f| !f.is_nan()).or_decline(|| "the Where fill is NaN".to_string())?;
-                let f = name(&format!("fill_{i}"));
-                prelude.push(constant(&f, scalar_tensor(FLOAT, value)));
+                let f = prelude.scalar(&format!("fill_{i}"), FLOAT, value);
                 let inputs = if *fill_first { [keep.as_str(), &f, &m] } else { [keep.as_str(), &m, &f] };
-                prelude.push(writing(&next, node("Where", &inputs, vec![])));
-                let flag = if *fill_first {
-                    let flag = name(&format!("kept_{i}"));
-                    prelude.push(writing(&flag, node("Not", &[keep], vec![])));
-                    flag
-                } else {
-                    keep.clone()
-                };
+                let next = prelude.op(&next, "Where", &inputs, vec![]);
+                let flag =
+                    if *fill_first { prelude.op(&format!("kept_{i}"), "Not", &[keep], vec![]) } else { keep.clone() };
                 kept = Some(both(kept, flag, i, prelude));
                 read.push(keep.as_str());
+                next
             }
             _ => decline!("a step other than a mask among the masks"),
-        }
-        m = next;
+        };
     }
     let kept = kept.or_decline(|| "neither a Where nor two additive masks among the masks".to_string())?;
     let read_shapes: Vec<Vec<Dim>> = read
@@ -726,35 +679,27 @@ fn replayed_mask(
 
     let keepdims = || vec![int("keepdims", 0)];
     // The largest M of a kept key and of a hidden one, per row.
-    let [lowest, axes, kept_m, hidden_m, r] =
-        ["lowest", "last_axis", "kept_mask", "hidden_mask", "kept_max"].map(|n| name(n));
-    let [h_read, h, gap, abs_r, abs_h] =
-        ["hidden_max_read", "hidden_max", "gap", "abs_kept_max", "abs_hidden_max"].map(|n| name(n));
-    let [sizes, rounding, err, slack, least] =
-        ["magnitudes", "rounding", "rounding_room", "slack", "least_slack"].map(|n| name(n));
-    prelude.push(constant(&lowest, scalar_tensor(FLOAT, f64::from(f32::MIN))));
-    prelude.push(ints_constant(&axes, &[-1]));
-    prelude.push(writing(&kept_m, node("Where", &[&kept, &m, &lowest], vec![])));
-    prelude.push(writing(&r, node("ReduceMax", &[&kept_m, &axes], keepdims())));
-    prelude.push(writing(&hidden_m, node("Where", &[&kept, &lowest, &m], vec![])));
-    prelude.push(writing(&h_read, node("ReduceMax", &[&hidden_m, &axes], keepdims())));
-    prelude.push(writing(&h, node("Max", &[&h_read, &lowest], vec![])));
-    prelude.push(writing(&gap, node("Sub", &[&r, &h], vec![])));
-    prelude.push(writing(&abs_r, node("Abs", &[&r], vec![])));
-    prelude.push(writing(&abs_h, node("Abs", &[&h], vec![])));
-    prelude.push(writing(&sizes, node("Add", &[&abs_r, &abs_h], vec![])));
-    prelude.push(constant(&rounding, scalar_tensor(FLOAT, 2f64.powi(-20))));
-    prelude.push(writing(&err, node("Mul", &[&sizes, &rounding], vec![])));
-    prelude.push(writing(&slack, node("Sub", &[&gap, &err], vec![])));
-    prelude.push(writing(&least, node("ReduceMin", &[&slack], keepdims())));
+    let lowest = prelude.scalar("lowest", FLOAT, f64::from(f32::MIN));
+    let axes = prelude.ints("last_axis", &[-1]);
+    let kept_m = prelude.op("kept_mask", "Where", &[&kept, &m, &lowest], vec![]);
+    let r = prelude.op("kept_max", "ReduceMax", &[&kept_m, &axes], keepdims());
+    let hidden_m = prelude.op("hidden_mask", "Where", &[&kept, &lowest, &m], vec![]);
+    let h_read = prelude.op("hidden_max_read", "ReduceMax", &[&hidden_m, &axes], keepdims());
+    let h = prelude.op("hidden_max", "Max", &[&h_read, &lowest], vec![]);
+    let gap = prelude.op("gap", "Sub", &[&r, &h], vec![]);
+    let abs_r = prelude.op("abs_kept_max", "Abs", &[&r], vec![]);
+    let abs_h = prelude.op("abs_hidden_max", "Abs", &[&h], vec![]);
+    let sizes = prelude.op("magnitudes", "Add", &[&abs_r, &abs_h], vec![]);
+    let rounding = prelude.scalar("rounding", FLOAT, 2f64.powi(-20));
+    let err = prelude.op("rounding_room", "Mul", &[&sizes, &rounding], vec![]);
+    let slack = prelude.op("slack", "Sub", &[&gap, &err], vec![]);
+    let least = prelude.op("least_slack", "ReduceMin", &[&slack], keepdims());
     let bound = score_bound(prelude, "a Where with another mask")?;
-    let [four, twice, margin, need, ok] =
-        ["four", "bound_times_four", "margin", "slack_needed", "hidden_keys_weightless"].map(|n| name(n));
-    prelude.push(constant(&four, scalar_tensor(FLOAT, 4.0)));
-    prelude.push(writing(&twice, node("Mul", &[&bound, &four], vec![])));
-    prelude.push(constant(&margin, scalar_tensor(FLOAT, 512.0)));
-    prelude.push(writing(&need, node("Add", &[&twice, &margin], vec![])));
-    prelude.push(writing(&ok, node("Greater", &[&least, &need], vec![])));
+    let four = prelude.scalar("four", FLOAT, 4.0);
+    let twice = prelude.op("bound_times_four", "Mul", &[&bound, &four], vec![]);
+    let margin = prelude.scalar("margin", FLOAT, 512.0);
+    let need = prelude.op("slack_needed", "Add", &[&twice, &margin], vec![]);
+    let ok = prelude.op("hidden_keys_weightless", "Greater", &[&least, &need], vec![]);
     conditions.push(ok.clone());
     let lifted = (added.len() <= 1).then(|| Lifted {
         mask: m.clone(),
@@ -773,13 +718,7 @@ fn replayed_mask(
 /// ALiBi, `[b·h, 1, t]`) is `Reshape(m, [b·h / h, h, x, y])` (a Reshape
 /// keeps the elements' order; the sizes read from `m`'s own shape, so an
 /// empty batch gives an empty mask), pushed to `prelude`: its name and shape.
-fn in_the_view(
-    shapes: &Shapes,
-    m: &str,
-    sq: &[Dim],
-    name: &dyn Fn(&str) -> String,
-    prelude: &mut Vec<NodeProto>,
-) -> Check<Option<(String, Vec<Dim>)>> {
+fn in_the_view(shapes: &Shapes, m: &str, sq: &[Dim], prelude: &mut Nodes) -> Check<Option<(String, Vec<Dim>)>> {
     let sm = shapes.shape(m).or_decline(|| format!("the shape of the mask {m} is not proved"))?;
     if sm.len() < 3 || (sm.len() == 3 && sm[0].value() == Some(1)) {
         return Ok(None);
@@ -789,15 +728,13 @@ fn in_the_view(
     let h = h.filter(|_| folded).or_decline(|| {
         format!("the mask {m} ({}) added before the scores' view is not proved [b·h, …] of q's heads", dims(&sm))
     })?;
-    let short = short(m);
-    let [lead, heads, batch, rest, target, x] =
-        ["lead", "heads", "batch", "rest", "view", "viewed"].map(|w| name(&format!("{short}_{w}")));
-    prelude.push(writing(&lead, node("Shape", &[m], vec![int("start", 0), int("end", 1)])));
-    prelude.push(ints_constant(&heads, &[h]));
-    prelude.push(writing(&batch, node("Div", &[&lead, &heads], vec![])));
-    prelude.push(writing(&rest, node("Shape", &[m], vec![int("start", 1)])));
-    prelude.push(writing(&target, node("Concat", &[&batch, &heads, &rest], vec![int("axis", 0)])));
-    prelude.push(writing(&x, node("Reshape", &[m, &target], vec![])));
+    let of = |what: &str| format!("{}_{what}", short(m));
+    let lead = prelude.op(&of("lead"), "Shape", &[m], vec![int("start", 0), int("end", 1)]);
+    let heads = prelude.ints(&of("heads"), &[h]);
+    let batch = prelude.op(&of("batch"), "Div", &[&lead, &heads], vec![]);
+    let rest = prelude.op(&of("rest"), "Shape", &[m], vec![int("start", 1)]);
+    let target = prelude.op(&of("view"), "Concat", &[&batch, &heads, &rest], vec![int("axis", 0)]);
+    let x = prelude.op(&of("viewed"), "Reshape", &[m, &target], vec![]);
     Ok(Some((x, vec![sq[0].clone(), sq[1].clone(), sm[1].clone(), sm[2].clone()])))
 }
 
@@ -1096,8 +1033,7 @@ fn visible_rows(
     shapes: &Shapes,
     mask: &str,
     nan_guard: bool,
-    name: &dyn Fn(&str) -> String,
-    prelude: &mut Vec<NodeProto>,
+    prelude: &mut Nodes,
     conditions: &mut Vec<String>,
 ) -> Check<Option<String>> {
     if let Some(t) = g.constant(mask) {
@@ -1112,9 +1048,8 @@ fn visible_rows(
     if nan_guard && sdpa {
         return Ok(None);
     }
-    let axes = name("last_axis");
-    prelude.push(ints_constant(&axes, &[-1]));
-    let names = ["row_max", "least_row_max", "lowest", "visible"].map(|n| name(n));
+    let axes = prelude.ints("last_axis", &[-1]);
+    let names = ["row_max", "least_row_max", "lowest", "visible"];
     let visible = rows_above(mask, &axes, f64::from(f32::MIN), names, prelude);
     conditions.push(visible.clone());
     Ok(Some(visible))
@@ -1169,88 +1104,62 @@ fn hidden_rows_lifted(
     kernel: &GraphProto,
     held: Option<&str>,
     a: &str,
-    name: &dyn Fn(&str) -> String,
 ) -> GraphProto {
-    let Lifted { mask, visible, mut nodes, bound, rows } = lifted;
+    let Lifted { mask, visible, nodes: written, bound, rows } = lifted;
+    let mut nodes = Nodes::new(format!("{a}/"));
+    nodes.list = written;
     let kept = matches!(rows, Rows::Kept { .. });
-    let axes = name("last_axis");
-    let [lift, lifted_mask, tops, fewest, rows_ok, limit, bounded] = [
-        "next_above_lowest",
-        "lifted_mask",
-        "lifted_tops",
-        "least_lifted_top",
-        "rows_lifted",
-        "bound_limit",
-        "bounded",
-    ]
-    .map(|n| name(n));
+    let axes = nodes.name("last_axis");
     let next_above = f32::from_bits(f32::MIN.to_bits() - 1);
-    nodes.push(constant(&lift, scalar_tensor(FLOAT, f64::from(next_above))));
+    let lift = nodes.scalar("next_above_lowest", FLOAT, f64::from(next_above));
     let mut conditions = Vec::new();
-    if let Rows::Kept { flags, zero } = &rows {
+    let lifted_mask = if let Rows::Kept { flags, zero } = &rows {
         // The kept keys as the float mask the kernel makes of them (0 and
         // the lowest), a row that keeps none the next float above.
-        let [any, none, floor, hidden] = ["row_keeps", "keeps_none", "lowest_fill", "hidden_value"].map(|n| name(n));
-        nodes.push(writing(&any, node("ReduceMax", &[flags, &axes], vec![int("keepdims", 1)])));
-        nodes.push(writing(&none, node("Equal", &[&any, zero], vec![])));
-        nodes.push(constant(&floor, scalar_tensor(FLOAT, f64::from(f32::MIN))));
-        nodes.push(writing(&hidden, node("Where", &[&none, &lift, &floor], vec![])));
-        nodes.push(writing(&lifted_mask, node("Where", &[&mask, zero, &hidden], vec![])));
+        let any = nodes.op("row_keeps", "ReduceMax", &[flags, &axes], vec![int("keepdims", 1)]);
+        let none = nodes.op("keeps_none", "Equal", &[&any, zero], vec![]);
+        let floor = nodes.scalar("lowest_fill", FLOAT, f64::from(f32::MIN));
+        let hidden = nodes.op("hidden_value", "Where", &[&none, &lift, &floor], vec![]);
+        nodes.op("lifted_mask", "Where", &[&mask, zero, &hidden], vec![])
     } else {
-        let lowest = name("lowest");
-        let [top, whole, at_lowest, lifting] = ["row_top", "hidden_whole", "at_lowest", "lifting"].map(|n| name(n));
-        nodes.push(writing(&top, node("ReduceMax", &[&mask, &axes], vec![int("keepdims", 1)])));
-        nodes.push(writing(&whole, node("Equal", &[&top, &lowest], vec![])));
-        nodes.push(writing(&at_lowest, node("Equal", &[&mask, &lowest], vec![])));
-        nodes.push(writing(&lifting, node("And", &[&whole, &at_lowest], vec![])));
-        nodes.push(writing(&lifted_mask, node("Where", &[&lifting, &lift, &mask], vec![])));
-        let least = match rows {
+        let lowest = nodes.name("lowest");
+        let top = nodes.op("row_top", "ReduceMax", &[&mask, &axes], vec![int("keepdims", 1)]);
+        let whole = nodes.op("hidden_whole", "Equal", &[&top, &lowest], vec![]);
+        let at_lowest = nodes.op("at_lowest", "Equal", &[&mask, &lowest], vec![]);
+        let lifting = nodes.op("lifting", "And", &[&whole, &at_lowest], vec![]);
+        let lifted_mask = nodes.op("lifted_mask", "Where", &[&lifting, &lift, &mask], vec![]);
+        let (tops, least) = match rows {
             // Every other row keeps a key.
-            Rows::Visible => {
-                nodes.push(writing(&tops, node("Where", &[&whole, &lift, &top], vec![])));
-                lowest
-            }
+            Rows::Visible => (nodes.op("lifted_tops", "Where", &[&whole, &lift, &top], vec![]), lowest),
             // Every other row has its room.
             Rows::Room { slack, need } => {
-                let [slack_rows, ample] = ["row_slack", "ample"].map(|n| name(n));
-                nodes.push(writing(&slack_rows, node("Unsqueeze", &[&slack, &axes], vec![])));
-                nodes.push(constant(&ample, scalar_tensor(FLOAT, f64::INFINITY)));
-                nodes.push(writing(&tops, node("Where", &[&whole, &ample, &slack_rows], vec![])));
-                need
+                let slack_rows = nodes.op("row_slack", "Unsqueeze", &[&slack, &axes], vec![]);
+                let ample = nodes.scalar("ample", FLOAT, f64::INFINITY);
+                (nodes.op("lifted_tops", "Where", &[&whole, &ample, &slack_rows], vec![]), need)
             }
             Rows::Kept { .. } => unreachable!("handled above"),
         };
-        nodes.push(writing(&fewest, node("ReduceMin", &[&tops], vec![int("keepdims", 0)])));
-        nodes.push(writing(&rows_ok, node("Greater", &[&fewest, &least], vec![])));
-        conditions.push(rows_ok);
-    }
-    let bounded = scores_bounded(&bound, [limit, bounded], &mut nodes);
+        let fewest = nodes.op("least_lifted_top", "ReduceMin", &[&tops], vec![int("keepdims", 0)]);
+        conditions.push(nodes.op("rows_lifted", "Greater", &[&fewest, &least], vec![]));
+        lifted_mask
+    };
+    let bounded = scores_bounded(&bound, ["bound_limit", "bounded"], &mut nodes);
     let mut ok = bounded.clone();
     for (i, c) in others.iter().filter(|c| **c != visible).chain(&conditions).enumerate() {
-        let both = name(&format!("lifted_ok_{i}"));
-        nodes.push(writing(&both, node("And", &[&ok, c], vec![])));
-        ok = both;
+        ok = nodes.op(&format!("lifted_ok_{i}"), "And", &[&ok, c], vec![]);
     }
     if let Some(held) = held {
         // Where the guard holds, no row is hidden whole: the lifted mask
         // is the mask, and a Where's kept keys made the float mask the
         // kernel makes of them give hidden keys no weight where the scores
         // are bounded.
-        let held = if kept {
-            let both = name("held_bounded");
-            nodes.push(writing(&both, node("And", &[held, &bounded], vec![])));
-            both
-        } else {
-            held.to_string()
-        };
-        let either = name("lifted_or_held");
-        nodes.push(writing(&either, node("Or", &[&ok, &held], vec![])));
-        ok = either;
+        let held = if kept { nodes.op("held_bounded", "And", &[held, &bounded], vec![]) } else { held.to_string() };
+        ok = nodes.op("lifted_or_held", "Or", &[&ok, &held], vec![]);
     }
     let mut kernel = kernel.clone();
     reading_instead(&mut kernel, &mask, &lifted_mask);
-    nodes.push(writing(a, guard(&ok, kernel, original_ops())));
-    branch("ONNX Attention, rows hidden whole lifted", nodes, a, FLOAT)
+    nodes.list.push(writing(a, guard(&ok, kernel, original_ops())));
+    branch("ONNX Attention, rows hidden whole lifted", nodes.list, a, FLOAT)
 }
 
 /// The query length from which the kernel runs on pieces of the queries
@@ -1305,17 +1214,15 @@ fn graph_inputs<'a>(g: &Graph<'a>) -> impl Iterator<Item = &'a str> + 'a {
 }
 
 /// The `Length` of the queries `s`, axis `at` of q.
-fn query_length(s: &Dim, q: &str, at: i64, name: &dyn Fn(&str) -> String, prelude: &mut Vec<NodeProto>) -> Length {
+fn query_length(s: &Dim, q: &str, at: i64, prelude: &mut Nodes) -> Length {
     match s.value() {
         Some(s) if s >= LONG_QUERIES => Length::Long,
         Some(_) => Length::Short,
         None => {
-            let [axis, length, least, long] = ["query_axis", "query_length", "long_from", "long"].map(|n| name(n));
-            prelude.push(writing(&axis, node("Shape", &[q], vec![int("start", at), int("end", at + 1)])));
-            prelude.push(writing(&length, node("Squeeze", &[&axis], vec![])));
-            prelude.push(constant(&least, scalar_tensor(INT64, (LONG_QUERIES - 1) as f64)));
-            prelude.push(writing(&long, node("Greater", &[&length, &least], vec![])));
-            Length::Either(long)
+            let axis = prelude.op("query_axis", "Shape", &[q], vec![int("start", at), int("end", at + 1)]);
+            let length = prelude.op("query_length", "Squeeze", &[&axis], vec![]);
+            let least = prelude.scalar("long_from", INT64, (LONG_QUERIES - 1) as f64);
+            Length::Either(prelude.op("long", "Greater", &[&length, &least], vec![]))
         }
     }
 }
@@ -1333,21 +1240,18 @@ fn by_length(
     (otherwise, long_lifted): (GraphProto, Option<GraphProto>),
     length: &Length,
     a: &str,
-    name: &dyn Fn(&str) -> String,
-    nodes: &mut Vec<NodeProto>,
+    prelude: &mut Nodes,
 ) -> NodeProto {
     let Length::Either(long) = length else { return guard(ok, kernel, otherwise) };
-    let [short, ok_short] = ["short", "ok_short"].map(|n| name(n));
-    nodes.push(writing(&short, node("Not", &[long], vec![])));
-    nodes.push(writing(&ok_short, node("And", &[ok, &short], vec![])));
+    let short = prelude.op("short", "Not", &[long], vec![]);
+    let ok_short = prelude.op("ok_short", "And", &[ok, &short], vec![]);
     let long_call = match long_lifted {
         Some(lifted) => {
             let choice = guard(long, lifted, otherwise);
             branch("long queries, or the guard failed", vec![writing(a, choice)], a, FLOAT)
         }
         None => {
-            let ok_long = name("ok_long");
-            nodes.push(writing(&ok_long, node("And", &[ok, long], vec![])));
+            let ok_long = prelude.op("ok_long", "And", &[ok, long], vec![]);
             branch("long queries", vec![writing(a, guard(&ok_long, pieces, otherwise))], a, FLOAT)
         }
     };
@@ -1440,93 +1344,82 @@ fn keys_seen(
     nodes: &mut Vec<NodeProto>,
 ) -> Vec<[String; 3]> {
     let y = &attention.output[0];
-    let name = |what: &str| format!("{y}/seen_{what}");
+    let mut seen = Nodes::new(format!("{y}/seen_"));
     let (q, key, value) = (&attention.input[0], &attention.input[1], &attention.input[2]);
-    let ints = |what: &str, values: &[i64], nodes: &mut Vec<NodeProto>| {
-        nodes.push(ints_constant(&name(what), values));
-        name(what)
-    };
-    let step = |what: &str, op: &str, inputs: &[&str], attributes: Vec<AttributeProto>, nodes: &mut Vec<NodeProto>| {
-        nodes.push(writing(&name(what), node(op, inputs, attributes)));
-        name(what)
-    };
     // S, T and the first key no row of each piece sees, [8].
-    let s = step("queries", "Shape", &[q], vec![int("start", -2), int("end", -1)], nodes);
-    let t = step("keys", "Shape", &[key], vec![int("start", -2), int("end", -1)], nodes);
-    let (one, pieces) = (ints("one", &[1], nodes), QUERY_PIECES as i64);
-    let (spare, count) = (ints("spare", &[pieces - 1], nodes), ints("piece_count", &[pieces], nodes));
-    let rounded = step("queries_rounded_up", "Add", &[&s, &spare], vec![], nodes);
-    let rows = step("piece_rows", "Div", &[&rounded, &count], vec![], nodes);
-    let nth = ints("nth_piece", &(1..=pieces).collect::<Vec<_>>(), nodes);
-    let reach = step("piece_reach", "Mul", &[&nth, &rows], vec![], nodes);
-    let ends = step("piece_ends", "Min", &[&reach, &s], vec![], nodes);
-    let past = step("cached_keys", "Sub", &[&t, &s], vec![], nodes);
-    let unseen = step("first_unseen", "Add", &[&ends, &past], vec![], nodes);
-    let last = step("last_key", "Sub", &[&t, &one], vec![], nodes);
-    let below_last = step("first_unseen_below_last", "Min", &[&unseen, &last], vec![], nodes);
-    let firsts = step("first_dropped", "Max", &[&below_last, &one], vec![], nodes);
+    let s = seen.op("queries", "Shape", &[q], vec![int("start", -2), int("end", -1)]);
+    let t = seen.op("keys", "Shape", &[key], vec![int("start", -2), int("end", -1)]);
+    let (one, pieces) = (seen.ints("one", &[1]), QUERY_PIECES as i64);
+    let (spare, count) = (seen.ints("spare", &[pieces - 1]), seen.ints("piece_count", &[pieces]));
+    let rounded = seen.op("queries_rounded_up", "Add", &[&s, &spare], vec![]);
+    let rows = seen.op("piece_rows", "Div", &[&rounded, &count], vec![]);
+    let nth = seen.ints("nth_piece", &(1..=pieces).collect::<Vec<_>>());
+    let reach = seen.op("piece_reach", "Mul", &[&nth, &rows], vec![]);
+    let ends = seen.op("piece_ends", "Min", &[&reach, &s], vec![]);
+    let past = seen.op("cached_keys", "Sub", &[&t, &s], vec![]);
+    let unseen = seen.op("first_unseen", "Add", &[&ends, &past], vec![]);
+    let last = seen.op("last_key", "Sub", &[&t, &one], vec![]);
+    let below_last = seen.op("first_unseen_below_last", "Min", &[&unseen, &last], vec![]);
+    let firsts = seen.op("first_dropped", "Max", &[&below_last, &one], vec![]);
     // Every score and value finite.
-    let (lq, lk, lv) =
-        (largest(q, "q", &name, nodes), largest(key, "key", &name, nodes), largest(value, "value", &name, nodes));
-    let axis = step("q_last_axis", "Shape", &[q], vec![int("start", -1)], nodes);
-    let d = step("q_last_axis_f32", "Cast", &[&axis], vec![int("to", i64::from(FLOAT))], nodes);
-    let qk = step("largest_qk", "Mul", &[&lq, &lk], vec![], nodes);
-    let per = step("largest_qk_d", "Mul", &[&qk, &d], vec![], nodes);
-    let scale = attention.attr_float("scale").unwrap_or(f32::NAN);
-    nodes.push(constant(&name("scale"), scalar_tensor(FLOAT, f64::from(scale))));
-    let bound = step("score_bound", "Mul", &[&per, &name("scale")], vec![], nodes);
-    let bounded = scores_bounded(&bound, [name("bound_limit"), name("scores_bounded")], nodes);
-    nodes.push(constant(&name("infinity"), scalar_tensor(FLOAT, f64::INFINITY)));
-    let finite_v = step("values_finite", "Less", &[&lv, &name("infinity")], vec![], nodes);
-    let finite = step("finite", "And", &[&bounded, &finite_v], vec![], nodes);
-    nodes.push(constant(&name("lowest"), scalar_tensor(FLOAT, f64::from(f32::MIN))));
-    nodes.push(constant(&name("one_f32"), scalar_tensor(FLOAT, 1.0)));
-    let (zero, to_end) = (ints("zero", &[0], nodes), ints("to_end", &[i64::MAX], nodes));
-    let (key_axis, mask_axis) = (ints("key_axis", &[-2], nodes), ints("mask_axis", &[-1], nodes));
-    masks
+    let (lq, lk, lv) = (largest(q, "q", &mut seen), largest(key, "key", &mut seen), largest(value, "value", &mut seen));
+    let axis = seen.op("q_last_axis", "Shape", &[q], vec![int("start", -1)]);
+    let d = seen.op("q_last_axis_f32", "Cast", &[&axis], vec![int("to", i64::from(FLOAT))]);
+    let qk = seen.op("largest_qk", "Mul", &[&lq, &lk], vec![]);
+    let per = seen.op("largest_qk_d", "Mul", &[&qk, &d], vec![]);
+    let scale = seen.scalar("scale", FLOAT, f64::from(attention.attr_float("scale").unwrap_or(f32::NAN)));
+    let bound = seen.op("score_bound", "Mul", &[&per, &scale], vec![]);
+    let bounded = scores_bounded(&bound, ["bound_limit", "scores_bounded"], &mut seen);
+    let infinity = seen.scalar("infinity", FLOAT, f64::INFINITY);
+    let finite_v = seen.op("values_finite", "Less", &[&lv, &infinity], vec![]);
+    let finite = seen.op("finite", "And", &[&bounded, &finite_v], vec![]);
+    let lowest = seen.scalar("lowest", FLOAT, f64::from(f32::MIN));
+    let one_f32 = seen.scalar("one_f32", FLOAT, 1.0);
+    let (zero, to_end) = (seen.ints("zero", &[0]), seen.ints("to_end", &[i64::MAX]));
+    let (key_axis, mask_axis) = (seen.ints("key_axis", &[-2]), seen.ints("mask_axis", &[-1]));
+    let read = masks
         .iter()
         .enumerate()
         .map(|(i, mask)| {
             let at = |what: &str| format!("{what}_{i}");
             let (from, to) =
-                (ints(&at("piece_index"), &[i as i64], nodes), ints(&at("next_piece_index"), &[i as i64 + 1], nodes));
-            let first = step(&at("first_dropped"), "Slice", &[&firsts, &from, &to], vec![], nodes);
-            let region = step(&at("dropped_mask"), "Slice", &[mask, &first, &to_end, &mask_axis], vec![], nodes);
+                (seen.ints(&at("piece_index"), &[i as i64]), seen.ints(&at("next_piece_index"), &[i as i64 + 1]));
+            let first = seen.op(&at("first_dropped"), "Slice", &[&firsts, &from, &to], vec![]);
+            let region = seen.op(&at("dropped_mask"), "Slice", &[mask, &first, &to_end, &mask_axis], vec![]);
             let hidden = match hiding {
-                Hiding::Lowest => {
-                    step(&at("dropped_hidden"), "LessOrEqual", &[&region, &name("lowest")], vec![], nodes)
-                }
-                Hiding::NotKept => step(&at("dropped_hidden"), "Not", &[&region], vec![], nodes),
+                Hiding::Lowest => seen.op(&at("dropped_hidden"), "LessOrEqual", &[&region, &lowest], vec![]),
+                Hiding::NotKept => seen.op(&at("dropped_hidden"), "Not", &[&region], vec![]),
             };
-            let flags = step(&at("dropped_hidden_f32"), "Cast", &[&hidden], vec![int("to", i64::from(FLOAT))], nodes);
-            let fewest = step(&at("fewest_hidden"), "ReduceMin", &[&flags], vec![int("keepdims", 0)], nodes);
-            let all = step(&at("all_hidden"), "Equal", &[&fewest, &name("one_f32")], vec![], nodes);
-            let ok = step(&at("drop"), "And", &[&all, &finite], vec![], nodes);
-            let n = step(&at("keys_read"), "Where", &[&ok, &first, &t], vec![], nodes);
-            let k = step(&at("key"), "Slice", &[key, &zero, &n, &key_axis], vec![], nodes);
-            let mut v = step(&at("value"), "Slice", &[value, &zero, &n, &key_axis], vec![], nodes);
+            let flags = seen.op(&at("dropped_hidden_f32"), "Cast", &[&hidden], vec![int("to", i64::from(FLOAT))]);
+            let fewest = seen.op(&at("fewest_hidden"), "ReduceMin", &[&flags], vec![int("keepdims", 0)]);
+            let all = seen.op(&at("all_hidden"), "Equal", &[&fewest, &one_f32], vec![]);
+            let ok = seen.op(&at("drop"), "And", &[&all, &finite], vec![]);
+            let n = seen.op(&at("keys_read"), "Where", &[&ok, &first, &t], vec![]);
+            let k = seen.op(&at("key"), "Slice", &[key, &zero, &n, &key_axis], vec![]);
+            let mut v = seen.op(&at("value"), "Slice", &[value, &zero, &n, &key_axis], vec![]);
             if let Some(width) = width {
                 // ONNX's shape inference of a 3-D Attention takes its
                 // output's last axis from the value's, which a Slice of
                 // run-time bounds leaves unknown: it then infers 0, and
                 // ONNX Runtime warns on every call. The view names it.
-                let shape = ints(&at("value_shape"), &[0, -1, width], nodes);
-                v = step(&at("value_viewed"), "Reshape", &[&v, &shape], vec![], nodes);
+                let shape = seen.ints(&at("value_shape"), &[0, -1, width]);
+                v = seen.op(&at("value_viewed"), "Reshape", &[&v, &shape], vec![]);
             }
-            let m = step(&at("mask"), "Slice", &[mask, &zero, &n, &mask_axis], vec![], nodes);
+            let m = seen.op(&at("mask"), "Slice", &[mask, &zero, &n, &mask_axis], vec![]);
             [k, v, m]
         })
-        .collect()
+        .collect();
+    nodes.append(&mut seen.list);
+    read
 }
 
 /// The condition `bound < 2^100` on a bound of the scores (named
 /// `[limit, ok]`): every score is finite and well inside 2^103, below which
 /// `s + lowest` rounds to the lowest and `s − ∞` is −∞
 /// (`hidden_rows_lifted`, `keys_seen`).
-fn scores_bounded(bound: &str, [limit, ok]: [String; 2], nodes: &mut Vec<NodeProto>) -> String {
-    nodes.push(constant(&limit, scalar_tensor(FLOAT, 2f64.powi(100))));
-    nodes.push(writing(&ok, node("Less", &[bound, &limit], vec![])));
-    ok
+fn scores_bounded(bound: &str, [limit, ok]: [&str; 2], nodes: &mut Nodes) -> String {
+    let limit = nodes.scalar(limit, FLOAT, 2f64.powi(100));
+    nodes.op(ok, "Less", &[bound, &limit], vec![])
 }
 
 /// The largest |x| of the f32 `x` (named for `of`), NaN where x holds a
@@ -1534,30 +1427,25 @@ fn scores_bounded(bound: &str, [limit, ok]: [String; 2], nodes: &mut Vec<NodePro
 /// first value (measured on 1.31.1), a sum does not, so 0 · Σx
 /// is added (NaN too where x holds an infinity or its sum overflows).
 /// A test `largest < limit` then fails on all of these.
-fn largest(x: &str, of: &str, name: &dyn Fn(&str) -> String, nodes: &mut Vec<NodeProto>) -> String {
-    let [abs, max, sum, zero, none, largest] =
-        ["abs", "max_abs", "sum", "zero", "sum_times_zero", "largest"].map(|n| name(&format!("{n}_{of}")));
-    nodes.push(writing(&abs, node("Abs", &[x], vec![])));
-    nodes.push(writing(&max, node("ReduceMax", &[&abs], vec![int("keepdims", 0)])));
-    nodes.push(writing(&sum, node("ReduceSum", &[x], vec![int("keepdims", 0)])));
-    nodes.push(constant(&zero, scalar_tensor(FLOAT, 0.0)));
-    nodes.push(writing(&none, node("Mul", &[&sum, &zero], vec![])));
-    nodes.push(writing(&largest, node("Add", &[&max, &none], vec![])));
-    largest
+fn largest(x: &str, of: &str, nodes: &mut Nodes) -> String {
+    let abs = nodes.op(&format!("abs_{of}"), "Abs", &[x], vec![]);
+    let max = nodes.op(&format!("max_abs_{of}"), "ReduceMax", &[&abs], vec![int("keepdims", 0)]);
+    let sum = nodes.op(&format!("sum_{of}"), "ReduceSum", &[x], vec![int("keepdims", 0)]);
+    let zero = nodes.scalar(&format!("zero_{of}"), FLOAT, 0.0);
+    let none = nodes.op(&format!("sum_times_zero_{of}"), "Mul", &[&sum, &zero], vec![]);
+    nodes.op(&format!("largest_{of}"), "Add", &[&max, &none], vec![])
 }
 
 /// The condition that every row (along `axes`, the last) of the f32 `x`
 /// has a value above `floor`: `ReduceMin(ReduceMax(x, axes)) > floor`,
 /// its nodes pushed to `prelude`, named the rows' maxima, their least, the
 /// floor and the condition.
-fn rows_above(x: &str, axes: &str, floor: f64, names: [String; 4], prelude: &mut Vec<NodeProto>) -> String {
+fn rows_above(x: &str, axes: &str, floor: f64, names: [&str; 4], prelude: &mut Nodes) -> String {
     let [rows, fewest, floor_value, ok] = names;
-    let keepdims = || vec![AttributeProto::int("keepdims", 0)];
-    prelude.push(writing(&rows, node("ReduceMax", &[x, axes], keepdims())));
-    prelude.push(writing(&fewest, node("ReduceMin", &[&rows], keepdims())));
-    prelude.push(constant(&floor_value, scalar_tensor(FLOAT, floor)));
-    prelude.push(writing(&ok, node("Greater", &[&fewest, &floor_value], vec![])));
-    ok
+    let rows = prelude.op(rows, "ReduceMax", &[x, axes], vec![int("keepdims", 0)]);
+    let fewest = prelude.op(fewest, "ReduceMin", &[&rows], vec![int("keepdims", 0)]);
+    let floor_value = prelude.scalar(floor_value, FLOAT, floor);
+    prelude.op(ok, "Greater", &[&fewest, &floor_value], vec![])
 }
 
 /// Whether every row (last axis) of a constant Where condition keeps a key
@@ -1590,17 +1478,6 @@ fn guard(cond: &str, then: GraphProto, otherwise: GraphProto) -> NodeProto {
 /// A branch of `nodes` whose result is `out`, of element type `elem`.
 fn branch(name: &str, nodes: Vec<NodeProto>, out: &str, elem: i32) -> GraphProto {
     GraphProto { name: Some(name.into()), node: nodes, output: vec![value_info(out, elem)], ..Default::default() }
-}
-
-fn constant(name: &str, t: TensorProto) -> NodeProto {
-    writing(name, node("Constant", &[], vec![AttributeProto::tensor("value", t)]))
-}
-
-fn scalar_tensor(elem: i32, value: f64) -> TensorProto {
-    match elem {
-        INT64 => TensorProto { data_type: Some(INT64), int64_data: vec![value as i64], ..Default::default() },
-        _ => TensorProto { data_type: Some(FLOAT), float_data: vec![value as f32], ..Default::default() },
-    }
 }
 
 fn int(name: &str, value: i64) -> AttributeProto {
