@@ -22,6 +22,11 @@ pub struct Report {
     /// what this run wrote, and why.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub not_loaded_by: Vec<String>,
+    /// ONNX Runtime's tools of a user's pipeline (its quantizers and their
+    /// symbolic shape inference) that stop on what this run wrote, each
+    /// with the command that works instead (measured: docs/pipeline.md).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub not_taken_by: Vec<String>,
     /// `--opset N`: the upgrade before the passes, every node it adapted.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upgrade: Option<crate::upgrade::Upgrade>,
@@ -268,6 +273,7 @@ impl Report {
             output,
             target: crate::graph::Target::Ort,
             not_loaded_by: Vec::new(),
+            not_taken_by: Vec::new(),
             upgrade: None,
             passes,
             total: outcome.fused.len(),
@@ -368,6 +374,9 @@ impl Report {
         if !self.not_loaded_by.is_empty() {
             let _ = writeln!(s, "\ntarget ort: not loaded by {}", self.not_loaded_by.join("; "));
         }
+        if !self.not_taken_by.is_empty() {
+            let _ = writeln!(s, "\nnot taken by {}", self.not_taken_by.join("; "));
+        }
         if let Some(c) = self.cleanup.as_ref().filter(|c| c.removed > 0 || c.added > 0) {
             let _ = writeln!(
                 s,
@@ -388,14 +397,17 @@ impl Report {
         s
     }
 
-    /// Sets the target and, for `ort`, the known runtimes and checkers that
-    /// cannot load the ops this run wrote (`opset`: the model's).
-    pub fn set_target(&mut self, target: crate::graph::Target, opset: i64) {
+    /// Sets the target and what the output `model` meets next: for `ort`,
+    /// the known runtimes and checkers that cannot load the ops this run
+    /// wrote; for both, ONNX Runtime's tools that stop on them.
+    pub fn set_target(&mut self, target: crate::graph::Target, model: &ModelProto) {
         self.target = target;
         self.not_loaded_by.clear();
+        self.not_taken_by = not_taken_by(&self.fused, model);
         if target != crate::graph::Target::Ort {
             return;
         }
+        let opset = model.default_opset();
         let wrote = |op: &str| self.fused.iter().any(|f| f.op_type == op);
         if wrote("AttentionCore") {
             self.not_loaded_by.push(
@@ -442,6 +454,55 @@ impl Report {
             );
         }
     }
+}
+
+/// ONNX Runtime's Python tools (1.31.1, measured on every testdata export:
+/// docs/pipeline.md, docs/targets.md) that stop on the `fused` nodes of the
+/// output `model`, each with the command that works instead.
+fn not_taken_by(fused: &[Fused], model: &ModelProto) -> Vec<String> {
+    let mut tools = Vec::new();
+    // Both dispatch on the op type alone and read ONNX's Attention as
+    // com.microsoft's.
+    if fused.iter().any(|f| f.op_type == "Attention") {
+        tools.push(
+            "ONNX Runtime's symbolic shape inference (run by quant_pre_process and its transformers optimizer), \
+             which reads ONNX Attention as com.microsoft's and stops: instead quant_pre_process(in, out, \
+             skip_symbolic_shape=True), or fuse with --keep-opset"
+                .to_string(),
+        );
+    }
+    if fused.iter().any(|f| f.op_type == "Attention" && f.guard.is_none() && f.graph == "main") {
+        tools.push(
+            "quantize_dynamic, which writes an ONNX Attention outside a guard as com.microsoft.QAttention, a model \
+             ONNX Runtime refuses: instead quantize_dynamic(in, out, op_types_to_quantize=[op for op in \
+             IntegerOpsRegistry if op != 'Attention'])"
+                .to_string(),
+        );
+    }
+    // The tool infers the call through ONNX's inference of the function,
+    // which cannot read a shape computed outside it: new symbols for its
+    // output, which it merges with the model's only with auto_merge.
+    if model.graph.as_ref().is_some_and(views_at_run_time) {
+        tools.push(
+            "ONNX Runtime's symbolic shape inference without auto_merge (quant_pre_process's default), where a \
+             transmuter.AttentionCore views its scores in a shape computed at run time (BLOOM): it gives the \
+             core's output new symbols and stops where they meet the model's: instead quant_pre_process(in, out, \
+             auto_merge=True), or skip_symbolic_shape=True"
+                .to_string(),
+        );
+    }
+    tools
+}
+
+/// Whether an `AttentionCore` of the graph, or of a body in it, reshapes
+/// its scores or probabilities to a shape read from outside the core (its
+/// form has a `reshape_input` step: docs/attention-core.md).
+fn views_at_run_time(graph: &GraphProto) -> bool {
+    graph.node.iter().any(|n| {
+        let core = n.domain() == crate::onnx::TRANSMUTER_DOMAIN && n.op_type() == "AttentionCore";
+        let viewed = n.overload().split('.').any(|t| t.starts_with("reshape_input"));
+        (core && viewed) || n.subgraphs().any(views_at_run_time)
+    })
 }
 
 /// The before/after table of the op types a run changed.

@@ -173,7 +173,7 @@ fn fuse_loaded(
         outcome,
         settings.explain,
     );
-    report.set_target(settings.target, loaded.model.default_opset());
+    report.set_target(settings.target, &loaded.model);
     report.upgrade = upgrade;
     report.cleanup = cleanup;
     if let (Some(opset), Some(model)) = (needed, unfused) {

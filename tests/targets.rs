@@ -127,6 +127,35 @@ fn the_report_names_the_target_and_who_cannot_load_the_ort_output() {
 }
 
 #[test]
+fn the_report_names_onnx_runtimes_tools_that_stop_on_the_output_with_the_command_instead() {
+    let said = |report: &serde_json::Value| -> Vec<String> {
+        let tools = report.get("not_taken_by").and_then(|t| t.as_array()).cloned().unwrap_or_default();
+        tools.iter().map(|t| t.as_str().unwrap().to_string()).collect()
+    };
+    // ONNX Attention in a guard: the symbolic shape inference reads it as
+    // com.microsoft's (docs/pipeline.md).
+    let (_, llama) = run_with_report("llama_optimum_past.onnx", &["-q"]);
+    let tools = said(&llama);
+    assert_eq!(tools.len(), 1, "{tools:?}");
+    assert!(tools[0].contains("symbolic shape inference") && tools[0].contains("skip_symbolic_shape=True"));
+    // Outside a guard, quantize_dynamic writes it as QAttention too.
+    let (_, whisper) = run_with_report("whisper_encoder_dynamo_op23.onnx", &["-q"]);
+    let tools = said(&whisper);
+    assert_eq!(tools.len(), 2, "{tools:?}");
+    assert!(tools[1].starts_with("quantize_dynamic") && tools[1].contains("op_types_to_quantize"), "{tools:?}");
+    // An AttentionCore that views its scores in a shape computed at run
+    // time (BLOOM): the tool stops without auto_merge.
+    let (_, bloom) = run_with_report("bloom_optimum_past.onnx", &["-q"]);
+    let tools = said(&bloom);
+    assert_eq!(tools.len(), 1, "{tools:?}");
+    assert!(tools[0].contains("auto_merge=True"), "{tools:?}");
+    // Neither: nothing to say (the cores stay AttentionCore, viewed by
+    // constant shapes).
+    let (_, kept) = run_with_report("llama_optimum_past.onnx", &["-q", "--keep-opset"]);
+    assert!(kept.get("not_taken_by").is_none(), "{kept}");
+}
+
+#[test]
 fn an_opset_23_export_gets_onnx_rms_normalization() {
     let original = load("llama_dynamo_op23.onnx");
     let (fused, outcome) = fuse_for(&original, Target::Portable);
