@@ -54,8 +54,9 @@ from check_runtimes import graph_inputs, is_ids, make_feeds, vocab_size  # noqa:
 # Decoders and encoders of the three families' forms: Optimum's Llama with
 # past (the issue's), a Llama TorchScript export with grouped heads, GPT-2
 # with past, BERT from Optimum (the guarded encoder Attention), T5's encoder
-# (relative position bias, an RMS norm) and Whisper's encoder (unguarded
-# Attention at opset 23).
+# (relative position bias, an RMS norm), Whisper's encoder (unguarded
+# Attention at opset 23) and BLOOM with past (AttentionCore viewing its
+# scores in a shape computed at run time).
 CI_MODELS = (
     "llama_optimum_past.onnx",
     "mistral_sdpa_ts_op17.onnx",
@@ -63,6 +64,7 @@ CI_MODELS = (
     "bert_optimum.onnx",
     "t5_encoder_ts_op14.onnx",
     "whisper_encoder_dynamo_op23.onnx",
+    "bloom_optimum_past.onnx",
 )
 TOOLS = ("int8", "pre+int8", "int4")
 SLACK, ATOL = 2.0, 1e-4
@@ -99,28 +101,42 @@ def first_line(exc):
 # - quantize_dynamic: rewrites an ONNX `Attention` of the main graph into a
 #   com.microsoft `QAttention` that ONNX Runtime refuses to load:
 #   op_types_to_quantize without "Attention" (after the pre-processing too).
-WORKAROUNDS = {
-    "pre+int8": (("_infer_Attention", "QAttention"), "quant_pre_process(..., skip_symbolic_shape=True), "
-                 "then quantize_dynamic(..., op_types_to_quantize=[every default op but Attention])"),
-    "int8": (("QAttention",), "quantize_dynamic(..., op_types_to_quantize=[every default op but Attention])"),
-}
+# And where a transmuter.AttentionCore views its scores in a shape computed
+# at run time (BLOOM), the symbolic shape inference gives the core's output
+# new symbols (ONNX's inference of the function cannot read that shape) and,
+# without auto_merge, stops where they meet the model's: auto_merge=True.
+# Each: the tool, what its error names, what the output holds, the command.
+WORKAROUNDS = [
+    ("pre+int8", ("_infer_Attention", "QAttention"), "onnx_attention",
+     "quant_pre_process(..., skip_symbolic_shape=True), "
+     "then quantize_dynamic(..., op_types_to_quantize=[every default op but Attention])"),
+    ("int8", ("QAttention",), "onnx_attention",
+     "quantize_dynamic(..., op_types_to_quantize=[every default op but Attention])"),
+    ("pre+int8", ("Incomplete symbolic shape inference",), "views_at_run_time",
+     "quant_pre_process(..., auto_merge=True)"),
+]
 
 
-def has_onnx_attention(path):
+def holds(path, what):
+    """Whether the model holds ONNX's Attention ("onnx_attention"), or an
+    AttentionCore whose form reshapes to a shape read from outside it
+    ("views_at_run_time"), in any graph."""
+    def found(n):
+        if what == "onnx_attention":
+            return n.op_type == "Attention" and n.domain in ("", "ai.onnx")
+        return n.op_type == "AttentionCore" and any(t.startswith("reshape_input") for t in n.overload.split("."))
+
     def walk(graph):
-        for n in graph.node:
-            if n.op_type == "Attention" and n.domain in ("", "ai.onnx"):
-                return True
-            if any(walk(a.g) for a in n.attribute if a.HasField("g")):
-                return True
-        return False
+        return any(found(n) or any(walk(a.g) for a in n.attribute if a.HasField("g")) for n in graph.node)
     return walk(onnx.load(path, load_external_data=False).graph)
 
 
-def quantize(tool, src, dst, workaround=False):
-    """Runs one tool (as docs/targets.md says instead, with `workaround`);
-    returns None or the first line of its error."""
-    int8 = {"op_types_to_quantize": [op for op in IntegerOpsRegistry if op != "Attention"]} if workaround else {}
+def quantize(tool, src, dst, workaround=None):
+    """Runs one tool (as docs/targets.md says instead, with `workaround`:
+    what the output holds that the tool stops on); returns None or the
+    first line of its error."""
+    attention = workaround == "onnx_attention"
+    int8 = {"op_types_to_quantize": [op for op in IntegerOpsRegistry if op != "Attention"]} if attention else {}
     try:
         # The quantizers log every node and print warnings; only the verdict counts.
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
@@ -128,7 +144,8 @@ def quantize(tool, src, dst, workaround=False):
                 quantize_dynamic(src, dst, **int8)
             elif tool == "pre+int8":
                 pre = dst + ".pre.onnx"
-                quant_pre_process(src, pre, skip_symbolic_shape=workaround)
+                quant_pre_process(src, pre, skip_symbolic_shape=attention,
+                                  auto_merge=workaround == "views_at_run_time")
                 quantize_dynamic(pre, dst, **int8)
             else:
                 q = MatMulNBitsQuantizer(onnx.load(src), block_size=32, is_symmetric=True)
@@ -245,11 +262,12 @@ def check(binary, testdata, name, tmp):
             cell["output"] = errors["output"] or cell["output"]
         if errors["original"] is not None:
             continue
-        known = WORKAROUNDS.get(tool)
-        if errors["output"] and known and any(k in errors["output"] for k in known[0]) and has_onnx_attention(out):
-            # ONNX Runtime's tool lacks ONNX's Attention: the documented command instead.
-            cell["instead"] = known[1]
-            errors["output"] = cell["workaround"] = quantize(tool, out, paths["output"], workaround=True)
+        known = next((w for w in WORKAROUNDS if w[0] == tool and errors["output"]
+                      and any(k in errors["output"] for k in w[1]) and holds(out, w[2])), None)
+        if known:
+            # ONNX Runtime's tool stops on what the output holds: the documented command instead.
+            cell["instead"] = known[3]
+            errors["output"] = cell["workaround"] = quantize(tool, out, paths["output"], workaround=known[2])
             if errors["output"] is None:
                 fused, errors["output"] = run_quantized(paths["output"])
                 cell["workaround"] = errors["output"] or cell["workaround"]
