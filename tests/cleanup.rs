@@ -10,7 +10,7 @@ mod common;
 use common::build::*;
 use common::*;
 use onnx_fuse::cleanup::{self, Cleanup};
-use onnx_fuse::onnx::{ModelProto, BOOL, FLOAT, FLOAT16, INT64};
+use onnx_fuse::onnx::{ModelProto, BOOL, FLOAT, FLOAT16, INT32, INT64};
 
 fn dims(d: &[D]) -> Vec<D> {
     d.to_vec()
@@ -570,4 +570,37 @@ fn an_if_branch_is_cleaned_with_what_it_sees_outside() {
     assert_eq!(count_op(&out, "Shape"), 0, "{:?}", done.nodes);
     assert_eq!(count_op(&out, "Neg"), 1);
     assert_eq!(reshape_target(&out), Some(vec![-1, 8]));
+}
+
+/// `Cast(Cast(a·b → t) → int64) − a·b` of `x [a, b, n]`: a float holds a
+/// size only up to 2^24 and int32 up to 2^31 − 1, so the two differ where
+/// `a = b = 4097` (float: -1, not 0) or `a = b = 65536` (int32 wraps to 0:
+/// -2^32), which an empty x may have; neither the shapes nor the cleanup
+/// may take one for the other.
+#[test]
+fn a_size_through_a_float_cast_is_not_the_size() {
+    for (to, side) in [(FLOAT, 4097), (INT32, 65536)] {
+        let mut b = Builder::default();
+        b.input("x", FLOAT, Some(&[sym("a"), sym("b"), sym("n")]));
+        let shape = b.node("Shape", &["x"], vec![]);
+        let at = |b: &mut Builder, i: f64| {
+            let i = b.constant(tensor(INT64, &[], &[i]));
+            b.node("Gather", &[&shape, &i], vec![attr_int("axis", 0)])
+        };
+        let (a, c) = (at(&mut b, 0.0), at(&mut b, 1.0));
+        let size = b.node("Mul", &[&a, &c], vec![]);
+        let cast = b.node("Cast", &[&size], vec![attr_int("to", to as i64)]);
+        let back = b.node("Cast", &[&cast], vec![attr_int("to", INT64 as i64)]);
+        let d = b.node("Sub", &[&back, &size], vec![]);
+        b.output(&d, INT64, None);
+        let model = b.model(17);
+        let (out, done) = cleaned(&model, "cleanup_lossy_cast");
+        assert_eq!((done.count("equal"), done.count("constant")), (0, 0), "to {to}: {:?}", done.nodes);
+        assert_eq!(ops(&out), ops(&model));
+        let dir = tempdir();
+        let feeds = dir.path().join("wide_and_empty.npz");
+        npz(&feeds, &[("x", vec![side, side, 0], vec![])], &[]);
+        let v = compare(&model, &out, &feeds).unwrap();
+        assert!(v.passed, "to {to}: {}", v.text());
+    }
 }

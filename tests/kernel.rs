@@ -97,33 +97,6 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
     (0..n).map(|_| (rng.uniform() * 2.0 - 1.0) as f32).collect()
 }
 
-/// An `.npz` of f32 and i64 arrays, for `--inputs`.
-fn npz(path: &std::path::Path, f32s: &[(&str, Vec<u64>, Vec<f32>)], i64s: &[(&str, Vec<u64>, Vec<i64>)]) {
-    use npyz::WriterBuilder;
-    let mut w = npyz::npz::NpzWriter::create(path).unwrap();
-    for (name, shape, data) in f32s {
-        let mut a = w.array(name, Default::default()).unwrap().default_dtype().shape(shape).begin_nd().unwrap();
-        a.extend(data.iter().copied()).unwrap();
-        a.finish().unwrap();
-    }
-    for (name, shape, data) in i64s {
-        let mut a = w.array(name, Default::default()).unwrap().default_dtype().shape(shape).begin_nd().unwrap();
-        a.extend(data.iter().copied()).unwrap();
-        a.finish().unwrap();
-    }
-}
-
-/// Runs both models on the arrays of `inputs` and compares them.
-fn compare(
-    original: &ModelProto,
-    other: &ModelProto,
-    inputs: &std::path::Path,
-) -> anyhow::Result<verify::Verification> {
-    let options = verify::Options { inputs: Some(inputs.to_path_buf()), ..Default::default() };
-    let dir = std::path::Path::new(".");
-    verify::verify((original, dir), (other, dir), &options)
-}
-
 /// Feeds for `core(kv)` with batch `b` whose mask row 1 of batch 0 is all
 /// `fill` (the other rows 0).
 fn feeds(dir: &std::path::Path, b: u64, kv: u64, fill: f32) -> std::path::PathBuf {

@@ -273,8 +273,9 @@ fn exports_fuse_their_residual_norms() {
         ("funnel_ts_op14.onnx", "SkipLayerNormalization", 6),
         // The sums' skip is the unfolded patches, `[4·batch, n, 16]`, n the
         // patch count `math.ceil(h / 2)` times `math.ceil(w / 2)` computed
-        // in float (15 of 18 before).
-        ("mobilevit_ts_op14.onnx", "SkipLayerNormalization", 18),
+        // in float: exact only where h and w are at most 2^24, which
+        // nothing bounds, so 3 of the 18 sums are not proved alike.
+        ("mobilevit_ts_op14.onnx", "SkipLayerNormalization", 15),
         // The attention output is cut from blocks of the sequence padded
         // by `(-seq) % 3`: `[:, :seq]` of `3·floor((seq + 2)/3)` rows is
         // seq long, as the remainder is never negative (2 of 4 before).

@@ -1188,81 +1188,91 @@ fn a_constant_of_shape_has_the_axes_its_elements_compute() {
 
 /// MobileViT unfolds its feature map into patches of `math.ceil(h / 2) * 2`
 /// rows, traced as float arithmetic on the map's sizes: `Cast(h → f32)`,
-/// `Div(2.0)`, `Ceil`, `Mul(2.0)`, `Cast(→ i64)`, `Div(2)`. A size divided
-/// by a whole number and rounded is exact (a float holds the sizes), so the
-/// patch count is one dimension wherever it is computed, and two Reshapes
-/// to it agree (the -1 of the second one is the channels).
+/// `Div(2.0)`, `Ceil`, `Mul(2.0)`, `Cast(→ i64)`, `Div(2)`. A number below
+/// 2^24 divided by a whole number and rounded is exact, so where h and w
+/// are numbers the patch count is one number wherever it is computed, and
+/// two Reshapes to it agree (the -1 of the second one is the channels).
+/// Where they are symbolic, nothing is derived: a float holds a size only
+/// up to 2^24, and nothing bounds h.
 #[test]
 fn a_size_divided_by_a_whole_number_and_rounded_is_a_floor() {
-    let mut b = Builder::default();
-    let x = b.input("x", FLOAT, Some(&[sym("b"), D::N(8), sym("h"), sym("w")]));
-    let s = b.node("Shape", &[&x], vec![]);
-    let axis = |b: &mut Builder, i: i64| {
-        let index = b.init(&format!("axis{i}"), tensor(INT64, &[], &[i as f64]));
-        b.node("Gather", &[&s, &index], vec![])
-    };
-    let (h, w) = (axis(&mut b, 2), axis(&mut b, 3));
-    let two = b.init("two", tensor(FLOAT, &[], &[2.0]));
-    let two_i = b.init("two_i", tensor(INT64, &[], &[2.0]));
-    let zero = b.init("zero_axis", ints(&[0]));
-    // float(n) / divisor, rounded by `round` ("Ceil", "Floor" or a Cast's
-    // truncation), as an int64 element.
-    let rounded = |b: &mut Builder, n: &str, divisor: &str, round: &str| {
-        let f = b.node("Cast", &[n], vec![attr_int("to", FLOAT as i64)]);
-        let q = b.node("Div", &[&f, divisor], vec![]);
-        let r = if round == "Cast" { q } else { b.node(round, &[&q], vec![]) };
-        let i = b.node("Cast", &[&r], vec![attr_int("to", INT64 as i64)]);
-        b.node("Unsqueeze", &[&i, &zero], vec![])
-    };
-    let up = rounded(&mut b, &h, &two, "Ceil");
-    let three = b.init("three", tensor(FLOAT, &[], &[3.0]));
-    let down = rounded(&mut b, &w, &three, "Floor");
-    let truncated = rounded(&mut b, &w, &three, "Cast");
-    let dims = b.node("Concat", &[&up, &down, &truncated], vec![attr_int("axis", 0)]);
-    let ones = b.node("ConstantOfShape", &[&dims], vec![]);
-    assert_eq!(shape(&b, 17, &ones).unwrap(), ["floor((1·$h + 1)/2)", "floor((1·$w)/3)", "floor((1·$w)/3)"]);
+    for (h, w) in [(D::N(8), D::N(10)), (sym("h"), sym("w"))] {
+        let numbers = h == D::N(8);
+        let mut b = Builder::default();
+        let x = b.input("x", FLOAT, Some(&[sym("b"), D::N(8), h, w]));
+        let s = b.node("Shape", &[&x], vec![]);
+        let axis = |b: &mut Builder, i: i64| {
+            let index = b.init(&format!("axis{i}"), tensor(INT64, &[], &[i as f64]));
+            b.node("Gather", &[&s, &index], vec![])
+        };
+        let (h, w) = (axis(&mut b, 2), axis(&mut b, 3));
+        let two = b.init("two", tensor(FLOAT, &[], &[2.0]));
+        let two_i = b.init("two_i", tensor(INT64, &[], &[2.0]));
+        let zero = b.init("zero_axis", ints(&[0]));
+        // float(n) / divisor, rounded by `round` ("Ceil", "Floor" or a Cast's
+        // truncation), as an int64 element.
+        let rounded = |b: &mut Builder, n: &str, divisor: &str, round: &str| {
+            let f = b.node("Cast", &[n], vec![attr_int("to", FLOAT as i64)]);
+            let q = b.node("Div", &[&f, divisor], vec![]);
+            let r = if round == "Cast" { q } else { b.node(round, &[&q], vec![]) };
+            let i = b.node("Cast", &[&r], vec![attr_int("to", INT64 as i64)]);
+            b.node("Unsqueeze", &[&i, &zero], vec![])
+        };
+        let up = rounded(&mut b, &h, &two, "Ceil");
+        let three = b.init("three", tensor(FLOAT, &[], &[3.0]));
+        let down = rounded(&mut b, &w, &three, "Floor");
+        let truncated = rounded(&mut b, &w, &three, "Cast");
+        let dims = b.node("Concat", &[&up, &down, &truncated], vec![attr_int("axis", 0)]);
+        let ones = b.node("ConstantOfShape", &[&dims], vec![]);
+        let expected =
+            if numbers { ["4", "3", "3"].map(String::from) } else { [0, 1, 2].map(|i| format!("{ones}#{i}")) };
+        assert_eq!(shape(&b, 17, &ones).unwrap(), expected);
 
-    // MobileViT's patch count, n = ceil(h / 2) · 2 / 2 rows by ceil(w / 2)
-    // columns, read by two Reshapes.
-    let side = |b: &mut Builder, n: &str| {
-        let f = b.node("Cast", &[n], vec![attr_int("to", FLOAT as i64)]);
-        let q = b.node("Div", &[&f, &two], vec![]);
-        let c = b.node("Ceil", &[&q], vec![]);
-        let m = b.node("Mul", &[&c, &two], vec![]);
-        let i = b.node("Cast", &[&m], vec![attr_int("to", INT64 as i64)]);
-        b.node("Div", &[&i, &two_i], vec![])
-    };
-    let (rows, cols) = (side(&mut b, &h), side(&mut b, &w));
-    let patches = b.node("Mul", &[&rows, &cols], vec![]);
-    let patches = b.node("Unsqueeze", &[&patches, &zero], vec![]);
-    let batch = axis(&mut b, 0);
-    let four_i = b.init("four_i", tensor(INT64, &[], &[4.0]));
-    let batches = b.node("Mul", &[&batch, &four_i], vec![]);
-    let batches = b.node("Unsqueeze", &[&batches, &zero], vec![]);
-    let batch = b.node("Unsqueeze", &[&batch, &zero], vec![]);
-    let channels = b.init("channels", ints(&[8]));
-    let four = b.init("four", ints(&[4]));
-    let first = b.node("Concat", &[&batch, &channels, &patches, &four], vec![attr_int("axis", 0)]);
-    let unfolded = b.node("Reshape", &[&x, &first], vec![]);
-    let perm = b.node("Transpose", &[&unfolded], vec![attr_ints("perm", &[0, 3, 2, 1])]);
-    let rest = b.init("rest", ints(&[-1]));
-    let second = b.node("Concat", &[&batches, &patches, &rest], vec![attr_int("axis", 0)]);
-    let again = b.node("Reshape", &[&perm, &second], vec![]);
-    let n = "floor((1·$h + 1)/2)·floor((1·$w + 1)/2)";
-    assert_eq!(shape(&b, 17, &again).unwrap(), ["4·b", n, "8"]);
+        // MobileViT's patch count, n = ceil(h / 2) · 2 / 2 rows by ceil(w / 2)
+        // columns, read by two Reshapes.
+        let side = |b: &mut Builder, n: &str| {
+            let f = b.node("Cast", &[n], vec![attr_int("to", FLOAT as i64)]);
+            let q = b.node("Div", &[&f, &two], vec![]);
+            let c = b.node("Ceil", &[&q], vec![]);
+            let m = b.node("Mul", &[&c, &two], vec![]);
+            let i = b.node("Cast", &[&m], vec![attr_int("to", INT64 as i64)]);
+            b.node("Div", &[&i, &two_i], vec![])
+        };
+        let (rows, cols) = (side(&mut b, &h), side(&mut b, &w));
+        let patches = b.node("Mul", &[&rows, &cols], vec![]);
+        let patches = b.node("Unsqueeze", &[&patches, &zero], vec![]);
+        let batch = axis(&mut b, 0);
+        let four_i = b.init("four_i", tensor(INT64, &[], &[4.0]));
+        let batches = b.node("Mul", &[&batch, &four_i], vec![]);
+        let batches = b.node("Unsqueeze", &[&batches, &zero], vec![]);
+        let batch = b.node("Unsqueeze", &[&batch, &zero], vec![]);
+        let channels = b.init("channels", ints(&[8]));
+        let four = b.init("four", ints(&[4]));
+        let first = b.node("Concat", &[&batch, &channels, &patches, &four], vec![attr_int("axis", 0)]);
+        let unfolded = b.node("Reshape", &[&x, &first], vec![]);
+        let perm = b.node("Transpose", &[&unfolded], vec![attr_ints("perm", &[0, 3, 2, 1])]);
+        let rest = b.init("rest", ints(&[-1]));
+        let second = b.node("Concat", &[&batches, &patches, &rest], vec![attr_int("axis", 0)]);
+        let again = b.node("Reshape", &[&perm, &second], vec![]);
+        if numbers {
+            assert_eq!(shape(&b, 17, &again).unwrap(), ["4·b", "20", "8"]);
+            continue;
+        }
+        assert_ne!(shape(&b, 17, &again).unwrap()[1], "floor((1·$h + 1)/2)·floor((1·$w + 1)/2)");
 
-    // Near-misses: a divisor that is no whole number, one computed at run
-    // time, and a difference that may be negative are not followed.
-    let half = b.init("two_and_a_half", tensor(FLOAT, &[], &[2.5]));
-    let not_whole = rounded(&mut b, &h, &half, "Ceil");
-    let wf = b.node("Cast", &[&w], vec![attr_int("to", FLOAT as i64)]);
-    let computed = rounded(&mut b, &h, &wf, "Ceil");
-    let ten = b.init("ten", tensor(INT64, &[], &[10.0]));
-    let less = b.node("Sub", &[&h, &ten], vec![]);
-    let negative = rounded(&mut b, &less, &two, "Floor");
-    for near in [not_whole, computed, negative] {
-        let ones = b.node("ConstantOfShape", &[&near], vec![]);
-        assert_eq!(shape(&b, 17, &ones).unwrap(), [format!("{ones}#0")], "{near}");
+        // Near-misses: a divisor that is no whole number, one computed at run
+        // time, and a difference that may be negative are not followed.
+        let half = b.init("two_and_a_half", tensor(FLOAT, &[], &[2.5]));
+        let not_whole = rounded(&mut b, &h, &half, "Ceil");
+        let wf = b.node("Cast", &[&w], vec![attr_int("to", FLOAT as i64)]);
+        let computed = rounded(&mut b, &h, &wf, "Ceil");
+        let ten = b.init("ten", tensor(INT64, &[], &[10.0]));
+        let less = b.node("Sub", &[&h, &ten], vec![]);
+        let negative = rounded(&mut b, &less, &two, "Floor");
+        for near in [not_whole, computed, negative] {
+            let ones = b.node("ConstantOfShape", &[&near], vec![]);
+            assert_eq!(shape(&b, 17, &ones).unwrap(), [format!("{ones}#0")], "{near}");
+        }
     }
 }
 
@@ -1313,43 +1323,56 @@ fn a_remainder_pads_to_whole_blocks_and_the_cut_back_is_the_sequence() {
 /// Funnel's relative positions `arange(max_dist, min_dist - 1, -1)`: their
 /// bounds are elements of vectors whose length is the sequence's, `pos[0]`
 /// and `pos[-1]` of `pos = arange(seq)` (0 and seq − 1, where the Gather
-/// runs) and the head of `cat([-1.0], pos[1:-1])` (-1), so there are
-/// `seq + 8` of them.
+/// runs) and the head of `cat([-1], pos[1:-1])` (-1), so there are
+/// `seq + 8` of them. Funnel casts `pos` to float, which holds seq − 1
+/// only up to 2^24 and nothing bounds it: there, nothing is derived.
 #[test]
 fn an_element_of_a_vector_of_unknown_length_is_known_from_its_ends() {
+    for elem in [INT64, FLOAT] {
+        let mut b = Builder::default();
+        let x = b.input("x", FLOAT, Some(&[sym("b"), sym("s"), D::N(4)]));
+        let shape_x = b.node("Shape", &[&x], vec![]);
+        let index = |b: &mut Builder, i: i64| b.init(&format!("index{i}"), tensor(INT64, &[], &[i as f64]));
+        let (one, zero, last) = (index(&mut b, 1), index(&mut b, 0), index(&mut b, -1));
+        let seq = b.node("Gather", &[&shape_x, &one], vec![]);
+        let range = b.node("Range", &[&zero, &seq, &one], vec![]);
+        let pos = b.node("Cast", &[&range], vec![attr_int("to", elem as i64)]);
+        let first_pos = b.node("Gather", &[&pos, &zero], vec![]);
+        let last_pos = b.node("Gather", &[&pos, &last], vec![]);
+        let (starts, ends, axes) =
+            (b.init("starts", ints(&[1])), b.init("ends", ints(&[-1])), b.init("axes", ints(&[0])));
+        let inner = b.node("Slice", &[&pos, &starts, &ends, &axes], vec![]);
+        let cls = b.init("cls", tensor(elem, &[1], &[-1.0]));
+        let pooled = b.node("Concat", &[&cls, &inner], vec![attr_int("axis", 0)]);
+        let head = b.node("Gather", &[&pooled, &zero], vec![]);
+        let (eight, unit) = (b.init("eight", tensor(elem, &[], &[8.0])), b.init("unit", tensor(elem, &[], &[1.0])));
+        let shift = b.node("Sub", &[&head, &first_pos], vec![]);
+        let start = b.node("Add", &[&shift, &eight], vec![]);
+        let start = b.node("Cast", &[&start], vec![attr_int("to", INT64 as i64)]);
+        let span = b.node("Sub", &[&head, &last_pos], vec![]);
+        let limit = b.node("Sub", &[&span, &unit], vec![]);
+        let limit = b.node("Cast", &[&limit], vec![attr_int("to", INT64 as i64)]);
+        let relative = b.node("Range", &[&start, &limit, &last], vec![]);
+        let expected = if elem == INT64 { "s + 8".to_string() } else { format!("{relative}#0") };
+        assert_eq!(shape(&b, 17, &relative).unwrap(), [expected], "element type {elem}");
+    }
     let mut b = Builder::default();
     let x = b.input("x", FLOAT, Some(&[sym("b"), sym("s"), D::N(4)]));
     let shape_x = b.node("Shape", &[&x], vec![]);
     let index = |b: &mut Builder, i: i64| b.init(&format!("index{i}"), tensor(INT64, &[], &[i as f64]));
-    let one = index(&mut b, 1);
+    let (one, zero, last) = (index(&mut b, 1), index(&mut b, 0), index(&mut b, -1));
     let seq = b.node("Gather", &[&shape_x, &one], vec![]);
-    let zero = index(&mut b, 0);
     let range = b.node("Range", &[&zero, &seq, &one], vec![]);
-    let pos = b.node("Cast", &[&range], vec![attr_int("to", FLOAT as i64)]);
-    let last = index(&mut b, -1);
-    let first_pos = b.node("Gather", &[&pos, &zero], vec![]);
-    let last_pos = b.node("Gather", &[&pos, &last], vec![]);
     let (starts, ends, axes) = (b.init("starts", ints(&[1])), b.init("ends", ints(&[-1])), b.init("axes", ints(&[0])));
-    let inner = b.node("Slice", &[&pos, &starts, &ends, &axes], vec![]);
-    let cls = b.init("cls", tensor(FLOAT, &[1], &[-1.0]));
+    let inner = b.node("Slice", &[&range, &starts, &ends, &axes], vec![]);
+    let cls = b.init("cls", tensor(INT64, &[1], &[-1.0]));
     let pooled = b.node("Concat", &[&cls, &inner], vec![attr_int("axis", 0)]);
-    let head = b.node("Gather", &[&pooled, &zero], vec![]);
     let float = |b: &mut Builder, name: &str, v: f64| b.init(name, tensor(FLOAT, &[], &[v]));
-    let (eight, unit) = (float(&mut b, "eight", 8.0), float(&mut b, "unit", 1.0));
-    let shift = b.node("Sub", &[&head, &first_pos], vec![]);
-    let start = b.node("Add", &[&shift, &eight], vec![]);
-    let start = b.node("Cast", &[&start], vec![attr_int("to", INT64 as i64)]);
-    let span = b.node("Sub", &[&head, &last_pos], vec![]);
-    let limit = b.node("Sub", &[&span, &unit], vec![]);
-    let limit = b.node("Cast", &[&limit], vec![attr_int("to", INT64 as i64)]);
-    let relative = b.node("Range", &[&start, &limit, &last], vec![]);
-    assert_eq!(shape(&b, 17, &relative).unwrap(), ["s + 8"]);
 
     // Near-misses: an element past the Concat's known head (it is inner's
     // first, which this rule does not follow through a Slice), and the
     // last element of a Range by a step that is no whole number.
     let second = b.node("Gather", &[&pooled, &one], vec![]);
-    let second = b.node("Cast", &[&second], vec![attr_int("to", INT64 as i64)]);
     let beyond = b.node("Range", &[&zero, &second, &one], vec![]);
     assert_eq!(shape(&b, 17, &beyond).unwrap(), [format!("{beyond}#0")]);
     let half = float(&mut b, "half", 0.5);
@@ -1412,8 +1435,9 @@ fn a_bound_every_run_needs_keeps_a_slice_within_its_axis() {
         assert_ne!(whole[1], "s", "gather {gather}");
     }
 
-    // A floor follows its argument's bound: `ceil(s / 2)` of a sequence
-    // of at least 1 is at least 1, so its first element is one long.
+    // A floor follows its argument's bound: `(s + 1) // 2` (Funnel's
+    // pooled length, in integers) of a sequence of at least 1 is at least
+    // 1, so its first element is one long.
     let mut b = Builder::default();
     let x = b.input("x", FLOAT, Some(&[sym("b"), sym("s"), D::N(4)]));
     let shape_x = b.node("Shape", &[&x], vec![]);
@@ -1422,11 +1446,9 @@ fn a_bound_every_run_needs_keeps_a_slice_within_its_axis() {
     let minus_one = b.init("minus_one", tensor(INT64, &[], &[-1.0]));
     b.node_to("Gather", &[&x, &minus_one], &["last"], vec![attr_int("axis", 1)]);
     b.output("last", FLOAT, None);
-    let f = b.node("Cast", &[&seq], vec![attr_int("to", FLOAT as i64)]);
-    let two = b.init("two", tensor(FLOAT, &[], &[2.0]));
-    let half = b.node("Div", &[&f, &two], vec![]);
-    let half = b.node("Ceil", &[&half], vec![]);
-    let half = b.node("Cast", &[&half], vec![attr_int("to", INT64 as i64)]);
+    let more = b.node("Add", &[&seq, &one], vec![]);
+    let two = b.init("two", tensor(INT64, &[], &[2.0]));
+    let half = b.node("Div", &[&more, &two], vec![]);
     let axis0 = b.init("axis0", ints(&[0]));
     let half = b.node("Unsqueeze", &[&half, &axis0], vec![]);
     let pooled = b.node("ConstantOfShape", &[&half], vec![]);

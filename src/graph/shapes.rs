@@ -1271,7 +1271,7 @@ impl<'g, 'a> Shapes<'g, 'a> {
         match node.op_type() {
             "Identity" => self.element_at(node.input.first()?, i, depth + 1),
             "Cast" if cast_to(node).is_some_and(crate::onnx::holds_sizes) => {
-                self.element_at(node.input.first()?, i, depth + 1)
+                held_as(cast_to(node)?, self.element_at(node.input.first()?, i, depth + 1)?)
             }
             "Concat" if node.attr_int("axis").is_some_and(|a| a == 0 || a == -1) => {
                 let part = if i >= 0 { node.input.first() } else { node.input.last() }?;
@@ -1546,10 +1546,12 @@ impl<'g, 'a> Shapes<'g, 'a> {
             "Cast" if node.attr_int("to") == Some(i64::from(crate::onnx::BOOL)) => {
                 elementwise(&[arg(0)?], |e| Some(Dim::known(i64::from(e[0].as_ref()?.value()? != 0))))
             }
-            // Sizes keep their values through a Cast to a type of 32 bits
-            // or more; a narrower one may wrap or round them.
+            // Sizes keep their values through a Cast to a type that holds
+            // them exactly (`held_as`); a narrower one may wrap or round
+            // them.
             "Cast" if cast_to(node).is_some_and(crate::onnx::holds_sizes) => {
-                let source = arg(0);
+                let to = cast_to(node).unwrap_or_default();
+                let source = arg(0).map(|e| e.into_iter().map(|d| held_as(to, d?)).collect::<Vec<_>>());
                 let to_integer = cast_to(node).is_some_and(crate::onnx::is_integer);
                 match source {
                     Some(e) if e.iter().all(Option::is_some) => Some(e),
@@ -1604,8 +1606,14 @@ impl<'g, 'a> Shapes<'g, 'a> {
                     let c = b.value().filter(|&c| c > 0 && op == "Div" && integer && a.value().is_none())?;
                     self.never_negative(a).then(|| floor_of(a, c, &self.memo.floors))?
                 };
+                // A result the value's type does not hold, it wraps or
+                // rounds (a bool's and a type's that holds no size aside).
+                let held = |d: Dim| match g.elem_type(value) {
+                    Some(elem) if crate::onnx::holds_sizes(elem) => held_as(elem, d),
+                    _ => Some(d),
+                };
                 elementwise(&[arg(0)?, arg(1)?], |e| match e {
-                    [Some(a), Some(b)] => rounded_down(a, b).or_else(|| arithmetic(op, a, b, integer)),
+                    [Some(a), Some(b)] => held(rounded_down(a, b).or_else(|| arithmetic(op, a, b, integer))?),
                     _ => None,
                 })
             }
@@ -1673,7 +1681,7 @@ impl Shapes<'_, '_> {
     }
 
     /// `quotient` rounded up or down. Exact: a float holds these sizes
-    /// exactly (`holds_sizes`), and the rounded quotient of two integers
+    /// exactly (`held_as`), and the rounded quotient of two integers
     /// below 2^24 is never the neighbouring integer, as the distance to it
     /// is at least 1/c, more than half a float's step there. For a size,
     /// truncating is rounding down.
@@ -1893,6 +1901,23 @@ fn conv_length(
     };
     let out = floor_of(&len.add(&Dim::known(c))?, stride, floors)?.add(&Dim::known(plus))?;
     (out.value().is_none_or(|o| o > 0)).then_some(out)
+}
+
+/// A shape element as a tensor of type `elem` holds it on every run (a
+/// Cast to `elem`, arithmetic in it): a number within the type's exact
+/// range (not below 0 for an unsigned type), or a symbolic one only where
+/// the type holds every size (int64; uint64 for a size). A float holds a
+/// size only up to 2^24 and int32 up to 2^31 − 1, and nothing bounds a
+/// symbolic size: the Cast of `a·b` to float differs from it where
+/// `a = b = 4097` (an empty tensor has such axes).
+fn held_as(elem: i32, d: Dim) -> Option<Dim> {
+    let bound = crate::onnx::exact_up_to(elem)?;
+    let unsigned = matches!(elem, crate::onnx::UINT32 | crate::onnx::UINT64);
+    let held = match d.value() {
+        Some(n) => n.checked_abs().is_some_and(|m| m <= bound) && !(unsigned && n < 0),
+        None => bound == i64::MAX && (!unsigned || d.is_size()),
+    };
+    held.then_some(d)
 }
 
 /// The type a Cast casts to (none where `to` is no type number).

@@ -190,13 +190,30 @@ pub const BFLOAT16: i32 = DataType::Bfloat16 as i32;
 pub const DOUBLE: i32 = DataType::Double as i32;
 pub const INT64: i32 = DataType::Int64 as i32;
 pub const INT32: i32 = DataType::Int32 as i32;
+pub const UINT32: i32 = DataType::Uint32 as i32;
+pub const UINT64: i32 = DataType::Uint64 as i32;
 pub const BOOL: i32 = DataType::Bool as i32;
 
-/// Whether tensors of this element type hold the sizes of a shape
-/// exactly (up to 2^24 for float), where exports cast them to compute.
+/// Whether tensors of this element type hold the sizes of a shape,
+/// where exports cast them to compute: exactly up to `exact_up_to`.
 pub fn holds_sizes(elem_type: i32) -> bool {
+    exact_up_to(elem_type).is_some()
+}
+
+/// The largest magnitude up to which this element type holds every whole
+/// number exactly (a size past it wraps or rounds): 2^24 for float, 2^53
+/// for double, 2^31 − 1 for int32; none where it holds no size.
+pub fn exact_up_to(elem_type: i32) -> Option<i64> {
     use DataType::*;
-    [Int32, Int64, Uint32, Uint64, Float, Double].iter().any(|&t| t as i32 == elem_type)
+    let bound = match DataType::try_from(elem_type).ok()? {
+        Int64 | Uint64 => i64::MAX,
+        Int32 => i64::from(i32::MAX),
+        Uint32 => i64::from(u32::MAX),
+        Float => 1 << 24,
+        Double => 1 << 53,
+        _ => return None,
+    };
+    Some(bound)
 }
 
 /// Whether tensors of this element type hold integers (division truncates).

@@ -130,6 +130,33 @@ pub fn assert_equivalent(original: &ModelProto, fused: &ModelProto, name: &str) 
     v
 }
 
+/// An `.npz` of f32 and i64 arrays, for `--inputs`.
+pub fn npz(path: &std::path::Path, f32s: &[(&str, Vec<u64>, Vec<f32>)], i64s: &[(&str, Vec<u64>, Vec<i64>)]) {
+    use npyz::WriterBuilder;
+    let mut w = npyz::npz::NpzWriter::create(path).unwrap();
+    for (name, shape, data) in f32s {
+        let mut a = w.array(name, Default::default()).unwrap().default_dtype().shape(shape).begin_nd().unwrap();
+        a.extend(data.iter().copied()).unwrap();
+        a.finish().unwrap();
+    }
+    for (name, shape, data) in i64s {
+        let mut a = w.array(name, Default::default()).unwrap().default_dtype().shape(shape).begin_nd().unwrap();
+        a.extend(data.iter().copied()).unwrap();
+        a.finish().unwrap();
+    }
+}
+
+/// Runs both models on the arrays of `inputs` and compares them.
+pub fn compare(
+    original: &ModelProto,
+    other: &ModelProto,
+    inputs: &std::path::Path,
+) -> anyhow::Result<verify::Verification> {
+    let options = verify::Options { inputs: Some(inputs.to_path_buf()), ..Default::default() };
+    let dir = std::path::Path::new(".");
+    verify::verify((original, dir), (other, dir), &options)
+}
+
 pub fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_onnx-fuse"))
 }
