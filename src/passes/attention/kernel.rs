@@ -1,5 +1,8 @@
-//! The kernel runtimes run: ONNX `Attention` (opset 23), for the `ort`
-//! target.
+//! The kernel runtimes run: ONNX `Attention` (opset 23). A core's steps
+//! are read as its arguments once, for both targets (`read`); the `ort`
+//! target's lowering (`ort`, below) guards the inputs where ONNX
+//! Runtime's kernel computes otherwise, the portable one (`portable`)
+//! writes only a call that needs no guard.
 //!
 //! ```text
 //! out = softmax(scale · q·kᵀ + mask) · v          q [b, H, S, d]
@@ -41,17 +44,131 @@
 use std::collections::HashMap;
 
 use super::runtimes::ORT_CPU as SPEED;
-use super::{Scores, Step};
+use super::{Scores, Step, PORTABLE};
 use crate::graph::fold::fold;
-use crate::graph::{Check, Graph, Miss, Stop};
-use crate::onnx::{type_text, AttributeProto, GraphProto, NodeProto, TensorProto, FLOAT, INT64};
+use crate::graph::{known, Check, Graph, Miss, Stop};
+use crate::onnx::{type_text, AttributeProto, GraphProto, NodeProto, TensorProto, DOUBLE, FLOAT, FLOAT16, INT64};
 use crate::rewrite::{node, original_ops, reading_instead, value_info, writing, Kept, Match, Nodes, Rewrite};
 use crate::shapes::{Dim, Shapes};
 use crate::{decline, require};
 
-/// The ONNX `Attention` for a matched core, guarded where the kernel's
-/// result could differ; `out` is the final MatMul, q, k, v its core's.
-pub(super) fn attention(
+/// A core read as ONNX `Attention`'s arguments, alike for both targets
+/// (`read`): q and the key's transpose with their one-value scales taken
+/// into `scale`, the mask steps in order (each with the number of the
+/// scores' Reshapes before it), the soft-cap, and whether a NaN guard
+/// follows the softmax. Each target's lowering then takes what its
+/// runtimes compute as the core does: `ort` guards the inputs where ONNX
+/// Runtime's kernel computes otherwise, `portable` (no runtime's facts
+/// known) only a call that needs no guard.
+struct Call<'a> {
+    elem: i32,
+    q: &'a str,
+    k: &'a str,
+    /// The key is scaled by a value computed at run time (`scaled_at_run_time`).
+    key_scaled_at_run_time: bool,
+    scale: f64,
+    masks: Vec<(Step, usize)>,
+    nan_guard: bool,
+    softcap: Option<f64>,
+}
+
+/// The element types a lowering's `Attention` is written for, and their
+/// names: ONNX Runtime's guard reasons in f32.
+type Elems = (&'static [i32], &'static str);
+const ORT_ELEMS: Elems = (&[FLOAT], "f32");
+const PORTABLE_ELEMS: Elems = (&[FLOAT, FLOAT16, DOUBLE], "f32, f16 and f64");
+
+/// The one reading of a core's steps as ONNX `Attention` (`Call`), for
+/// cores of the element types `elems`. A step it does not name is
+/// declined (`Step::not_in_attention`).
+fn read<'a>(
+    g: &Graph<'a>,
+    shapes: &Shapes,
+    out: &NodeProto,
+    [q, k]: [&'a str; 2],
+    form: &Scores,
+    steps: &[Step],
+    elems: Elems,
+) -> Check<Call<'a>> {
+    match form {
+        Scores::MatMul if out.is("MatMul") => {}
+        Scores::Fused => decline!("the scores are ONNX Runtime's FusedMatMul, which ONNX's Attention does not read"),
+        _ => decline!("the core is written with Einsum, which ONNX's Attention does not read"),
+    }
+    let (types, named) = elems;
+    let elem = g.elem_type(q).filter(|e| types.contains(e));
+    let elem =
+        elem.or_decline(|| format!("Attention is written for {named} only (q is {})", type_text(g.elem_type(q))))?;
+    let mut scale = 1.0;
+    let mut masks: Vec<(Step, usize)> = Vec::new();
+    let (mut nan_guard, mut softcap, mut viewed) = (false, None, 0);
+    for step in steps {
+        match step {
+            Step::Softmax => {}
+            Step::Reshape { .. } => viewed += 1,
+            Step::Scale(op, c) => {
+                require!(masks.is_empty(), "the mask is added before the scale");
+                let c = c.scalar().unwrap_or(f64::NAN);
+                scale *= if *op == "Div" { 1.0 / c } else { c };
+            }
+            Step::Divisor(d) | Step::Multiplier(d) => {
+                // A divisor computed from the head size is a constant.
+                let divides = matches!(step, Step::Divisor(_));
+                let c = fold(g, shapes, d).filter(|c| c.elem == elem && c.dims.len() <= 4).and_then(|c| c.scalar());
+                let what = if divides { "divisor" } else { "multiplier" };
+                let c = c.or_decline(|| format!("the {what} {d} is computed at run time"))?;
+                require!(masks.is_empty(), "the mask is added before the scale");
+                scale *= if divides { 1.0 / c } else { c };
+            }
+            Step::Cast(to) => {
+                require!(*to == elem, "a Cast between the MatMuls changes the type Attention computes in")
+            }
+            Step::Mask(value) => {
+                // (s + m1) + m2 is s + (m1 + m2) where m1 or m2 is 0, not
+                // elsewhere (`replayed_mask`).
+                let added = masks.iter().filter(|(m, _)| matches!(m, Step::Mask(_))).count();
+                require!(added < 2, "more than two additive masks");
+                require!(g.elem_type(value) == Some(elem), "the mask {value} is not of q's type");
+                masks.push((step.clone(), viewed));
+            }
+            Step::Where { .. } if softcap.is_none() => masks.push((step.clone(), viewed)),
+            Step::Where { .. } => decline!("a Where after a soft-cap: Attention caps the scores it masks"),
+            Step::Megatron { .. } => decline!("Megatron's mask (s·m − penalty·(1 − m)) is no mask Attention takes"),
+            Step::NanGuard => nan_guard = true,
+            Step::Softcap(op, by, cap) => {
+                // tanh(s / cap) · cap, before any mask (proved when matched).
+                let (by, cap) = (by.scalar().unwrap_or(f64::NAN), cap.scalar().unwrap_or(f64::NAN));
+                require!(*op == "Div" && by == cap, "the soft-cap multiplies by 1/cap");
+                require!((cap as f32).is_normal() && cap > 0.0, "the soft-cap {cap} is no positive f32");
+                softcap = Some(cap);
+            }
+            step => decline!("{}", step.not_in_attention()),
+        }
+    }
+    // A one-value scale of q or of the transposed key (SDPA exports scale
+    // each by √scale; DistilBERT divides q by √d) is a scale of the
+    // scores: in f32, where Attention computes as the core does (an f16
+    // product that the core rounds, or overflows, before its MatMul is
+    // not handed over).
+    let ((q, cq), (unscaled_k, ck)) = match elem {
+        FLOAT => (scaled_by_one_value(g, shapes, q, elem), scaled_by_one_value(g, shapes, k, elem)),
+        _ => ((q, 1.0), (k, 1.0)),
+    };
+    scale *= cq * ck;
+    // ONNX Runtime refuses an Attention whose scale is not positive.
+    require!(
+        scale.is_finite() && (scale as f32).is_normal() && scale > 0.0,
+        "the scale {scale} is no positive normal f32"
+    );
+    let key_scaled_at_run_time = ck != 1.0 && scaled_at_run_time(g, k, unscaled_k);
+    Ok(Call { elem, q, k: unscaled_k, key_scaled_at_run_time, scale, masks, nan_guard, softcap })
+}
+
+/// The ONNX `Attention` of the `ort` target for a matched core, guarded
+/// where ONNX Runtime's kernel's result could differ; `anchor` is the
+/// final MatMul, q, k, v its core's.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn ort(
     g: &Graph,
     shapes: &Shapes,
     anchor: usize,
@@ -63,88 +180,27 @@ pub(super) fn attention(
 ) -> Check<Rewrite> {
     g.require_opset(23, "Attention")?;
     let core_inputs = [q, k, v];
-    let out = g.node(anchor);
-    require!(matches!(form, Scores::MatMul) && out.is("MatMul"), "the core is not written with MatMul");
-    let elem = g.elem_type(q);
-    require!(elem == Some(FLOAT), "Attention is written for f32 cores (q is {})", type_text(elem));
+    let call = read(g, shapes, g.node(anchor), [q, k], form, steps, ORT_ELEMS)?;
+    let Call { q, k, key_scaled_at_run_time, scale, nan_guard, softcap, .. } = call;
     let elem = FLOAT;
-
-    let mut scale = 1.0;
-    // The Where and additive mask steps, in order.
-    let mut masks: Vec<Step> = Vec::new();
-    // Of them, those added to folded scores before their view.
-    let mut before_view: Vec<usize> = Vec::new();
-    let mut nan_guard = false;
-    let mut softcap = None;
     // Heads folded into the batch (BART's and BLOOM's eager attention):
-    // the masks are added to the scores' 4-D view, the first Reshape's.
+    // the masks are added to the scores' 4-D view, the first Reshape's,
+    // or before it to the folded scores (BLOOM's ALiBi, `in_the_view`).
     require!(views.len() <= 2, "{} Reshapes of the scores and probabilities", views.len());
-    let (mut viewed, mut normalized) = (0, false);
+    let at = |s: fn(&Step) -> bool| steps.iter().position(s);
+    let first_view = at(|s| matches!(s, Step::Reshape { .. }));
+    require!(first_view < at(|s| matches!(s, Step::Softmax)), "a Reshape of the probabilities alone");
     let in_view = |viewed: usize| views.is_empty() || viewed == 1;
-    for step in steps {
-        match step {
-            Step::Softmax => normalized = true,
-            Step::Scale(op, c) => {
-                require!(masks.is_empty(), "the scale is applied after the mask");
-                let c = c.scalar().unwrap_or(f64::NAN);
-                scale *= if *op == "Div" { 1.0 / c } else { c };
-            }
-            Step::Cast(to) => require!(*to == elem, "a Cast between the MatMuls changes the type"),
-            Step::Where { .. } if !in_view(viewed) => decline!("a Where of the scores outside their 4-D view"),
-            Step::Mask(value) => {
-                if !in_view(viewed) {
-                    // BLOOM's ALiBi, added to the folded scores (`in_the_view`).
-                    require!(viewed == 0, "a mask added to the scores after their 4-D view");
-                    before_view.push(masks.len());
-                }
-                // (s + m1) + m2 is s + (m1 + m2) where m1 or m2 is 0, not
-                // elsewhere (`replayed_mask`).
-                let added = masks.iter().filter(|m| matches!(m, Step::Mask(_))).count();
-                require!(added < 2, "more than two additive masks");
-                require!(g.elem_type(value) == Some(elem), "the mask {value} is not of q's type");
-                masks.push(step.clone());
-            }
-            Step::NanGuard => nan_guard = true,
-            Step::Where { .. } if softcap.is_none() => masks.push(step.clone()),
-            Step::Where { .. } => decline!("a Where after a soft-cap: Attention caps the scores it masks"),
-            Step::Megatron { .. } => decline!("Megatron's mask (s·m − penalty·(1 − m)) is no mask Attention takes"),
-            Step::Divisor(d) | Step::Multiplier(d) => {
-                // A divisor computed from the head size is a constant.
-                let c = fold(g, shapes, d).filter(|c| c.elem == elem && c.dims.len() <= 4).and_then(|c| c.scalar());
-                let c = c.or_decline(|| format!("the scale {d} is computed at run time"))?;
-                require!(masks.is_empty(), "the scale is applied after the mask");
-                scale *= if matches!(step, Step::Divisor(_)) { 1.0 / c } else { c };
-            }
-            Step::Softcap(op, by, cap) => {
-                // tanh(s / cap) · cap, before any mask (proved when matched).
-                let (by, cap) = (by.scalar().unwrap_or(f64::NAN), cap.scalar().unwrap_or(f64::NAN));
-                require!(*op == "Div" && by == cap, "the soft-cap multiplies by 1/cap");
-                require!((cap as f32).is_normal() && cap > 0.0, "the soft-cap {cap} is no positive f32");
-                softcap = Some(cap);
-            }
-            Step::Reshape { .. } => {
-                require!(viewed > 0 || !normalized, "a Reshape of the probabilities alone");
-                viewed += 1;
-            }
-            step => decline!("{}", step.not_in_attention()),
+    let mut before_view: Vec<usize> = Vec::new();
+    for (i, (mask, viewed)) in call.masks.iter().enumerate() {
+        if !in_view(*viewed) {
+            require!(matches!(mask, Step::Mask(_)), "a Where of the scores outside their 4-D view");
+            require!(*viewed == 0, "a mask added to the scores after their 4-D view");
+            before_view.push(i);
         }
     }
-
-    // The scale on q and on the transposed key before the MatMul (SDPA
-    // exports scale each by √scale) is part of Attention's scale.
-    // (A scale computed from the head size, as SDPA exports write it, is
-    // a constant too.)
-    // (DistilBERT divides q by √d: Div(q, c) is a scale of 1/c.)
-    let mut scaled = |value: &str| -> (String, f64) {
-        let (unscaled, c) = super::scaled_by_one_value(g, shapes, value, elem);
-        scale *= c;
-        (unscaled.to_string(), c)
-    };
-    let (q, _) = scaled(q);
-    let (unscaled_k, c) = scaled(k);
-    let key_scaled_at_run_time = c != 1.0 && scaled_at_run_time(g, k, &unscaled_k);
-    let k = unscaled_k;
-    require!(scale.is_finite() && (scale as f32).is_normal() && scale > 0.0, "the scale {scale} is no positive f32");
+    let mut masks: Vec<Step> = call.masks.into_iter().map(|(m, _)| m).collect();
+    let q = q.to_string();
 
     // k = Transpose(x, perm), the key [b, h, d, t]: Attention reads
     // [b, h, t, d], x itself where the perm only swaps the last two axes.
@@ -156,12 +212,12 @@ pub(super) fn attention(
         None => match folded_repeated_key(g, shapes, &k) {
             Some((x, n)) => (q, x, None, v, anchor, Some(n)),
             None => {
-                let (x, key_perm) = super::key_before_transpose(g, &k, 4)?;
+                let (x, key_perm) = key_before_transpose(g, k, 4)?;
                 (q, x, key_perm, v, anchor, None)
             }
         },
         Some(_) => {
-            let (x3, key_perm) = super::key_before_transpose(g, &k, 3)?;
+            let (x3, key_perm) = key_before_transpose(g, k, 3)?;
             require!(key_perm.is_none(), "the 3-D key's Transpose does not swap its last two axes");
             let unfolded = |x: &str| {
                 merged_batch(g, shapes, x).or_decline(|| format!("{x} is not proved to merge [b, h] heads into b·h"))
@@ -534,6 +590,186 @@ pub(super) fn attention(
     Ok(replace(anchor, replacement, shared, |r| {
         grouped(r.after(prelude.clone()).running("Attention").needing_opset(23), n)
     }))
+}
+
+/// The ONNX `Attention` of `--target portable` (from opset 23), which
+/// computes `softmax(scale · Q·Kᵀ) · V` from the key *before* its
+/// transpose: a core read as for ONNX Runtime (`read`; f16 and f64 too),
+/// where it needs no guard, since no other runtime's kernel facts are
+/// known. A 3-D core is one head; one key/value head is broadcast.
+///
+/// Written for the unmasked core, and for a core whose one additive mask
+/// is a constant of finite values above its type's lowest, added after the
+/// scale: `Attention` adds it the same way. Any other mask is not handed
+/// over, because runtimes disagree on a row whose keys are all masked: the
+/// original averages the values (a finite fill) or gives NaN (-inf), ONNX
+/// Runtime's `Attention` writes zeros for a row of float lowest or -inf,
+/// OpenVINO averages, the spec's errata zeroes it (measured:
+/// docs/targets.md).
+pub(super) fn portable(
+    g: &Graph,
+    shapes: &Shapes,
+    mut m: Match,
+    out: &NodeProto,
+    [q, k, v]: [&str; 3],
+    form: &Scores,
+    steps: &[Step],
+) -> Check<Rewrite> {
+    let Call { elem, q, k, scale, masks, nan_guard, softcap, .. } =
+        read(g, shapes, out, [q, k], form, steps, PORTABLE_ELEMS)?;
+    require!(!nan_guard, "a NaN guard: Attention does not zero NaN rows");
+    require!(softcap.is_none(), "a soft-cap: not handed to Attention's softcap (not measured to round alike)");
+    let mut mask = None;
+    for (step, viewed) in &masks {
+        let value = match step {
+            Step::Mask(value) if mask.is_none() => value,
+            Step::Mask(_) => decline!("more than one additive mask"),
+            _ => decline!("a masked core (Where): {MASK_FILLS}"),
+        };
+        require!(*viewed == 0, "the mask is added to reshaped scores");
+        mask = Some(handed_over_mask(g, value, elem)?);
+    }
+
+    // k = Transpose(key) over the last two axes; the 4-D form is
+    // (batch, heads, seq, head size), the 3-D one has the heads in the batch.
+    let rank = shapes.rank(q);
+    require!(matches!(rank, Some(3 | 4)), "q is not proved to have rank 3 or 4 (rank {})", known(rank));
+    let rank = rank.unwrap_or_default();
+    // Attention reads the key [.., t, d]: before its Transpose, transposed
+    // anew where that Transpose also moved other axes.
+    let (x, key_perm) = key_before_transpose(g, k, rank)?;
+    let sx = shapes.shape(x);
+    let (key, sk) = match key_perm {
+        None => (x.to_string(), sx),
+        Some(key_perm) => {
+            let key = format!("{}/key", g.node(m.anchor()).output[0]);
+            m.before([writing(&key, node("Transpose", &[x], vec![AttributeProto::ints("perm", &key_perm)]))]);
+            let sk = sx.and_then(|sx| key_perm.iter().map(|&p| sx.get(usize::try_from(p).ok()?).cloned()).collect());
+            (key, sk)
+        }
+    };
+    let key = key.as_str();
+    // The key's Transpose stays where something else reads it too.
+    m.keep(Kept::Shared(k.to_string()));
+
+    // Attention broadcasts nothing but key/value heads (GQA, repeated): the
+    // MatMuls' broadcasting must be exactly that.
+    let (Some(sq), Some(sk), Some(sv)) = (shapes.shape(q), sk, shapes.shape(v)) else {
+        decline!("the shapes of q, key and v are not proved");
+    };
+    require!(sk.len() == rank && sv.len() == rank, "q, key and v differ in rank");
+    require!(
+        sq[0] == sk[0] && sk[0] == sv[0],
+        "the batch of q, key and v is not proved equal ({}, {}, {})",
+        sq[0],
+        sk[0],
+        sv[0]
+    );
+    let mut attributes = vec![AttributeProto::float("scale", scale as f32)];
+    if rank == 4 {
+        let (hq, hk, hv) = (&sq[1], &sk[1], &sv[1]);
+        require!(
+            hk == hv && (hk == hq || hk.value() == Some(1)),
+            "the heads of q, key and v ({hq}, {hk}, {hv}) are not proved equal (or one shared key/value head)"
+        );
+    } else {
+        attributes.extend([AttributeProto::int("q_num_heads", 1), AttributeProto::int("kv_num_heads", 1)]);
+    }
+    let mut inputs = vec![q, key, v];
+    if let Some((value, dims)) = mask {
+        // Attention takes a mask of the scores' last two axes exactly, and
+        // before them one of 1 or the heads, then 1 or the batch (the heads
+        // are the batch of the 3-D form).
+        let (seq, total) = (&sq[rank - 2], &sk[rank - 2]);
+        let leading: Vec<&crate::shapes::Dim> = if rank == 4 { vec![&sq[1], &sq[0]] } else { vec![] };
+        let n = dims.len();
+        let fits = n >= 2
+            && n <= 2 + leading.len().max(1)
+            && seq.value() == Some(dims[n - 2])
+            && total.value() == Some(dims[n - 1])
+            && dims[..n - 2]
+                .iter()
+                .rev()
+                .enumerate()
+                .all(|(i, &d)| d == 1 || leading.get(i).and_then(|l| l.value()) == Some(d));
+        require!(
+            fits,
+            "the mask's shape {dims:?} is not the scores' last two axes ({seq}, {total}) with leading axes of 1 or theirs"
+        );
+        inputs.push(value);
+    }
+    g.require_portable(PORTABLE)?;
+    Ok(m.replace_with(crate::rewrite::node("Attention", &inputs, attributes)))
+}
+
+/// What a kernel reads as the key, `[.., t, d]`, where the scores read
+/// `k = Transpose(x, perm)` of rank `rank`: `(x, None)` where the perm
+/// swaps only the last two axes; else `(x, Some(p))`, x to be transposed by
+/// `p`, the perm with its last two axes swapped back (TorchScript splits
+/// the heads and transposes the key in one, `[0, 2, 3, 1]`). A perm that is
+/// not a permutation of the rank is no key.
+fn key_before_transpose<'a>(g: &Graph<'a>, k: &str, rank: usize) -> Check<(&'a str, Option<Vec<i64>>)> {
+    let Ok(transpose) = g.produced_by(g.unchanged(k), "Transpose") else {
+        decline!("the key {k} is not a Transpose: Attention reads the key before its transpose")
+    };
+    let perm = g.node(transpose).attr_ints("perm").unwrap_or_default();
+    let mut sorted = perm.to_vec();
+    sorted.sort_unstable();
+    require!(
+        rank >= 2 && sorted.iter().copied().eq(0..rank as i64),
+        "the key's Transpose has no permutation of its rank ({rank})"
+    );
+    let key_perm: Vec<i64> = perm[..rank - 2].iter().copied().chain([perm[rank - 1], perm[rank - 2]]).collect();
+    let identity = key_perm.iter().enumerate().all(|(i, &p)| p == i as i64);
+    Ok((g.node(transpose).input[0].as_str(), (!identity).then_some(key_perm)))
+}
+
+/// `value` as `Mul(x, c)` (either order) or `Div(x, c)` with `c` a constant
+/// of one value of type `elem` that raises no rank (SDPA exports scale q
+/// and the transposed key each by √scale; DistilBERT divides q by √d):
+/// `(x, c)`, or `(x, 1/c)` for the Div; `(value, 1)` otherwise. A scale of q
+/// or k is a scale of the scores, which Attention takes as `scale`.
+fn scaled_by_one_value<'a>(g: &Graph<'a>, shapes: &Shapes, value: &'a str, elem: i32) -> (&'a str, f64) {
+    let found = g.produced_by(value, "Mul").or_else(|_| g.produced_by(value, "Div"));
+    let Ok(op) = found else { return (value, 1.0) };
+    let node = g.node(op);
+    let divides = node.is("Div");
+    let one_value = |i: usize| {
+        let c = crate::graph::fold::fold(g, shapes, &node.input[i])?;
+        let rank = shapes.rank(&node.input[1 - i]).unwrap_or(0);
+        (c.elem == elem && c.dims.len() <= rank.max(1)).then(|| c.scalar()).flatten()
+    };
+    let sides = if divides { 1..2 } else { 0..2 };
+    match sides.into_iter().find_map(|i| Some((i, one_value(i)?))) {
+        Some((at, c)) => (node.input[1 - at].as_str(), if divides { 1.0 / c } else { c }),
+        None => (value, 1.0),
+    }
+}
+
+/// Why a mask that may hold the fills exports write is not handed over.
+const MASK_FILLS: &str = "ONNX Runtime's Attention zeroes a row whose mask is all float lowest or -inf (the fills \
+                          exports write), where this core averages the values or gives NaN; a mask with another \
+                          fill would differ from the core wherever a score passes 2^103";
+
+/// An additive mask Attention computes exactly as the core does: an f32
+/// constant whose values are all finite and above f32's lowest (ONNX Runtime's `Attention` zeroes a row of lowest or
+/// -inf, where the core averages the values or gives NaN). Returns it and
+/// its shape.
+fn handed_over_mask<'a>(g: &Graph<'a>, value: &'a str, elem: i32) -> Check<(&'a str, Vec<i64>)> {
+    let Some(t) = g.constant(value) else {
+        decline!("a masked core: its mask is computed at run time; {MASK_FILLS}");
+    };
+    // In f16 ONNX Runtime's Attention adds and normalizes in f32 where the
+    // core rounds every step to f16: a fully masked row of -1e4 comes out
+    // uniform from one and not the other (measured). f64 is unmeasured.
+    require!(elem == FLOAT, "a constant mask is handed over on f32 scores only (these are {})", type_text(Some(elem)));
+    let lowest = f64::from(f32::MIN);
+    let values = t.values().or_decline(|| "the mask's values cannot be read".into())?;
+    require!(
+        values.iter().all(|v| v.is_finite() && *v > lowest),
+        "the mask holds -inf, NaN or its type's lowest: ONNX Runtime's Attention zeroes a row of them"
+    );
+    Ok((value, t.dims.clone()))
 }
 
 /// The report says where query heads share a key and value head: a

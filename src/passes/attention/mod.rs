@@ -40,12 +40,9 @@
 //! the interface for kernel writers.
 
 use crate::graph::{known, Check, Graph, Miss, Relabel, Stop, Target};
-use crate::onnx::{
-    type_text, AttributeProto, FunctionProto, NodeProto, TensorProto, BFLOAT16, DOUBLE, FLOAT, FLOAT16,
-    TRANSMUTER_DOMAIN,
-};
+use crate::onnx::{FunctionProto, NodeProto, TensorProto, BFLOAT16, DOUBLE, FLOAT, FLOAT16, TRANSMUTER_DOMAIN};
 use crate::pattern::{self, cast_to};
-use crate::rewrite::{node, node_in, unused_name, writing, Kept, Match, Pass, Portable, Rewrite};
+use crate::rewrite::{node_in, unused_name, Kept, Match, Pass, Portable, Rewrite};
 use crate::shapes::{product, Shapes};
 use crate::{candidate, decline, no_candidate, require};
 
@@ -113,14 +110,16 @@ impl Step {
             Step::Where { keep: hide, .. } => Some((hide, "hide")),
             Step::Mask(d) | Step::Subtract(d) => Some((d, "mask")),
             Step::Megatron(m) => Some((m, "keep_mask")),
-            Step::Reshape { shape: Side::Input(d), .. } => Some((d, if after { "probs_shape" } else { "scores_shape" })),
+            Step::Reshape { shape: Side::Input(d), .. } => {
+                Some((d, if after { "probs_shape" } else { "scores_shape" }))
+            }
             _ => None,
         }
     }
 
-    /// Why ONNX `Attention` computes no such step, for each target's
-    /// translator (`kernel.rs`, `onnx_attention`) where it names the step
-    /// no other way: a new step is declined by both until one takes it.
+    /// Why ONNX `Attention` computes no such step, for the one reading of
+    /// a core as `Attention` (`kernel::read`, both targets) where it names
+    /// the step no other way: a new step is declined until it takes it.
     fn not_in_attention(&self) -> String {
         match self {
             Step::Subtract(d) => format!("a term subtracted ({d}): Attention only adds its mask"),
@@ -216,7 +215,9 @@ enum Scores {
     Fused,
     /// An Einsum over one head axis; `key_first` where its first operand
     /// is the key (Keras computes `einsum(key, query)`).
-    Einsum { key_first: bool },
+    Einsum {
+        key_first: bool,
+    },
 }
 
 fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
@@ -393,10 +394,11 @@ fn lower(g: &Graph, shapes: &Shapes, core: Core, merge: kernel::Merge) -> Check<
             // The function calls com.microsoft's FusedMatMul: a function
             // resolves only the domains the model imports (ONNX Runtime
             // resolves an unimported one for nodes of the graph alone).
-            let core = if matches!(form, Scores::Fused) { rewrite.importing(crate::onnx::MICROSOFT, 1) } else { rewrite };
+            let core =
+                if matches!(form, Scores::Fused) { rewrite.importing(crate::onnx::MICROSOFT, 1) } else { rewrite };
             // Where the model's opset has ONNX's Attention, the kernel the
             // runtime runs; the core where that is declined.
-            let kernel = |merge| kernel::attention(g, shapes, anchor, [q, k, v], &form, &steps, &views, merge);
+            let kernel = |merge| kernel::ort(g, shapes, anchor, [q, k, v], &form, &steps, &views, merge);
             let found = kernel(merge);
             // At a Reshape past the product, only what the rule at the
             // product does not find: a kernel that takes that Reshape, or
@@ -404,7 +406,8 @@ fn lower(g: &Graph, shapes: &Shapes, core: Core, merge: kernel::Merge) -> Check<
             if let Some(r) = merge.last() {
                 match &found {
                     Ok(kernel) if kernel.anchor == r => {}
-                    Err(Miss::Declined(why)) if kernel(kernel::Merge::default()).err() != Some(Miss::Declined(why.clone())) => {}
+                    Err(Miss::Declined(why))
+                        if kernel(kernel::Merge::default()).err() != Some(Miss::Declined(why.clone())) => {}
                     _ => no_candidate!(),
                 }
             }
@@ -416,17 +419,7 @@ fn lower(g: &Graph, shapes: &Shapes, core: Core, merge: kernel::Merge) -> Check<
                 Err(_) => core,
             })
         }
-        Target::Portable => {
-            let what = match form {
-                Scores::MatMul if out.is("MatMul") => None,
-                Scores::Fused => Some("the scores are ONNX Runtime's FusedMatMul"),
-                _ => Some("the core is written with Einsum"),
-            };
-            if let Some(what) = what {
-                decline!("{what}, which ONNX's Attention does not read");
-            }
-            onnx_attention(g, shapes, m, [q, k, v], &steps)
-        }
+        Target::Portable => kernel::portable(g, shapes, m, out, [q, k, v], &form, &steps),
     }
 }
 
@@ -523,215 +516,6 @@ fn einsum_with_v(shapes: &Shapes, node: &NodeProto) -> Check<()> {
     let query_kept = p.len() >= 2 && !v.contains(&p[p.len() - 2]);
     require!(contracts_key && query_kept, "the Einsum with v does not contract the probabilities' last axis alone");
     einsum_axes_agree(shapes, node, &p, &v)
-}
-
-/// `--target portable`: ONNX's `Attention` (from opset 23), which computes
-/// `softmax(scale · Q·Kᵀ) · V` from the key *before* its transpose.
-///
-/// Written for the unmasked core, and for a core whose one additive mask
-/// is a constant of finite values above its type's lowest, added after the
-/// scale: `Attention` adds it the same way. Any other mask is not handed
-/// over, because runtimes disagree on a row whose keys are all masked: the
-/// original averages the values (a finite fill) or gives NaN (-inf), ONNX
-/// Runtime's `Attention` writes zeros for a row of float lowest or -inf,
-/// OpenVINO averages, the spec's errata zeroes it (measured:
-/// docs/targets.md).
-fn onnx_attention(g: &Graph, shapes: &Shapes, mut m: Match, [q, k, v]: [&str; 3], steps: &[Step]) -> Check<Rewrite> {
-    let elem = g.elem_type(q);
-    require!(
-        matches!(elem, Some(FLOAT | FLOAT16 | DOUBLE)),
-        "the portable Attention is written for f32, f16 and f64 only (q is {})",
-        type_text(elem)
-    );
-    let mut scale = 1.0;
-    let mut mask = None;
-    for (i, step) in steps.iter().enumerate() {
-        match step {
-            Step::Softmax | Step::Reshape { .. } => {} // each Reshape pair gives back its shape (proved)
-            Step::Mask(value) if mask.is_none() => {
-                let later = &steps[i + 1..];
-                require!(!later.iter().any(|s| matches!(s, Step::Scale(..))), "the mask is added before the scale");
-                let reshaped = steps[..i].iter().any(|s| matches!(s, Step::Reshape { .. }));
-                require!(!reshaped, "the mask is added to reshaped scores");
-                mask = Some(handed_over_mask(g, value, elem)?);
-            }
-            Step::Scale(op, c) => {
-                let c = c.scalar().expect("a constant with one value, proved when matched");
-                scale = if *op == "Div" { 1.0 / c } else { c };
-            }
-            Step::Cast(to) => {
-                require!(Some(*to) == elem, "a Cast between the MatMuls changes the type Attention computes in")
-            }
-            Step::Mask(_) => decline!("more than one additive mask"),
-            Step::Where { .. } => decline!("a masked core (Where): {MASK_FILLS}"),
-            Step::Divisor(d) => decline!("the divisor {d} is computed at run time"),
-            Step::Multiplier(d) => decline!("the multiplier {d} is computed at run time"),
-            Step::NanGuard => decline!("a NaN guard: Attention does not zero NaN rows"),
-            Step::Softcap(..) => {
-                decline!("a soft-cap: not handed to Attention's softcap (not measured to round alike)")
-            }
-            Step::Megatron { .. } => decline!("a masked core (Megatron's s·m − c·(1 − m)): {MASK_FILLS}"),
-            step => decline!("{}", step.not_in_attention()),
-        }
-    }
-    // A one-value scale of q or of the transposed key (SDPA exports) is a
-    // scale of the scores: in f32, where Attention computes as the core
-    // does (an f16 product that the core rounds, or overflows, before its
-    // MatMul is not handed over).
-    let (q, k) = if elem == Some(FLOAT) {
-        let ((q, cq), (k, ck)) = (scaled_by_one_value(g, shapes, q, FLOAT), scaled_by_one_value(g, shapes, k, FLOAT));
-        scale *= cq * ck;
-        (q, k)
-    } else {
-        (q, k)
-    };
-    // ONNX Runtime refuses an Attention whose scale is not positive.
-    require!(
-        scale.is_finite() && (scale as f32).is_normal() && scale > 0.0,
-        "the scale {scale} is no positive normal f32"
-    );
-
-    // k = Transpose(key) over the last two axes; the 4-D form is
-    // (batch, heads, seq, head size), the 3-D one has the heads in the batch.
-    let rank = shapes.rank(q);
-    require!(matches!(rank, Some(3 | 4)), "q is not proved to have rank 3 or 4 (rank {})", known(rank));
-    let rank = rank.unwrap_or_default();
-    // Attention reads the key [.., t, d]: before its Transpose, transposed
-    // anew where that Transpose also moved other axes.
-    let (x, key_perm) = key_before_transpose(g, k, rank)?;
-    let sx = shapes.shape(x);
-    let (key, sk) = match key_perm {
-        None => (x.to_string(), sx),
-        Some(key_perm) => {
-            let key = format!("{}/key", g.node(m.anchor()).output[0]);
-            m.before([writing(&key, node("Transpose", &[x], vec![AttributeProto::ints("perm", &key_perm)]))]);
-            let sk = sx.and_then(|sx| key_perm.iter().map(|&p| sx.get(usize::try_from(p).ok()?).cloned()).collect());
-            (key, sk)
-        }
-    };
-    let key = key.as_str();
-    // The key's Transpose stays where something else reads it too.
-    m.keep(Kept::Shared(k.to_string()));
-
-    // Attention broadcasts nothing but key/value heads (GQA, repeated): the
-    // MatMuls' broadcasting must be exactly that.
-    let (Some(sq), Some(sk), Some(sv)) = (shapes.shape(q), sk, shapes.shape(v)) else {
-        decline!("the shapes of q, key and v are not proved");
-    };
-    require!(sk.len() == rank && sv.len() == rank, "q, key and v differ in rank");
-    require!(
-        sq[0] == sk[0] && sk[0] == sv[0],
-        "the batch of q, key and v is not proved equal ({}, {}, {})",
-        sq[0],
-        sk[0],
-        sv[0]
-    );
-    let mut attributes = vec![AttributeProto::float("scale", scale as f32)];
-    if rank == 4 {
-        let (hq, hk, hv) = (&sq[1], &sk[1], &sv[1]);
-        require!(
-            hk == hv && (hk == hq || hk.value() == Some(1)),
-            "the heads of q, key and v ({hq}, {hk}, {hv}) are not proved equal (or one shared key/value head)"
-        );
-    } else {
-        attributes.extend([AttributeProto::int("q_num_heads", 1), AttributeProto::int("kv_num_heads", 1)]);
-    }
-    let mut inputs = vec![q, key, v];
-    if let Some((value, dims)) = mask {
-        // Attention takes a mask of the scores' last two axes exactly, and
-        // before them one of 1 or the heads, then 1 or the batch (the heads
-        // are the batch of the 3-D form).
-        let (seq, total) = (&sq[rank - 2], &sk[rank - 2]);
-        let leading: Vec<&crate::shapes::Dim> = if rank == 4 { vec![&sq[1], &sq[0]] } else { vec![] };
-        let n = dims.len();
-        let fits = n >= 2
-            && n <= 2 + leading.len().max(1)
-            && seq.value() == Some(dims[n - 2])
-            && total.value() == Some(dims[n - 1])
-            && dims[..n - 2]
-                .iter()
-                .rev()
-                .enumerate()
-                .all(|(i, &d)| d == 1 || leading.get(i).and_then(|l| l.value()) == Some(d));
-        require!(
-            fits,
-            "the mask's shape {dims:?} is not the scores' last two axes ({seq}, {total}) with leading axes of 1 or theirs"
-        );
-        inputs.push(value);
-    }
-    g.require_portable(PORTABLE)?;
-    Ok(m.replace_with(crate::rewrite::node("Attention", &inputs, attributes)))
-}
-
-/// What a kernel reads as the key, `[.., t, d]`, where the scores read
-/// `k = Transpose(x, perm)` of rank `rank`: `(x, None)` where the perm
-/// swaps only the last two axes; else `(x, Some(p))`, x to be transposed by
-/// `p`, the perm with its last two axes swapped back (TorchScript splits
-/// the heads and transposes the key in one, `[0, 2, 3, 1]`). A perm that is
-/// not a permutation of the rank is no key.
-fn key_before_transpose<'a>(g: &Graph<'a>, k: &str, rank: usize) -> Check<(&'a str, Option<Vec<i64>>)> {
-    let Ok(transpose) = g.produced_by(g.unchanged(k), "Transpose") else {
-        decline!("the key {k} is not a Transpose: Attention reads the key before its transpose")
-    };
-    let perm = g.node(transpose).attr_ints("perm").unwrap_or_default();
-    let mut sorted = perm.to_vec();
-    sorted.sort_unstable();
-    require!(
-        rank >= 2 && sorted.iter().copied().eq(0..rank as i64),
-        "the key's Transpose has no permutation of its rank ({rank})"
-    );
-    let key_perm: Vec<i64> = perm[..rank - 2].iter().copied().chain([perm[rank - 1], perm[rank - 2]]).collect();
-    let identity = key_perm.iter().enumerate().all(|(i, &p)| p == i as i64);
-    Ok((g.node(transpose).input[0].as_str(), (!identity).then_some(key_perm)))
-}
-
-/// `value` as `Mul(x, c)` (either order) or `Div(x, c)` with `c` a constant
-/// of one value of type `elem` that raises no rank (SDPA exports scale q
-/// and the transposed key each by √scale; DistilBERT divides q by √d):
-/// `(x, c)`, or `(x, 1/c)` for the Div; `(value, 1)` otherwise. A scale of q
-/// or k is a scale of the scores, which Attention takes as `scale`.
-fn scaled_by_one_value<'a>(g: &Graph<'a>, shapes: &Shapes, value: &'a str, elem: i32) -> (&'a str, f64) {
-    let found = g.produced_by(value, "Mul").or_else(|_| g.produced_by(value, "Div"));
-    let Ok(op) = found else { return (value, 1.0) };
-    let node = g.node(op);
-    let divides = node.is("Div");
-    let one_value = |i: usize| {
-        let c = crate::graph::fold::fold(g, shapes, &node.input[i])?;
-        let rank = shapes.rank(&node.input[1 - i]).unwrap_or(0);
-        (c.elem == elem && c.dims.len() <= rank.max(1)).then(|| c.scalar()).flatten()
-    };
-    let sides = if divides { 1..2 } else { 0..2 };
-    match sides.into_iter().find_map(|i| Some((i, one_value(i)?))) {
-        Some((at, c)) => (node.input[1 - at].as_str(), if divides { 1.0 / c } else { c }),
-        None => (value, 1.0),
-    }
-}
-
-/// Why a mask that may hold the fills exports write is not handed over.
-const MASK_FILLS: &str = "ONNX Runtime's Attention zeroes a row whose mask is all float lowest or -inf (the fills \
-                          exports write), where this core averages the values or gives NaN; a mask with another \
-                          fill would differ from the core wherever a score passes 2^103";
-
-/// An additive mask Attention computes exactly as the core does: an f32
-/// constant whose values are all finite and above f32's lowest (ONNX Runtime's `Attention` zeroes a row of lowest or
-/// -inf, where the core averages the values or gives NaN). Returns it and
-/// its shape.
-fn handed_over_mask<'a>(g: &Graph<'a>, value: &'a str, elem: Option<i32>) -> Check<(&'a str, Vec<i64>)> {
-    let Some(t) = g.constant(value) else {
-        decline!("a masked core: its mask is computed at run time; {MASK_FILLS}");
-    };
-    require!(Some(t.data_type()) == elem, "the mask is {}, not the type of q", type_text(Some(t.data_type())));
-    // In f16 ONNX Runtime's Attention adds and normalizes in f32 where the
-    // core rounds every step to f16: a fully masked row of -1e4 comes out
-    // uniform from one and not the other (measured). f64 is unmeasured.
-    require!(elem == Some(FLOAT), "a constant mask is handed over on f32 scores only (these are {})", type_text(elem));
-    let lowest = f64::from(f32::MIN);
-    let values = t.values().or_decline(|| "the mask's values cannot be read".into())?;
-    require!(
-        values.iter().all(|v| v.is_finite() && *v > lowest),
-        "the mask holds -inf, NaN or its type's lowest: ONNX Runtime's Attention zeroes a row of them"
-    );
-    Ok((value, t.dims.clone()))
 }
 
 fn is_float(to: Option<i32>) -> bool {
@@ -1111,7 +895,8 @@ fn attention_core(m: Match, [q, k, v]: [&str; 3], scores: &Scores, out: &NodePro
             inputs.push(value);
         }
     }
-    let node = NodeProto { overload: Some(form.clone()), ..node_in(TRANSMUTER_DOMAIN, "AttentionCore", &inputs, vec![]) };
+    let node =
+        NodeProto { overload: Some(form.clone()), ..node_in(TRANSMUTER_DOMAIN, "AttentionCore", &inputs, vec![]) };
     let function = FunctionProto {
         input: names,
         doc_string: Some(format!(
