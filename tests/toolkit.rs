@@ -1355,39 +1355,31 @@ fn an_element_of_a_vector_of_unknown_length_is_known_from_its_ends() {
         let relative = b.node("Range", &[&start, &limit, &last], vec![]);
         let expected = if elem == INT64 { "s + 8".to_string() } else { format!("{relative}#0") };
         assert_eq!(shape(&b, 17, &relative).unwrap(), [expected], "element type {elem}");
+        if elem == FLOAT {
+            continue;
+        }
+        let float = |b: &mut Builder, name: &str, v: f64| b.init(name, tensor(FLOAT, &[], &[v]));
+
+        // Near-misses: an element past the Concat's known head (it is inner's
+        // first, which this rule does not follow through a Slice), and the
+        // last element of a Range by a step that is no whole number.
+        let second = b.node("Gather", &[&pooled, &one], vec![]);
+        let beyond = b.node("Range", &[&zero, &second, &one], vec![]);
+        assert_eq!(shape(&b, 17, &beyond).unwrap(), [format!("{beyond}#0")]);
+        let half = float(&mut b, "half", 0.5);
+        let zero_f = float(&mut b, "zero_f", 0.0);
+        let seq_f = b.node("Cast", &[&seq], vec![attr_int("to", FLOAT as i64)]);
+        let halves = b.node("Range", &[&zero_f, &seq_f, &half], vec![]);
+        let halves_last = b.node("Gather", &[&halves, &last], vec![]);
+        let halves_last = b.node("Cast", &[&halves_last], vec![attr_int("to", INT64 as i64)]);
+        let from_halves = b.node("Range", &[&zero, &halves_last, &one], vec![]);
+        assert_eq!(shape(&b, 17, &from_halves).unwrap(), [format!("{from_halves}#0")]);
+
+        // The shape of a value of unknown rank is a vector.
+        let y = b.input("y", FLOAT, None);
+        let shape_y = b.node("Shape", &[&y], vec![]);
+        assert_eq!(shape(&b, 17, &shape_y).unwrap(), [format!("{shape_y}#0")]);
     }
-    let mut b = Builder::default();
-    let x = b.input("x", FLOAT, Some(&[sym("b"), sym("s"), D::N(4)]));
-    let shape_x = b.node("Shape", &[&x], vec![]);
-    let index = |b: &mut Builder, i: i64| b.init(&format!("index{i}"), tensor(INT64, &[], &[i as f64]));
-    let (one, zero, last) = (index(&mut b, 1), index(&mut b, 0), index(&mut b, -1));
-    let seq = b.node("Gather", &[&shape_x, &one], vec![]);
-    let range = b.node("Range", &[&zero, &seq, &one], vec![]);
-    let (starts, ends, axes) = (b.init("starts", ints(&[1])), b.init("ends", ints(&[-1])), b.init("axes", ints(&[0])));
-    let inner = b.node("Slice", &[&range, &starts, &ends, &axes], vec![]);
-    let cls = b.init("cls", tensor(INT64, &[1], &[-1.0]));
-    let pooled = b.node("Concat", &[&cls, &inner], vec![attr_int("axis", 0)]);
-    let float = |b: &mut Builder, name: &str, v: f64| b.init(name, tensor(FLOAT, &[], &[v]));
-
-    // Near-misses: an element past the Concat's known head (it is inner's
-    // first, which this rule does not follow through a Slice), and the
-    // last element of a Range by a step that is no whole number.
-    let second = b.node("Gather", &[&pooled, &one], vec![]);
-    let beyond = b.node("Range", &[&zero, &second, &one], vec![]);
-    assert_eq!(shape(&b, 17, &beyond).unwrap(), [format!("{beyond}#0")]);
-    let half = float(&mut b, "half", 0.5);
-    let zero_f = float(&mut b, "zero_f", 0.0);
-    let seq_f = b.node("Cast", &[&seq], vec![attr_int("to", FLOAT as i64)]);
-    let halves = b.node("Range", &[&zero_f, &seq_f, &half], vec![]);
-    let halves_last = b.node("Gather", &[&halves, &last], vec![]);
-    let halves_last = b.node("Cast", &[&halves_last], vec![attr_int("to", INT64 as i64)]);
-    let from_halves = b.node("Range", &[&zero, &halves_last, &one], vec![]);
-    assert_eq!(shape(&b, 17, &from_halves).unwrap(), [format!("{from_halves}#0")]);
-
-    // The shape of a value of unknown rank is a vector.
-    let y = b.input("y", FLOAT, None);
-    let shape_y = b.node("Shape", &[&y], vec![]);
-    assert_eq!(shape(&b, 17, &shape_y).unwrap(), [format!("{shape_y}#0")]);
 }
 
 /// Funnel keeps its class token apart, `x[:, :1]` and `x[:, 1:]`, and
