@@ -1552,7 +1552,7 @@ impl<'g, 'a> Shapes<'g, 'a> {
             "Cast" if cast_to(node).is_some_and(crate::onnx::holds_sizes) => {
                 let to = cast_to(node).unwrap_or_default();
                 let source = arg(0).map(|e| e.into_iter().map(|d| held_as(to, d?)).collect::<Vec<_>>());
-                let to_integer = cast_to(node).is_some_and(crate::onnx::is_integer);
+                let to_integer = crate::onnx::is_integer(to);
                 match source {
                     Some(e) if e.iter().all(Option::is_some) => Some(e),
                     // `int(h / p)`: a float quotient of sizes, truncated;

@@ -181,8 +181,7 @@ pub(super) fn ort(
     g.require_opset(23, "Attention")?;
     let core_inputs = [q, k, v];
     let call = read(g, shapes, g.node(anchor), [q, k], form, steps, ORT_ELEMS)?;
-    let Call { q, k, key_scaled_at_run_time, scale, nan_guard, softcap, .. } = call;
-    let elem = FLOAT;
+    let Call { elem, q, k, key_scaled_at_run_time, scale, nan_guard, softcap, .. } = call;
     // Heads folded into the batch (BART's and BLOOM's eager attention):
     // the masks are added to the scores' 4-D view, the first Reshape's,
     // or before it to the folded scores (BLOOM's ALiBi, `in_the_view`).
