@@ -134,6 +134,17 @@ pub fn original_ops() -> GraphProto {
     GraphProto { name: Some(ORIGINAL.into()), ..Default::default() }
 }
 
+/// `If(cond) { then } else { otherwise }`: a kernel's guard.
+pub fn guard(cond: &str, then: GraphProto, otherwise: GraphProto) -> NodeProto {
+    let branches = vec![AttributeProto::graph("then_branch", then), AttributeProto::graph("else_branch", otherwise)];
+    node("If", &[cond], branches)
+}
+
+/// A branch of `nodes` whose result is `out`, of element type `elem`.
+pub fn branch(name: &str, nodes: Vec<NodeProto>, out: &str, elem: i32) -> GraphProto {
+    GraphProto { name: Some(name.into()), node: nodes, output: vec![value_info(out, elem)], ..Default::default() }
+}
+
 /// A value a match reads from a node it leaves in place.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Kept {

@@ -351,3 +351,51 @@ pub fn slice_arguments(g: &Graph, shapes: &dyn ShapeFacts, node: &crate::onnx::N
     let steps = ints(4)?.unwrap_or_else(|| vec![1; starts.len()]);
     Some([starts, ends, axes, steps])
 }
+
+/// The values `value` can hold, each once, where a few are proved: a
+/// constant's values, or an exactly folded tensor's; 0 and 1 of a Cast of
+/// a bool; both of `Where(c, a, b)` of one-value `a` and `b`; what ops
+/// that only move or repeat elements make of such a value, or a Cast that
+/// keeps them (to its own type; 0 and 1 to any); all of a Concat's
+/// (GPT-2's causal mask sliced from its `bias` table, SDPA's masks of 0
+/// and -inf).
+pub fn values_held(g: &Graph, shapes: &dyn ShapeFacts, value: &str) -> Option<Vec<f64>> {
+    values_held_at(g, shapes, value, 16)
+}
+
+fn values_held_at(g: &Graph, shapes: &dyn ShapeFacts, value: &str, depth: usize) -> Option<Vec<f64>> {
+    /// Ops whose output holds only elements of their first input.
+    const MOVES: &[&str] =
+        &["Slice", "Gather", "Reshape", "Squeeze", "Unsqueeze", "Expand", "Transpose", "Tile", "Flatten", "Identity"];
+    let distinct = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.dedup_by(|a, b| a.to_bits() == b.to_bits());
+        Some(v)
+    };
+    let constant = g.constant(value).and_then(TensorProto::values);
+    if let Some(values) = constant.or_else(|| fold(g, shapes, value).filter(|c| c.exact).map(|c| c.values)) {
+        return distinct(values);
+    }
+    let node = g.node(g.producer(value)?);
+    if depth == 0 || !crate::onnx::is_default_domain(node.domain()) || node.input.is_empty() {
+        return None;
+    }
+    let input = |i: usize| values_held_at(g, shapes, node.input.get(i)?, depth - 1);
+    match node.op_type() {
+        "Where" if node.input.len() == 3 => {
+            let (a, b) = (fold(g, shapes, &node.input[1])?, fold(g, shapes, &node.input[2])?);
+            (a.exact && b.exact).then_some(())?;
+            distinct(vec![a.scalar()?, b.scalar()?])
+        }
+        "Cast" if g.elem_type(&node.input[0]) == Some(crate::onnx::BOOL) => Some(vec![0.0, 1.0]),
+        "Cast" => {
+            let values = input(0)?;
+            let same = g.elem_type(&node.input[0]).is_some_and(|t| Some(t) == g.elem_type(value));
+            let kept = same || values.iter().all(|&x| x == 0.0 || x == 1.0);
+            kept.then_some(values)
+        }
+        "Concat" => distinct((0..node.input.len()).map(input).collect::<Option<Vec<_>>>()?.concat()),
+        op if MOVES.contains(&op) => input(0),
+        _ => None,
+    }
+}

@@ -1662,6 +1662,46 @@ impl<'g, 'a> Shapes<'g, 'a> {
     }
 }
 
+impl<'a> Shapes<'_, 'a> {
+    /// A graph input with an axis of size `d`, and that axis: a kernel's
+    /// guard whose conditions on sizes read there rather than a value of
+    /// each layer writes the same nodes in every layer, which
+    /// `rewrite::share_prelude_nodes` makes one (a decode step computes
+    /// them once, not once a layer). Its shape is proved as `d` is (equal
+    /// dimensions are equal numbers on every run; a declared symbol is one
+    /// dimension wherever it is declared). An input an initializer gives a
+    /// default is left out: a feed may replace it in another shape.
+    pub fn input_axis(&self, d: &Dim) -> Option<(&'a str, i64)> {
+        self.fed_inputs().find_map(|x| Some((x, self.shape(x)?.iter().position(|e| e == d)? as i64)))
+    }
+
+    /// A graph input (`input_axis`) empty where a value of shape `dims` is
+    /// and nowhere else: the axes of each that are no positive number are
+    /// the same dimensions, and a size is 0 where one of them is.
+    pub fn input_as_empty_as(&self, dims: &[Dim]) -> Option<&'a str> {
+        let unknown = |dims: &[Dim]| -> Option<Vec<Dim>> {
+            let mut unknown = vec![];
+            for d in dims {
+                match d.value() {
+                    Some(n) if n > 0 => {}
+                    Some(_) => return None,
+                    None => unknown.push(d.clone()),
+                }
+            }
+            unknown.sort_by_key(|d| d.to_string());
+            unknown.dedup();
+            Some(unknown)
+        };
+        let want = unknown(dims).filter(|u| !u.is_empty())?;
+        self.fed_inputs().find(|x| self.shape(x).and_then(|s| unknown(&s)).as_ref() == Some(&want))
+    }
+
+    /// The graph's inputs no initializer gives a default.
+    fn fed_inputs(&self) -> impl Iterator<Item = &'a str> + 'a {
+        self.g.proto.fed_inputs().map(|i| i.name()).filter(|x| !x.is_empty())
+    }
+}
+
 impl Shapes<'_, '_> {
     /// `p / c` in a float type, as torch traces `h / c` of a size: the
     /// elements of p, each a size, and c, a whole number of at least 1 (the
@@ -1762,6 +1802,19 @@ fn min_name(e: &Dim, n: i64) -> String {
 /// (trailing axes aligned), operands too short to reach it left out.
 fn aligned(shapes: &[Vec<Dim>], rank: usize, i: usize) -> Vec<&Dim> {
     shapes.iter().filter_map(|s| (i + s.len()).checked_sub(rank).map(|j| &s[j])).collect()
+}
+
+/// The shape these shapes broadcast to (numpy's rule), where each axis is
+/// proved: its dimensions other than 1 equal (none: 1).
+pub fn proved_broadcast(shapes: &[Vec<Dim>]) -> Option<Vec<Dim>> {
+    let rank = shapes.iter().map(Vec::len).max()?;
+    (0..rank)
+        .map(|i| {
+            let mut not_one = aligned(shapes, rank, i).into_iter().filter(|d| d.value() != Some(1));
+            let axis = not_one.next().cloned().unwrap_or(Dim::known(1));
+            not_one.all(|d| *d == axis).then_some(axis)
+        })
+        .collect()
 }
 
 /// False where two operands of a broadcast meet on an axis with different

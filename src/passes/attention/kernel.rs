@@ -45,11 +45,11 @@ use std::collections::HashMap;
 
 use super::runtimes::ORT_CPU as SPEED;
 use super::{Scores, Step, PORTABLE};
-use crate::graph::fold::fold;
+use crate::graph::fold::{fold, values_held};
 use crate::graph::{known, Check, Graph, Miss, Stop};
 use crate::onnx::{type_text, AttributeProto, GraphProto, NodeProto, TensorProto, DOUBLE, FLOAT, FLOAT16, INT64};
-use crate::rewrite::{node, original_ops, reading_instead, value_info, writing, Kept, Match, Nodes, Rewrite};
-use crate::shapes::{Dim, Shapes};
+use crate::rewrite::{branch, guard, node, original_ops, reading_instead, writing, Kept, Match, Nodes, Rewrite};
+use crate::shapes::{proved_broadcast, Dim, Shapes};
 use crate::{decline, require};
 
 /// A core read as ONNX `Attention`'s arguments, alike for both targets
@@ -343,7 +343,7 @@ pub(super) fn ort(
                 let what = if alike(x) { format!("size_{i}_{}", short(x)) } else { format!("size_{}", short(x)) };
                 // Read where every layer's guard reads it (`input_as_empty_as`).
                 let dims = shapes.shape(x).unwrap_or_default();
-                prelude.op(&what, "Size", &[input_as_empty_as(g, shapes, &dims).unwrap_or(x)], vec![])
+                prelude.op(&what, "Size", &[shapes.input_as_empty_as(&dims).unwrap_or(x)], vec![])
             })
             .collect();
         let fewest = match &sizes[..] {
@@ -530,7 +530,7 @@ pub(super) fn ort(
         (false, Some(_)) => Some(Hiding::NotKept),
     };
     let at = if merged.is_some() { 1 } else { 2 };
-    let (of, at) = input_axis(g, shapes, &sq[2]).unwrap_or((&q, at));
+    let (of, at) = shapes.input_axis(&sq[2]).unwrap_or((&q, at));
     let length = query_length(&sq[2], of, at, &mut prelude);
     // The 3-D value's last axis, named to ONNX's shape inference where a
     // piece cuts its keys (`keys_seen`).
@@ -907,7 +907,7 @@ fn replayed_mask(
         .iter()
         .map(|x| shape_of(x).or_decline(|| format!("the shape of the mask {x} is not proved")))
         .collect::<Check<_>>()?;
-    let shape = broadcast(&read_shapes).or_decline(|| {
+    let shape = proved_broadcast(&read_shapes).or_decline(|| {
         let each: Vec<String> = read_shapes.iter().map(|s| dims(s)).collect();
         format!("the masks' shapes ({}) are not proved to broadcast", each.join("; "))
     })?;
@@ -971,55 +971,6 @@ fn in_the_view(shapes: &Shapes, m: &str, sq: &[Dim], prelude: &mut Nodes) -> Che
     let target = prelude.op(&of("view"), "Concat", &[&batch, &heads, &rest], vec![int("axis", 0)]);
     let x = prelude.op(&of("viewed"), "Reshape", &[m, &target], vec![]);
     Ok(Some((x, vec![sq[0].clone(), sq[1].clone(), sm[1].clone(), sm[2].clone()])))
-}
-
-/// The shape values of these shapes broadcast to (numpy's rule), where
-/// each axis is proved: equal, or 1.
-fn broadcast(shapes: &[Vec<Dim>]) -> Option<Vec<Dim>> {
-    let rank = shapes.iter().map(Vec::len).max()?;
-    (0..rank)
-        .map(|i| {
-            let mut axis = Dim::known(1);
-            for s in shapes {
-                let Some(d) = (i + s.len()).checked_sub(rank).map(|j| &s[j]) else { continue };
-                if d.value() == Some(1) {
-                    continue;
-                }
-                if axis.value() == Some(1) {
-                    axis = d.clone();
-                } else if &axis != d {
-                    return None;
-                }
-            }
-            Some(axis)
-        })
-        .collect()
-}
-
-/// The values a mask can hold, where it is computed as
-/// `Where(c, a, b)` of one-value constants (through ops that only move or
-/// repeat values); none where that is not proved.
-fn mask_values(g: &Graph, shapes: &Shapes, value: &str, depth: usize) -> Option<Vec<f64>> {
-    if let Some(c) = fold(g, shapes, value).filter(|c| c.exact) {
-        return Some(c.values);
-    }
-    let node = g.node(g.producer(value)?);
-    if depth == 0 || !crate::onnx::is_default_domain(node.domain()) {
-        return None;
-    }
-    match node.op_type() {
-        "Where" if node.input.len() == 3 => {
-            let (a, b) = (fold(g, shapes, &node.input[1])?, fold(g, shapes, &node.input[2])?);
-            (a.exact && b.exact && a.values.len() == 1 && b.values.len() == 1).then(|| vec![a.values[0], b.values[0]])
-        }
-        "Expand" | "Slice" | "Reshape" | "Unsqueeze" | "Squeeze" | "Identity" | "Transpose" | "Gather" => {
-            mask_values(g, shapes, &node.input[0], depth - 1)
-        }
-        "Cast" if g.elem_type(&node.input[0]) == g.elem_type(value) => {
-            mask_values(g, shapes, &node.input[0], depth - 1)
-        }
-        _ => None,
-    }
 }
 
 /// Whether `k`, the transposed key `unscaled` times one value
@@ -1213,44 +1164,41 @@ fn folded_repeated_key<'a>(g: &Graph<'a>, shapes: &Shapes, k: &str) -> Option<(&
 /// (rank 3), of `x` `[b, kv, t, d]` unsqueezed at axis 2 and expanded (or
 /// tiled) to `[b, kv, n, t, d]`.
 fn repeated<'a>(g: &Graph<'a>, shapes: &Shapes, value: &'a str, rank: usize) -> Option<(&'a str, i64)> {
-    {
-        let reshape = g.node(g.produced_by(value, "Reshape").ok()?);
-        let spread = g.node(g.producer(g.unchanged(&reshape.input[0]))?);
-        require_some(spread.is("Expand") || spread.is("Tile"))?;
-        let unsqueeze = g.node(g.produced_by(g.unchanged(&spread.input[0]), "Unsqueeze").ok()?);
-        // The new axis is 2 (of 5): each head's rows are then repeated in place.
-        let axes = g.ints_argument(unsqueeze, "axes", 1, 13);
-        require_some(matches!(axes, crate::graph::IntsArgument::Known(ref a) if a[..] == [2] || a[..] == [-3]))?;
-        if spread.is("Tile") {
-            let reps = fold(g, shapes, spread.input.get(1)?)?;
-            require_some(reps.values.len() == 5 && reps.values.iter().enumerate().all(|(i, &r)| i == 2 || r == 1.0))?;
-        }
-        let x = unsqueeze.input.first()?.as_str();
-        let (sx, se, sr) = (shapes.shape(x)?, shapes.shape(&spread.output[0])?, shapes.shape(value)?);
-        let n = se.get(2)?.value()?;
-        let same = |a: &Dim, b: &Dim| a == b;
-        // (Read once x is proved 4-D.)
-        let merged = || {
-            let heads = sx[1].mul(&Dim::known(n));
-            match rank {
-                4 => sr.len() == 4 && same(&sr[0], &sx[0]) && Some(&sr[1]) == heads.as_ref() && sr[2..] == sx[2..],
-                _ => {
-                    let folded = heads.and_then(|h| sx[0].mul(&h));
-                    sr.len() == 3 && Some(&sr[0]) == folded.as_ref() && sr[1..] == sx[2..]
-                }
-            }
-        };
-        let proved = sx.len() == 4
-            && se.len() == 5
-            && n >= 1
-            && same(&se[0], &sx[0])
-            && same(&se[1], &sx[1])
-            && same(&se[3], &sx[2])
-            && same(&se[4], &sx[3])
-            && merged()
-            && shapes.shape(&unsqueeze.output[0]).is_some_and(|u| u.len() == 5 && u[2].value() == Some(1));
-        proved.then_some((x, n))
+    let reshape = g.node(g.produced_by(value, "Reshape").ok()?);
+    let spread = g.node(g.producer(g.unchanged(&reshape.input[0]))?);
+    require_some(spread.is("Expand") || spread.is("Tile"))?;
+    let unsqueeze = g.node(g.produced_by(g.unchanged(&spread.input[0]), "Unsqueeze").ok()?);
+    // The new axis is 2 (of 5): each head's rows are then repeated in place.
+    let axes = g.ints_argument(unsqueeze, "axes", 1, 13);
+    require_some(matches!(axes, crate::graph::IntsArgument::Known(ref a) if a[..] == [2] || a[..] == [-3]))?;
+    if spread.is("Tile") {
+        let reps = fold(g, shapes, spread.input.get(1)?)?;
+        require_some(reps.values.len() == 5 && reps.values.iter().enumerate().all(|(i, &r)| i == 2 || r == 1.0))?;
     }
+    let x = unsqueeze.input.first()?.as_str();
+    let (sx, se, sr) = (shapes.shape(x)?, shapes.shape(&spread.output[0])?, shapes.shape(value)?);
+    let n = se.get(2)?.value()?;
+    // (Read once x is proved 4-D.)
+    let merged = || {
+        let heads = sx[1].mul(&Dim::known(n));
+        match rank {
+            4 => sr.len() == 4 && sr[0] == sx[0] && Some(&sr[1]) == heads.as_ref() && sr[2..] == sx[2..],
+            _ => {
+                let folded = heads.and_then(|h| sx[0].mul(&h));
+                sr.len() == 3 && Some(&sr[0]) == folded.as_ref() && sr[1..] == sx[2..]
+            }
+        }
+    };
+    let proved = sx.len() == 4
+        && se.len() == 5
+        && n >= 1
+        && se[0] == sx[0]
+        && se[1] == sx[1]
+        && se[3] == sx[2]
+        && se[4] == sx[3]
+        && merged()
+        && shapes.shape(&unsqueeze.output[0]).is_some_and(|u| u.len() == 5 && u[2].value() == Some(1));
+    proved.then_some((x, n))
 }
 
 fn require_some(cond: bool) -> Option<()> {
@@ -1278,7 +1226,7 @@ fn visible_rows(
         );
         return Ok(None);
     }
-    let sdpa = mask_values(g, shapes, mask, 8)
+    let sdpa = values_held(g, shapes, mask)
         .is_some_and(|v| v.iter().all(|&x| x == f64::NEG_INFINITY || (x.is_finite() && x > f64::from(f32::MIN))));
     if nan_guard && sdpa {
         return Ok(None);
@@ -1407,45 +1355,6 @@ enum Length {
     Short,
     Long,
     Either(String),
-}
-
-/// A graph input with an axis of size `d`, and that axis. The guard's
-/// conditions on sizes read there rather than each layer's q are the same
-/// nodes in every layer, which `rewrite::share_prelude_nodes` makes one: a
-/// decode step computes them once, not once a layer. Its shape is proved
-/// as the sizes every condition leaves out are (equal dimensions are equal
-/// numbers on every run; a declared symbol is one dimension wherever it is
-/// declared), and what it reads is no value the match computes. An input
-/// an initializer gives a default is left out: a feed may replace it in
-/// another shape.
-fn input_axis<'a>(g: &Graph<'a>, shapes: &Shapes, d: &Dim) -> Option<(&'a str, i64)> {
-    graph_inputs(g).find_map(|x| Some((x, shapes.shape(x)?.iter().position(|e| e == d)? as i64)))
-}
-
-/// A graph input (`input_axis`) empty where a value of shape `dims` is and
-/// nowhere else: the axes of each that are no positive number are the
-/// same dimensions, and a size is 0 where one of them is.
-fn input_as_empty_as<'a>(g: &Graph<'a>, shapes: &Shapes, dims: &[Dim]) -> Option<&'a str> {
-    let unknown = |dims: &[Dim]| -> Option<Vec<Dim>> {
-        let mut unknown = vec![];
-        for d in dims {
-            match d.value() {
-                Some(n) if n > 0 => {}
-                Some(_) => return None,
-                None => unknown.push(d.clone()),
-            }
-        }
-        unknown.sort_by_key(|d| d.to_string());
-        unknown.dedup();
-        Some(unknown)
-    };
-    let want = unknown(dims).filter(|u| !u.is_empty())?;
-    graph_inputs(g).find(|x| shapes.shape(x).and_then(|s| unknown(&s)).as_ref() == Some(&want))
-}
-
-/// The graph's inputs no initializer gives a default.
-fn graph_inputs<'a>(g: &Graph<'a>) -> impl Iterator<Item = &'a str> + 'a {
-    g.proto.fed_inputs().map(|i| i.name()).filter(|x| !x.is_empty())
 }
 
 /// The `Length` of the queries `s`, axis `at` of q.
@@ -1702,17 +1611,6 @@ fn every_row_visible(t: &TensorProto) -> bool {
     let (Some(values), Some(&last)) = (t.values(), t.dims.last()) else { return false };
     let lowest = f64::from(f32::MIN);
     last > 0 && values.chunks(last as usize).all(|row| row.iter().any(|&x| x.is_nan() || x > lowest))
-}
-
-/// `If(cond) { then } else { otherwise }`.
-fn guard(cond: &str, then: GraphProto, otherwise: GraphProto) -> NodeProto {
-    let branches = vec![AttributeProto::graph("then_branch", then), AttributeProto::graph("else_branch", otherwise)];
-    node("If", &[cond], branches)
-}
-
-/// A branch of `nodes` whose result is `out`, of element type `elem`.
-fn branch(name: &str, nodes: Vec<NodeProto>, out: &str, elem: i32) -> GraphProto {
-    GraphProto { name: Some(name.into()), node: nodes, output: vec![value_info(out, elem)], ..Default::default() }
 }
 
 fn int(name: &str, value: i64) -> AttributeProto {

@@ -39,6 +39,7 @@
 //! outside (a constant the model shares) follow. docs/attention-core.md is
 //! the interface for kernel writers.
 
+use crate::graph::fold::values_held;
 use crate::graph::{known, Check, Graph, Miss, Relabel, Stop, Target};
 use crate::onnx::{FunctionProto, NodeProto, TensorProto, BFLOAT16, DOUBLE, FLOAT, FLOAT16, TRANSMUTER_DOMAIN};
 use crate::pattern::{self, cast_to};
@@ -276,7 +277,7 @@ fn matched<'a>(g: &Graph<'a>, shapes: &Shapes, index: usize) -> Check<Core<'a>> 
     after.reverse();
     softmax_over_last_axis(g, &shapes, softmax)?;
 
-    let (scores, mut before) = scores_chain(g, &g.node(softmax).input[0], 0)?;
+    let (scores, mut before) = scores_chain(g, shapes, &g.node(softmax).input[0], 0)?;
     let scores_node = g.node(scores);
     let form = match scores_node.op_type() {
         "FusedMatMul" => Scores::Fused,
@@ -584,7 +585,12 @@ fn softmax_over_last_axis(g: &Graph, shapes: &Shapes, softmax: usize) -> Check<(
 /// Back from the Softmax's input to the MatMul of q and k, through the
 /// steps the spec allows. An Add is tried both ways round: which operand is
 /// the scores is what leads back to the MatMul.
-fn scores_chain<'a>(g: &Graph<'a>, value: &'a str, depth: usize) -> Check<(usize, Vec<(usize, Step)>)> {
+fn scores_chain<'a>(
+    g: &Graph<'a>,
+    shapes: &Shapes,
+    value: &'a str,
+    depth: usize,
+) -> Check<(usize, Vec<(usize, Step)>)> {
     require!(depth < 8, "no MatMul within 8 steps before the Softmax");
     let p = g.computing(value)?;
     let node = g.node(p);
@@ -596,7 +602,7 @@ fn scores_chain<'a>(g: &Graph<'a>, value: &'a str, depth: usize) -> Check<(usize
     };
     // An Identity or an inference Dropout computes nothing: no step.
     if let Some(input) = g.identity_input(p) {
-        return scores_chain(g, input, depth + 1);
+        return scores_chain(g, shapes, input, depth + 1);
     }
     let binary = node.input.len() == 2;
     match node.op_type() {
@@ -613,23 +619,24 @@ fn scores_chain<'a>(g: &Graph<'a>, value: &'a str, depth: usize) -> Check<(usize
         "MatMul" | "Einsum" if binary => return Ok((p, vec![])),
         "Mul" if binary => {
             if let Some((scores, cap)) = softcap(g, node)? {
-                return step(scores_chain(g, scores, depth + 1), cap);
+                return step(scores_chain(g, shapes, scores, depth + 1), cap);
             }
             // Neither operand a constant: a scale computed at run time
             // (SwinV2's Exp(Clip(logit_scale)) per head); the scores are
             // the operand that leads back to the MatMul.
             if node.input.iter().all(|i| g.constant(i).is_none()) {
                 let (a, b) = (&node.input[0], &node.input[1]);
-                let first = step(scores_chain(g, a, depth + 1), Step::Multiplier(b.clone()));
+                let first = step(scores_chain(g, shapes, a, depth + 1), Step::Multiplier(b.clone()));
                 return first.or_else(|miss| {
-                    step(scores_chain(g, b, depth + 1), Step::Multiplier(a.clone())).map_err(|_| miss)
+                    step(scores_chain(g, shapes, b, depth + 1), Step::Multiplier(a.clone())).map_err(|_| miss)
                 });
             }
             // The scale is the constant operand (either order).
             let (s, c) = if g.constant(&node.input[1]).is_some() { (0, 1) } else { (1, 0) };
             pattern::scalar(g, &node.input[c], &node.input[s], "the Mul scale")?;
             let scale = g.constant(&node.input[c]).expect("a constant, proved above");
-            let found = step(scores_chain(g, &node.input[s], depth + 1), Step::Scale("Mul", Clone::clone(scale)));
+            let found =
+                step(scores_chain(g, shapes, &node.input[s], depth + 1), Step::Scale("Mul", Clone::clone(scale)));
             return found;
         }
         "Div" if binary => {
@@ -641,19 +648,19 @@ fn scores_chain<'a>(g: &Graph<'a>, value: &'a str, depth: usize) -> Check<(usize
                 }
                 None => Step::Divisor(divisor.clone()),
             };
-            return step(scores_chain(g, &node.input[0], depth + 1), s);
+            return step(scores_chain(g, shapes, &node.input[0], depth + 1), s);
         }
         "Cast" => {
             require!(is_float(cast_to(node)), "the Cast before the Softmax is not to a float type");
             let s = Step::Cast(cast_to(node).unwrap_or_default());
-            return step(scores_chain(g, &node.input[0], depth + 1), s);
+            return step(scores_chain(g, shapes, &node.input[0], depth + 1), s);
         }
         "Max" if binary => {
             let (s, c) = if g.constant(&node.input[1]).is_some() { (0, 1) } else { (1, 0) };
             let bound = pattern::scalar(g, &node.input[c], &node.input[s], "the Max's bound")?;
             // At most a fill: a key the mask hides stays hidden.
             require!(bound <= MAX_FILL, "the Max's bound is {bound}, not at most -1e4: hidden keys would keep weight");
-            return step(scores_chain(g, &node.input[s], depth + 1), Step::Max);
+            return step(scores_chain(g, shapes, &node.input[s], depth + 1), Step::Max);
         }
         "Where" if node.input.len() == 3 => {
             // The fill is the constant branch: Where(keep, s, fill), or
@@ -671,17 +678,17 @@ fn scores_chain<'a>(g: &Graph<'a>, value: &'a str, depth: usize) -> Check<(usize
             require!(value <= MAX_FILL, "the Where fill is {value}, not at most -1e4: hidden keys would keep weight");
             let fill = Clone::clone(g.constant(fill).expect("a constant, proved above"));
             let s = Step::Where { keep: node.input[0].clone(), fill, fill_first };
-            return step(scores_chain(g, scores, depth + 1), s);
+            return step(scores_chain(g, shapes, scores, depth + 1), s);
         }
         "Add" if binary => {
             let (a, b) = (&node.input[0], &node.input[1]);
-            let first = step(scores_chain(g, a, depth + 1), Step::Mask(b.clone()));
-            let found =
-                first.or_else(|miss| step(scores_chain(g, b, depth + 1), Step::Mask(a.clone())).map_err(|_| miss));
+            let first = step(scores_chain(g, shapes, a, depth + 1), Step::Mask(b.clone()));
+            let found = first
+                .or_else(|miss| step(scores_chain(g, shapes, b, depth + 1), Step::Mask(a.clone())).map_err(|_| miss));
             return found;
         }
         "Reshape" if binary => {
-            return step(scores_chain(g, &node.input[0], depth + 1), reshape(g, node));
+            return step(scores_chain(g, shapes, &node.input[0], depth + 1), reshape(g, node));
         }
         "Sub" if binary => {
             // Megatron's s·m − c·(1 − m): its penalty is a Mul of 1 − m, and
@@ -690,11 +697,11 @@ fn scores_chain<'a>(g: &Graph<'a>, value: &'a str, depth: usize) -> Check<(usize
             let penalty = g.produced_by(&node.input[1], "Mul").ok().map(|p| g.node(p));
             let product = g.produced_by(&node.input[0], "Mul").is_ok();
             if product && penalty.is_some_and(|p| p.input.iter().any(|i| g.produced_by(i, "Sub").is_ok())) {
-                let (scores, megatron) = megatron_mask(g, node)?;
-                return step(scores_chain(g, scores, depth + 1), megatron);
+                let (scores, megatron) = megatron_mask(g, shapes, node)?;
+                return step(scores_chain(g, shapes, scores, depth + 1), megatron);
             }
             // A term subtracted (XLNet: `score − 1e30 · mask`).
-            return step(scores_chain(g, &node.input[0], depth + 1), Step::Subtract(node.input[1].clone()));
+            return step(scores_chain(g, shapes, &node.input[0], depth + 1), Step::Subtract(node.input[1].clone()));
         }
         _ => {}
     }
@@ -737,9 +744,10 @@ fn softcap<'a>(g: &Graph<'a>, node: &'a NodeProto) -> Check<Option<(&'a str, Ste
 
 /// Megatron's mask `Sub(Mul(s, m), Mul(c, Sub(1, m)))` (each Mul either
 /// order): where m is 1 the scores, where it is 0 the fill −c. It hides keys
-/// only where m is proved to hold nothing but 0 and 1 (a Cast of a bool,
-/// or a constant of zeros and ones) and c ≥ 1e4. Returns the scores.
-fn megatron_mask<'a>(g: &Graph<'a>, node: &'a NodeProto) -> Check<(&'a str, Step)> {
+/// only where m is proved to hold nothing but 0 and 1 (`values_held`: a
+/// Cast of a bool, a constant of zeros and ones) and c ≥ 1e4. Returns the
+/// scores.
+fn megatron_mask<'a>(g: &Graph<'a>, shapes: &Shapes, node: &'a NodeProto) -> Check<(&'a str, Step)> {
     let product = g.node(g.produced_by(&node.input[0], "Mul")?);
     let penalty = g.node(g.produced_by(&node.input[1], "Mul")?);
     // The penalty: a constant times (1 - m).
@@ -757,36 +765,9 @@ fn megatron_mask<'a>(g: &Graph<'a>, node: &'a NodeProto) -> Check<(&'a str, Step
     require!(pattern::scalar(g, one, m, "the mask's complement")? == 1.0, "the complement is not 1 − m");
     let c_value = pattern::scalar(g, c, scores, "the mask's penalty")?;
     require!(c_value >= -MAX_FILL, "the penalty is {c_value}, not at least 1e4: hidden keys would keep weight");
-    require!(zeros_and_ones(g, m), "the mask {m} is not proved to hold only 0 and 1");
+    let zeros_and_ones = values_held(g, shapes, m).is_some_and(|v| v.iter().all(|&x| x == 0.0 || x == 1.0));
+    require!(zeros_and_ones, "the mask {m} is not proved to hold only 0 and 1");
     Ok((scores, Step::Megatron(m.to_string())))
-}
-
-/// A value proved to hold only 0 and 1: a Cast of a bool, a constant of
-/// zeros and ones, or what ops that only move elements (GPT-2's causal
-/// mask sliced from its `bias` table) or cast them make of such a value.
-fn zeros_and_ones(g: &Graph, m: &str) -> bool {
-    zeros_and_ones_at(g, m, 16)
-}
-
-fn zeros_and_ones_at(g: &Graph, m: &str, depth: usize) -> bool {
-    /// Ops whose output holds only elements of their first input.
-    const MOVES: &[&str] =
-        &["Slice", "Gather", "Reshape", "Squeeze", "Unsqueeze", "Expand", "Transpose", "Tile", "Flatten", "Identity"];
-    if let Some(t) = g.constant(m) {
-        return t.values().is_some_and(|v| v.iter().all(|&x| x == 0.0 || x == 1.0));
-    }
-    let Some(node) = g.producer(m).map(|p| g.node(p)) else { return false };
-    if depth == 0 || !crate::onnx::is_default_domain(node.domain()) || node.input.is_empty() {
-        return false;
-    }
-    match node.op_type() {
-        "Cast" => {
-            g.elem_type(&node.input[0]) == Some(crate::onnx::BOOL) || zeros_and_ones_at(g, &node.input[0], depth - 1)
-        }
-        "Concat" => node.input.iter().all(|i| zeros_and_ones_at(g, i, depth - 1)),
-        op if MOVES.contains(&op) => zeros_and_ones_at(g, &node.input[0], depth - 1),
-        _ => false,
-    }
 }
 
 /// The relative spacing of floats near 1 in an element type.
