@@ -578,6 +578,19 @@ fn megatrons_mask_of_zeros_and_ones_is_a_step_of_the_core() {
     let (n, why, _) = attention(&megatron(|_| "mask".to_string()));
     assert_eq!(n, 0);
     assert!(why.iter().any(|r| r.contains("is not proved to hold only 0 and 1")), "{why:?}");
+    // m a Where of the constants 0 and 1 (`fold::values_held`, as SDPA's
+    // masks of 0 and -inf are read): a step; of 0 and 2, no mask.
+    fn selected(b: &mut Builder, kept: f64) -> String {
+        let (zero, kept) = (b.init("zero", tensor(FLOAT, &[], &[0.0])), b.init("kept", tensor(FLOAT, &[], &[kept])));
+        b.node("Where", &["hide", &zero, &kept], vec![])
+    }
+    let model = megatron(|b| selected(b, 1.0));
+    let (n, why, fused) = attention(&model);
+    assert_eq!(n, 1, "{why:?}");
+    assert_equivalent(&model, &fused, "megatron, m a Where of 0 and 1");
+    let (n, why, _) = attention(&megatron(|b| selected(b, 2.0)));
+    assert_eq!(n, 0);
+    assert!(why.iter().any(|r| r.contains("is not proved to hold only 0 and 1")), "{why:?}");
 }
 
 /// SwinV2's learned scale: the scores times `Exp(Clip(logit_scale))`, a
