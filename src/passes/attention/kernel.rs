@@ -166,7 +166,12 @@ fn read<'a>(
 
 /// The ONNX `Attention` of the `ort` target for a matched core, guarded
 /// where ONNX Runtime's kernel's result could differ; `anchor` is the
-/// final MatMul, q, k, v its core's.
+/// final MatMul, q, k, v its core's. In four stages: what the kernel reads
+/// in place of q, k and v (`operands`), the guard's condition that none
+/// of them is empty (`nonempty`), the mask the kernel reads with the
+/// guard's conditions that it computes as the core's masks do
+/// (`attention_mask`), and the call, guarded, over pieces of a long call's
+/// queries, with rows hidden whole lifted where the guard fails.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn ort(
     g: &Graph,
@@ -179,9 +184,7 @@ pub(super) fn ort(
     merge: Merge,
 ) -> Check<Rewrite> {
     g.require_opset(23, "Attention")?;
-    let core_inputs = [q, k, v];
     let call = read(g, shapes, g.node(anchor), [q, k], form, steps, ORT_ELEMS)?;
-    let Call { elem, q, k, key_scaled_at_run_time, scale, nan_guard, softcap, .. } = call;
     // Heads folded into the batch (BART's and BLOOM's eager attention):
     // the masks are added to the scores' 4-D view, the first Reshape's,
     // or before it to the folded scores (BLOOM's ALiBi, `in_the_view`).
@@ -199,16 +202,184 @@ pub(super) fn ort(
         }
     }
     let mut masks: Vec<Step> = call.masks.into_iter().map(|(m, _)| m).collect();
-    let q = q.to_string();
+    let (elem, scale, nan_guard) = (call.elem, call.scale, call.nan_guard);
+    let ops = operands(g, shapes, (anchor, merge), [call.q, call.k, v], call.key_scaled_at_run_time, views)?;
 
-    // k = Transpose(x, perm), the key [b, h, d, t]: Attention reads
-    // [b, h, t, d], x itself where the perm only swaps the last two axes.
-    // With the heads folded into the batch (a view of the scores), q, the
-    // key and the value are [b·h, s, d] merged from [b, h, s, d] heads,
-    // which the kernel reads, and the 3-D output is split back into them.
+    let a = &g.node(ops.anchor).output[0];
+    let (mut prelude, mut then) = (Nodes::new(format!("{a}/")), Nodes::new(format!("{a}/")));
+    // A mask added to the folded scores before their view is read in it.
+    let mut viewed_shapes: HashMap<String, Vec<Dim>> = HashMap::new();
+    for &i in &before_view {
+        let Step::Mask(m) = &masks[i] else { continue };
+        if let Some((x, shape)) = in_the_view(shapes, m, &ops.sq, &mut prelude)? {
+            masks[i] = Step::Mask(x.clone());
+            viewed_shapes.insert(x, shape);
+        }
+    }
+    let shape_of = |x: &str| viewed_shapes.get(x).cloned().or_else(|| shapes.shape(x));
+    let mut conditions: Vec<String> = nonempty(shapes, &ops, &mut prelude).into_iter().collect();
+
+    let kernel_key = match &ops.key_perm {
+        Some(key_perm) if ops.merged.is_none() => {
+            then.op("key", "Transpose", &[ops.key], vec![AttributeProto::ints("perm", key_perm)])
+        }
+        _ => ops.key.to_string(),
+    };
+    let mut inputs = vec![ops.q.clone(), kernel_key, ops.value.to_string()];
+    // What the match passes through on the way to what the kernel reads
+    // stays where something else reads it too (GPT-2's present key reads
+    // the key's heads): first where a node besides a `Shape` does (what a
+    // `Shape` reads is computed anew, `rewrite::shapes_read_outside`),
+    // then, where that fails, where any node does (`Kept`: the driver
+    // decides by readers).
+    let shared: Vec<String> = [q, k, v]
+        .iter()
+        .zip([ops.q.as_str(), ops.key, ops.value])
+        .flat_map(|(from, to)| between(g, from, to))
+        .collect();
+    let lifted = if masks.is_empty() {
+        None
+    } else {
+        let nodes = [&mut prelude, &mut then];
+        let (mask, lifted) =
+            attention_mask(g, shapes, &ops, (elem, scale, nan_guard), &masks, &shape_of, nodes, &mut conditions)?;
+        inputs.push(mask);
+        lifted
+    };
+    let mut attributes = vec![AttributeProto::float("scale", scale as f32)];
+    if let Some(heads) = ops.merged {
+        attributes.extend([int("q_num_heads", heads), int("kv_num_heads", heads)]);
+    }
+    attributes.extend(call.softcap.map(|cap| AttributeProto::float("softcap", cap as f32)));
+    if nan_guard {
+        // Where the kernel's result holds a NaN, the original's NaN rows
+        // became zeros: the original ops run.
+        let y = then.op("attention", "Attention", &refs(&inputs), attributes);
+        let sum = then.op("sum", "ReduceSum", &[&y], vec![int("keepdims", 0)]);
+        let bad = then.op("has_nan", "IsNaN", &[&sum], vec![]);
+        let kept = branch("the kernel's result", vec![writing(a, node("Identity", &[&y], vec![]))], a, elem);
+        then.list.push(writing(a, guard(&bad, original_ops(), kept)));
+    } else {
+        then.list.push(writing(a, node("Attention", &refs(&inputs), attributes)));
+    }
+    let whole = branch("ONNX Attention", then.list, a, elem);
+    // A long call's pieces read only the keys they see where the mask
+    // hides the rest: a float mask by its lowest or -inf, a Where's kept
+    // keys by false.
+    let hiding = match masks.as_slice() {
+        [] => None,
+        [Step::Where { .. }] => Some(Hiding::NotKept),
+        _ => Some(Hiding::Lowest),
+    };
+    let at = if ops.merged.is_some() { 1 } else { 2 };
+    let (of, at) = shapes.input_axis(&ops.sq[2]).unwrap_or((&ops.q, at));
+    let length = query_length(&ops.sq[2], of, at, &mut prelude);
+    // The 3-D value's last axis, named to ONNX's shape inference where a
+    // piece cuts its keys (`keys_seen`).
+    let width = ops.merged.and_then(|_| shapes.shape(ops.value)?.last()?.value());
+    let pieces = over_query_pieces(&whole, hiding, width);
+    let kernel = match length {
+        Length::Long => pieces.clone(),
+        _ => whole.clone(),
+    };
+    // The guard's condition: every condition at once.
+    let ok = conditions.split_first().map(|(first, rest)| {
+        let mut ok = first.clone();
+        for (i, next) in rest.iter().enumerate() {
+            let both = if i + 1 == rest.len() { "ok".to_string() } else { format!("ok_{i}") };
+            ok = prelude.op(&both, "And", &[&ok, next], vec![]);
+        }
+        ok
+    });
+    // Where the guard fails: the kernel with the rows hidden whole lifted,
+    // over pieces of a long call (its mask a float mask, a Where's kept
+    // keys made one), or the original ops. Where the length is known only
+    // at run time, a long call runs the lifted pieces where the guard
+    // holds too (`held`), so that it needs no third `If`.
+    let lifted_branch = |in_pieces: bool, held: Option<&str>| match &lifted {
+        Some(lifted) => {
+            let kernel = if in_pieces { over_query_pieces(&whole, Some(Hiding::Lowest), width) } else { whole.clone() };
+            hidden_rows_lifted(lifted.clone(), &conditions, &kernel, held, a)
+        }
+        None => original_ops(),
+    };
+    let otherwise = lifted_branch(matches!(length, Length::Long), None);
+    let long_lifted = match (&length, &ok) {
+        (Length::Either(_), Some(ok)) if lifted.is_some() => Some(lifted_branch(true, Some(ok))),
+        _ => None,
+    };
+    let (anchor, n) = (ops.anchor, ops.n);
+    let replacement = match (ok, &length) {
+        (None, Length::Either(long)) => guard(long, pieces, kernel),
+        // No guard at all: the kernel runs whole.
+        (None, _) if !nan_guard => {
+            let mut nodes = whole.node;
+            let attention = nodes.pop().expect("the kernel");
+            prelude.list.extend(nodes);
+            let prelude = prelude.list;
+            return Ok(replace(anchor, attention, shared, |r| grouped(r.after(prelude.clone()).needing_opset(23), n)));
+        }
+        (None, _) => {
+            // Only the NaN guard: the kernel runs before it, unguarded.
+            let mut nodes = kernel.node;
+            let nan_guard = nodes.pop().expect("the NaN guard");
+            prelude.list.extend(nodes);
+            nan_guard
+        }
+        (Some(ok), _) => by_length(&ok, [kernel, pieces], (otherwise, long_lifted), &length, a, &mut prelude),
+    };
+    let prelude = prelude.list;
+    Ok(replace(anchor, replacement, shared, |r| {
+        grouped(r.after(prelude.clone()).running("Attention").needing_opset(23), n)
+    }))
+}
+
+/// What ONNX Runtime's kernel reads in place of a core's q, k and v
+/// (`operands`), and where it writes.
+struct Operands<'a> {
+    /// q `[b, h, s, d]`, or in the 3-D form the `[b, s, h·d]` value its
+    /// heads are split from.
+    q: String,
+    /// The key: `[b, h/n, t, d]` once transposed by `key_perm` (where the
+    /// core's Transpose moves other axes too), or merged as q.
+    key: &'a str,
+    key_perm: Option<Vec<i64>>,
+    /// The value, `[b, h/n, t, dv]` or merged.
+    value: &'a str,
+    /// The node whose output the kernel writes.
+    anchor: usize,
+    /// Query heads per key and value head.
+    n: i64,
+    /// The heads, where the kernel reads and writes them merged (the 3-D form).
+    merged: Option<i64>,
+    /// q's, the key's and the value's shapes, `[b, h, s, d]` each.
+    sq: Vec<Dim>,
+    sk: Vec<Dim>,
+    sv: Vec<Dim>,
+}
+
+/// What the kernel reads in place of q, the transposed key `k` (as `read`
+/// gives them) and v, proved on shapes to be `[b, h, s, d]`,
+/// `[b, h/n, t, d]` and `[b, h/n, t, dv]`. `k = Transpose(x, perm)`, the
+/// key `[b, h, d, t]`: Attention reads `[b, h, t, d]`, x itself where the
+/// perm only swaps the last two axes. With the heads folded into the batch
+/// (a view of the scores, `views`), q, the key and the value are `[b·h, s,
+/// d]` merged from `[b, h, s, d]` heads, which the kernel reads, and the
+/// 3-D output is split back into them. A key and value repeated n times
+/// per head in place are grouped heads. `merge`: the Reshapes past the
+/// product the rule is at.
+fn operands<'a>(
+    g: &Graph<'a>,
+    shapes: &Shapes,
+    (anchor, merge): (usize, Merge),
+    [q, k, v]: [&'a str; 3],
+    key_scaled_at_run_time: bool,
+    views: &[usize],
+) -> Check<Operands<'a>> {
+    let q = q.to_string();
     let folded = views.first().map(|&view| &g.node(view).output[0]);
     let (q, x, key_perm, v, anchor, repeats) = match folded {
-        None => match folded_repeated_key(g, shapes, &k) {
+        None => match folded_repeated_key(g, shapes, k) {
             Some((x, n)) => (q, x, None, v, anchor, Some(n)),
             None => {
                 let (x, key_perm) = key_before_transpose(g, k, 4)?;
@@ -301,294 +472,204 @@ pub(super) fn ort(
     }
 
     // The 3-D form reads the merged values and writes the merged output.
-    let (anchor, q, key, value) = match &merged {
-        Some(m) => (m.anchor, m.q.to_string(), m.key, m.value),
-        None => (anchor, q, key, value),
+    let (anchor, q, key, value, merged) = match merged {
+        Some(m) => (m.anchor, m.q.to_string(), m.key, m.value, Some(m.heads)),
+        None => (anchor, q, key, value, None),
     };
-    let a = &g.node(anchor).output[0];
-    let (mut prelude, mut then) = (Nodes::new(format!("{a}/")), Nodes::new(format!("{a}/")));
-    let mut conditions: Vec<String> = Vec::new();
-    // A mask added to the folded scores before their view is read in it.
-    let mut viewed_shapes: HashMap<String, Vec<Dim>> = HashMap::new();
-    for &i in &before_view {
-        let Step::Mask(m) = &masks[i] else { continue };
-        if let Some((x, shape)) = in_the_view(shapes, m, &sq, &mut prelude)? {
-            masks[i] = Step::Mask(x.clone());
-            viewed_shapes.insert(x, shape);
-        }
-    }
-    let shape_of = |x: &str| viewed_shapes.get(x).cloned().or_else(|| shapes.shape(x));
+    Ok(Operands { q, key, key_perm, value, anchor, n, merged, sq, sk, sv })
+}
 
-    // The kernel refuses an empty batch, query, key or head: q's size
-    // covers b, s and d; the key's where its heads or length may be 0 (a
-    // cache's length past + s is not where s is not); the value's where
-    // its head may be.
+/// The guard's condition that the kernel reads no empty batch, query, key
+/// or head (ONNX Runtime's kernel refuses one, where the core gives an
+/// empty or zero result), pushed to `prelude` where the shapes do not
+/// prove it: q's size covers b, s and d; the key's where its heads or
+/// length may be 0 (a cache's length past + s is not where s is not); the
+/// value's where its head may be.
+fn nonempty(shapes: &Shapes, ops: &Operands, prelude: &mut Nodes) -> Option<String> {
+    let Operands { q, key, value, sq, sk, sv, .. } = ops;
     let positive = |d: &Dim| d.value().is_some_and(|n| n > 0);
     let q_checked = !sq.iter().all(positive);
     let t_follows = sk[2].sub(&sq[2]).is_some_and(|extra| extra.is_size()) && (q_checked || positive(&sq[2]));
     let checks = [
         (q.as_str(), q_checked),
-        (key, !(positive(&sk[1]) && (positive(&sk[2]) || t_follows))),
-        (value, !positive(&sv[3])),
+        (*key, !(positive(&sk[1]) && (positive(&sk[2]) || t_follows))),
+        (*value, !positive(&sv[3])),
     ];
     let empty: Vec<&str> = checks.into_iter().filter(|(_, needed)| *needed).map(|(x, _)| x).collect();
-    if !empty.is_empty() {
-        // (Named by the value, or by its place where two values end alike:
-        // T5's q/MatMul_output_0 and k/MatMul_output_0.)
-        let alike = |x: &str| empty.iter().filter(|y| short(y) == short(x)).count() > 1;
-        let sizes: Vec<String> = empty
-            .iter()
-            .enumerate()
-            .map(|(i, x)| {
-                let what = if alike(x) { format!("size_{i}_{}", short(x)) } else { format!("size_{}", short(x)) };
-                // Read where every layer's guard reads it (`input_as_empty_as`).
-                let dims = shapes.shape(x).unwrap_or_default();
-                prelude.op(&what, "Size", &[shapes.input_as_empty_as(&dims).unwrap_or(x)], vec![])
-            })
-            .collect();
-        let fewest = match &sizes[..] {
-            [one] => one.clone(),
-            _ => prelude.op("fewest", "Min", &refs(&sizes), vec![]),
-        };
-        let zero = prelude.scalar("zero", INT64, 0.0);
-        conditions.push(prelude.op("nonempty", "Greater", &[&fewest, &zero], vec![]));
+    if empty.is_empty() {
+        return None;
     }
-
-    let kernel_key = match &key_perm {
-        Some(key_perm) if merged.is_none() => {
-            then.op("key", "Transpose", &[key], vec![AttributeProto::ints("perm", key_perm)])
-        }
-        _ => key.to_string(),
+    // (Named by the value, or by its place where two values end alike:
+    // T5's q/MatMul_output_0 and k/MatMul_output_0.)
+    let alike = |x: &str| empty.iter().filter(|y| short(y) == short(x)).count() > 1;
+    let sizes: Vec<String> = empty
+        .iter()
+        .enumerate()
+        .map(|(i, x)| {
+            let what = if alike(x) { format!("size_{i}_{}", short(x)) } else { format!("size_{}", short(x)) };
+            // Read where every layer's guard reads it (`input_as_empty_as`).
+            let dims = shapes.shape(x).unwrap_or_default();
+            prelude.op(&what, "Size", &[shapes.input_as_empty_as(&dims).unwrap_or(x)], vec![])
+        })
+        .collect();
+    let fewest = match &sizes[..] {
+        [one] => one.clone(),
+        _ => prelude.op("fewest", "Min", &refs(&sizes), vec![]),
     };
-    let mut inputs = vec![q.clone(), kernel_key, value.to_string()];
-    // What the match passes through on the way to what the kernel reads
-    // stays where something else reads it too (GPT-2's present key reads
-    // the key's heads): first where a node besides a `Shape` does (what a
-    // `Shape` reads is computed anew, `rewrite::shapes_read_outside`),
-    // then, where that fails, where any node does (`Kept`: the driver
-    // decides by readers).
-    let shared: Vec<String> =
-        core_inputs.iter().zip([q.as_str(), key, value]).flat_map(|(from, to)| between(g, from, to)).collect();
-    // What the mask is read from: the additive mask, or a Where's condition
-    // (handed over as Attention's boolean mask, the keys kept), or, for a
-    // Where with an additive mask (GPT-2) or several Wheres, the masks
-    // applied to a score of 0 (`replayed_mask`).
+    let zero = prelude.scalar("zero", INT64, 0.0);
+    Some(prelude.op("nonempty", "Greater", &[&fewest, &zero], vec![]))
+}
+
+/// The mask the kernel reads for the core's mask steps `masks` (none
+/// empty), as `Attention`'s `attn_mask` of the scores' shape, with the
+/// guard's conditions that the kernel computes the core with it (pushed to
+/// `conditions`; the nodes before the guard to `prelude`, those of the
+/// kernel's branch to `then`): the additive mask, or a Where's condition
+/// (handed over as Attention's boolean mask, the keys kept), or, for a
+/// Where with an additive mask (GPT-2) or several Wheres, the masks
+/// applied to a score of 0 (`replayed_mask`). Also the rows the guard may
+/// lift where a row hides every key (`hidden_rows_lifted`). `call`: the
+/// core's element type, scale and NaN guard; `shape_of`: the masks'
+/// shapes, as the scores' view reads them.
+#[allow(clippy::too_many_arguments)]
+fn attention_mask(
+    g: &Graph,
+    shapes: &Shapes,
+    ops: &Operands,
+    (elem, scale, nan_guard): (i32, f64, bool),
+    masks: &[Step],
+    shape_of: &dyn Fn(&str) -> Option<Vec<Dim>>,
+    [prelude, then]: [&mut Nodes; 2],
+    conditions: &mut Vec<String>,
+) -> Check<(String, Option<Lifted>)> {
+    let Operands { q, key, key_perm, merged, sq, sk, .. } = ops;
     let mask = masks.iter().find_map(|m| match m {
         Step::Mask(value) => Some(value.as_str()),
         _ => None,
     });
-    let kept = match masks.as_slice() {
+    let kept = match masks {
         [Step::Where { keep, fill, fill_first }] => {
             Some((keep.as_str(), fill.scalar().unwrap_or(f64::NAN), *fill_first))
         }
         _ => None,
     };
     let mut lifted: Option<Lifted> = None;
-    if !masks.is_empty() {
-        // The scores' bound: |scale · q·k| ≤ scale · d · max|q| · max|k|.
-        let d = sq[3].value().filter(|&d| d > 0);
-        let score_bound = |nodes: &mut Nodes, what: &str| -> Check<String> {
-            let d = d.or_decline(|| {
-                format!("the head size {} is no known number: the bound on the scores {what} needs", sq[3])
-            })?;
-            let (mq, mk) = (largest(&q, "q", nodes), largest(key, "key", nodes));
-            let product = nodes.op("largest_qk", "Mul", &[&mq, &mk], vec![]);
-            let per = nodes.scalar("scale_times_d", elem, scale * d as f64);
-            Ok(nodes.op("score_bound", "Mul", &[&product, &per], vec![]))
-        };
-        let (mask, sm) = if masks.len() > 1 {
-            let (mask, sm, rows) = replayed_mask(&shape_of, &masks, &mut prelude, &mut conditions, &score_bound)?;
-            lifted = rows;
-            (mask, sm)
-        } else {
-            let source = mask.or(kept.map(|(condition, _, _)| condition));
-            let source = source.or_decline(|| "no mask among the mask steps".to_string())?;
-            let sm = shape_of(source).or_decline(|| format!("the shape of the mask {source} is not proved"))?;
-            let mask = match kept {
-                None => {
-                    let visible = visible_rows(g, shapes, source, nan_guard, &mut prelude, &mut conditions)?;
-                    // Where a row hides every key, the kernel may still run
-                    // with that row lifted (`hidden_rows_lifted`): the bound
-                    // on the scores is computed there, where it is needed.
-                    if let Some(visible) = visible {
-                        let mut nodes = Nodes::new(format!("{a}/"));
-                        if let Ok(bound) = score_bound(&mut nodes, "rows hidden whole") {
-                            let (mask, nodes) = (source.to_string(), nodes.list);
-                            lifted = Some(Lifted { mask, visible, nodes, bound, rows: Rows::Visible });
-                        }
-                    }
-                    source.to_string()
-                }
-                Some((condition, fill, hides)) => {
-                    let keep =
-                        if hides { prelude.op("kept", "Not", &[condition], vec![]) } else { condition.to_string() };
-                    // A row that keeps no key: the kernel gives zeros, the
-                    // core the mean of v (a finite fill) or NaN (-inf).
-                    let every_row = g.constant(condition).is_some_and(|t| every_row_keeps(t, hides));
-                    let mut visible = None;
-                    if !every_row {
-                        let axes = prelude.ints("last_axis", &[-1]);
-                        let flags = prelude.op("kept_flags", "Cast", &[&keep], vec![int("to", i64::from(elem))]);
-                        let names = ["row_kept", "least_row_kept", "no", "kept_rows"];
-                        let kept_rows = rows_above(&flags, &axes, 0.0, names, &mut prelude);
-                        conditions.push(kept_rows.clone());
-                        visible = Some((kept_rows, flags));
-                    }
-                    // The core replaces a hidden score by the fill, the kernel
-                    // drops it: the same where every kept score is more than 128
-                    // above the fill (its weight is then exp(< -128), which f32
-                    // has as 0, in both), the bound held to half the distance
-                    // (the rounding of the scores).
-                    let room = (fill.abs().min(f64::from(f32::MAX)) - 128.0) / 2.0;
-                    require!(room > 0.0, "the Where fill {fill} leaves the scores no room");
-                    let bound = score_bound(&mut prelude, "a Where mask")?;
-                    let limit = prelude.scalar("score_room", elem, room);
-                    conditions.push(prelude.op("scores_bounded", "Less", &[&bound, &limit], vec![]));
-                    // A row that keeps no key is the fill throughout, whose
-                    // softmax (a finite fill) is even: lifted.
-                    if let Some((visible, flags)) = visible.filter(|_| fill.is_finite()) {
-                        let rows = Rows::Kept { flags, zero: prelude.name("no") };
-                        lifted = Some(Lifted { mask: keep.clone(), visible, nodes: Vec::new(), bound, rows });
-                    }
-                    keep
-                }
-            };
-            (mask, sm)
-        };
-        // An encoder's masks replayed over every head's scores (DeBERTa's
-        // relative terms, MPNet's position bias, with a padding mask): the
-        // guard reads that score-sized mask some ten times, which costs
-        // what the kernel saves on some runtimes (`runtimes.rs`).
-        let per_head = sm.len() == 4 && sm[1].value() != Some(1);
-        require!(
-            SPEED.replayed_masks || !(merged.is_some() && masks.len() > 1 && per_head),
-            "an encoder's masks replayed over every head's scores ({}): the guard costs what the kernel saves",
-            dims(&sm)
-        );
-        let (r, (s, t)) = (sm.len(), (&sq[2], &sk[2]));
-        // A cache's mask whose last axis is not proved the key's length
-        // (GPT-J's causal mask, sized by the attention mask and sliced at
-        // the key's length): the two are compared at run time, and the
-        // original ops run where they differ.
-        let length_unproved = merged.is_none() && r >= 2 && &sm[r - 1] != t && sm[r - 1].value().is_none();
-        require!(
-            (2..=4).contains(&r)
-                && (&sm[r - 1] == t || length_unproved)
-                && (&sm[r - 2] == s || sm[r - 2].value() == Some(1)),
-            "the mask's shape ({}) does not end with the scores' ({s}, {t}) or (1, {t})",
-            dims(&sm)
-        );
-        if length_unproved {
-            let at = key_perm.as_ref().map_or(2, |p| p[2]);
-            let length = prelude.op("mask_length", "Shape", &[&mask], vec![int("start", r as i64 - 1)]);
-            let keys = prelude.op("key_length", "Shape", &[key], vec![int("start", at), int("end", at + 1)]);
-            conditions.push(prelude.op("mask_length_is_keys", "Equal", &[&length, &keys], vec![]));
-        }
-        let leading_fit = match r {
-            4 => fits(&sm[0], &sq[0]) && fits(&sm[1], &sq[1]),
-            3 => fits(&sm[0], &sq[1]),
-            _ => true,
-        };
-        require!(leading_fit, "the mask's leading axes ({}) are not 1, the batch or the heads", dims(&sm));
-        if &sm[r - 2] == s {
-            inputs.push(mask);
-        } else {
-            // Attention takes a mask of the scores' query axis: the one
-            // row broadcast over the queries (q's axis 2 of [b, h, s, d],
-            // 1 of [b, s, h·d]).
-            let at = if merged.is_some() { 1 } else { 2 };
-            let rows = then.op("queries", "Shape", &[&q], vec![int("start", at), int("end", at + 1)]);
-            let ones = then.ints("ones", &vec![1; r - 2]);
-            let one = then.ints("one", &[1]);
-            let shape = then.op("mask_shape", "Concat", &[&ones, &rows, &one], vec![int("axis", 0)]);
-            inputs.push(then.op("mask", "Expand", &[&mask, &shape], vec![]));
-        }
-    }
-    let mut attributes = vec![AttributeProto::float("scale", scale as f32)];
-    if let Some(m) = &merged {
-        attributes.extend([int("q_num_heads", m.heads), int("kv_num_heads", m.heads)]);
-    }
-    attributes.extend(softcap.map(|cap| AttributeProto::float("softcap", cap as f32)));
-    if nan_guard {
-        // Where the kernel's result holds a NaN, the original's NaN rows
-        // became zeros: the original ops run.
-        let y = then.op("attention", "Attention", &refs(&inputs), attributes);
-        let sum = then.op("sum", "ReduceSum", &[&y], vec![int("keepdims", 0)]);
-        let bad = then.op("has_nan", "IsNaN", &[&sum], vec![]);
-        let kept = branch("the kernel's result", vec![writing(a, node("Identity", &[&y], vec![]))], a, elem);
-        then.list.push(writing(a, guard(&bad, original_ops(), kept)));
+    // The scores' bound: |scale · q·k| ≤ scale · d · max|q| · max|k|.
+    let d = sq[3].value().filter(|&d| d > 0);
+    let score_bound = |nodes: &mut Nodes, what: &str| -> Check<String> {
+        let d = d.or_decline(|| {
+            format!("the head size {} is no known number: the bound on the scores {what} needs", sq[3])
+        })?;
+        let (mq, mk) = (largest(q, "q", nodes), largest(key, "key", nodes));
+        let product = nodes.op("largest_qk", "Mul", &[&mq, &mk], vec![]);
+        let per = nodes.scalar("scale_times_d", elem, scale * d as f64);
+        Ok(nodes.op("score_bound", "Mul", &[&product, &per], vec![]))
+    };
+    let (mask, sm) = if masks.len() > 1 {
+        let (mask, sm, rows) = replayed_mask(shape_of, masks, prelude, conditions, &score_bound)?;
+        lifted = rows;
+        (mask, sm)
     } else {
-        then.list.push(writing(a, node("Attention", &refs(&inputs), attributes)));
+        let source = mask.or(kept.map(|(condition, _, _)| condition));
+        let source = source.or_decline(|| "no mask among the mask steps".to_string())?;
+        let sm = shape_of(source).or_decline(|| format!("the shape of the mask {source} is not proved"))?;
+        let mask = match kept {
+            None => {
+                let visible = visible_rows(g, shapes, source, nan_guard, prelude, conditions)?;
+                // Where a row hides every key, the kernel may still run
+                // with that row lifted (`hidden_rows_lifted`): the bound
+                // on the scores is computed there, where it is needed.
+                if let Some(visible) = visible {
+                    let mut nodes = Nodes::new(prelude.name(""));
+                    if let Ok(bound) = score_bound(&mut nodes, "rows hidden whole") {
+                        let (mask, nodes) = (source.to_string(), nodes.list);
+                        lifted = Some(Lifted { mask, visible, nodes, bound, rows: Rows::Visible });
+                    }
+                }
+                source.to_string()
+            }
+            Some((condition, fill, hides)) => {
+                let keep = if hides { prelude.op("kept", "Not", &[condition], vec![]) } else { condition.to_string() };
+                // A row that keeps no key: the kernel gives zeros, the
+                // core the mean of v (a finite fill) or NaN (-inf).
+                let every_row = g.constant(condition).is_some_and(|t| every_row_keeps(t, hides));
+                let mut visible = None;
+                if !every_row {
+                    let axes = prelude.ints("last_axis", &[-1]);
+                    let flags = prelude.op("kept_flags", "Cast", &[&keep], vec![int("to", i64::from(elem))]);
+                    let names = ["row_kept", "least_row_kept", "no", "kept_rows"];
+                    let kept_rows = rows_above(&flags, &axes, 0.0, names, prelude);
+                    conditions.push(kept_rows.clone());
+                    visible = Some((kept_rows, flags));
+                }
+                // The core replaces a hidden score by the fill, the kernel
+                // drops it: the same where every kept score is more than 128
+                // above the fill (its weight is then exp(< -128), which f32
+                // has as 0, in both), the bound held to half the distance
+                // (the rounding of the scores).
+                let room = (fill.abs().min(f64::from(f32::MAX)) - 128.0) / 2.0;
+                require!(room > 0.0, "the Where fill {fill} leaves the scores no room");
+                let bound = score_bound(prelude, "a Where mask")?;
+                let limit = prelude.scalar("score_room", elem, room);
+                conditions.push(prelude.op("scores_bounded", "Less", &[&bound, &limit], vec![]));
+                // A row that keeps no key is the fill throughout, whose
+                // softmax (a finite fill) is even: lifted.
+                if let Some((visible, flags)) = visible.filter(|_| fill.is_finite()) {
+                    let rows = Rows::Kept { flags, zero: prelude.name("no") };
+                    lifted = Some(Lifted { mask: keep.clone(), visible, nodes: Vec::new(), bound, rows });
+                }
+                keep
+            }
+        };
+        (mask, sm)
+    };
+    // An encoder's masks replayed over every head's scores (DeBERTa's
+    // relative terms, MPNet's position bias, with a padding mask): the
+    // guard reads that score-sized mask some ten times, which costs
+    // what the kernel saves on some runtimes (`runtimes.rs`).
+    let per_head = sm.len() == 4 && sm[1].value() != Some(1);
+    require!(
+        SPEED.replayed_masks || !(merged.is_some() && masks.len() > 1 && per_head),
+        "an encoder's masks replayed over every head's scores ({}): the guard costs what the kernel saves",
+        dims(&sm)
+    );
+    let (r, (s, t)) = (sm.len(), (&sq[2], &sk[2]));
+    // A cache's mask whose last axis is not proved the key's length
+    // (GPT-J's causal mask, sized by the attention mask and sliced at
+    // the key's length): the two are compared at run time, and the
+    // original ops run where they differ.
+    let length_unproved = merged.is_none() && r >= 2 && &sm[r - 1] != t && sm[r - 1].value().is_none();
+    require!(
+        (2..=4).contains(&r)
+            && (&sm[r - 1] == t || length_unproved)
+            && (&sm[r - 2] == s || sm[r - 2].value() == Some(1)),
+        "the mask's shape ({}) does not end with the scores' ({s}, {t}) or (1, {t})",
+        dims(&sm)
+    );
+    if length_unproved {
+        let at = key_perm.as_ref().map_or(2, |p| p[2]);
+        let length = prelude.op("mask_length", "Shape", &[&mask], vec![int("start", r as i64 - 1)]);
+        let keys = prelude.op("key_length", "Shape", &[key], vec![int("start", at), int("end", at + 1)]);
+        conditions.push(prelude.op("mask_length_is_keys", "Equal", &[&length, &keys], vec![]));
     }
-    let whole = branch("ONNX Attention", then.list, a, elem);
-    // A long call's pieces read only the keys they see where the mask
-    // hides the rest: a float mask by its lowest or -inf, a Where's kept
-    // keys by false.
-    let hiding = match (masks.is_empty(), kept) {
-        (true, _) => None,
-        (false, None) => Some(Hiding::Lowest),
-        (false, Some(_)) => Some(Hiding::NotKept),
+    let leading_fit = match r {
+        4 => fits(&sm[0], &sq[0]) && fits(&sm[1], &sq[1]),
+        3 => fits(&sm[0], &sq[1]),
+        _ => true,
     };
+    require!(leading_fit, "the mask's leading axes ({}) are not 1, the batch or the heads", dims(&sm));
+    if &sm[r - 2] == s {
+        return Ok((mask, lifted));
+    }
+    // Attention takes a mask of the scores' query axis: the one row
+    // broadcast over the queries (q's axis 2 of [b, h, s, d], 1 of
+    // [b, s, h·d]).
     let at = if merged.is_some() { 1 } else { 2 };
-    let (of, at) = shapes.input_axis(&sq[2]).unwrap_or((&q, at));
-    let length = query_length(&sq[2], of, at, &mut prelude);
-    // The 3-D value's last axis, named to ONNX's shape inference where a
-    // piece cuts its keys (`keys_seen`).
-    let width = merged.as_ref().and_then(|_| shapes.shape(value)?.last()?.value());
-    let pieces = over_query_pieces(&whole, hiding, width);
-    let kernel = match length {
-        Length::Long => pieces.clone(),
-        _ => whole.clone(),
-    };
-    // The guard's condition: every condition at once.
-    let ok = conditions.split_first().map(|(first, rest)| {
-        let mut ok = first.clone();
-        for (i, next) in rest.iter().enumerate() {
-            let both = if i + 1 == rest.len() { "ok".to_string() } else { format!("ok_{i}") };
-            ok = prelude.op(&both, "And", &[&ok, next], vec![]);
-        }
-        ok
-    });
-    // Where the guard fails: the kernel with the rows hidden whole lifted,
-    // over pieces of a long call (its mask a float mask, a Where's kept
-    // keys made one), or the original ops. Where the length is known only
-    // at run time, a long call runs the lifted pieces where the guard
-    // holds too (`held`), so that it needs no third `If`.
-    let lifted_branch = |in_pieces: bool, held: Option<&str>| match &lifted {
-        Some(lifted) => {
-            let kernel = if in_pieces { over_query_pieces(&whole, Some(Hiding::Lowest), width) } else { whole.clone() };
-            hidden_rows_lifted(lifted.clone(), &conditions, &kernel, held, a)
-        }
-        None => original_ops(),
-    };
-    let otherwise = lifted_branch(matches!(length, Length::Long), None);
-    let long_lifted = match (&length, &ok) {
-        (Length::Either(_), Some(ok)) if lifted.is_some() => Some(lifted_branch(true, Some(ok))),
-        _ => None,
-    };
-    let replacement = match (ok, &length) {
-        (None, Length::Either(long)) => guard(long, pieces, kernel),
-        // No guard at all: the kernel runs whole.
-        (None, _) if !nan_guard => {
-            let mut nodes = whole.node;
-            let attention = nodes.pop().expect("the kernel");
-            prelude.list.extend(nodes);
-            let prelude = prelude.list;
-            return Ok(replace(anchor, attention, shared, |r| grouped(r.after(prelude.clone()).needing_opset(23), n)));
-        }
-        (None, _) => {
-            // Only the NaN guard: the kernel runs before it, unguarded.
-            let mut nodes = kernel.node;
-            let nan_guard = nodes.pop().expect("the NaN guard");
-            prelude.list.extend(nodes);
-            nan_guard
-        }
-        (Some(ok), _) => by_length(&ok, [kernel, pieces], (otherwise, long_lifted), &length, a, &mut prelude),
-    };
-    let prelude = prelude.list;
-    Ok(replace(anchor, replacement, shared, |r| {
-        grouped(r.after(prelude.clone()).running("Attention").needing_opset(23), n)
-    }))
+    let rows = then.op("queries", "Shape", &[q], vec![int("start", at), int("end", at + 1)]);
+    let ones = then.ints("ones", &vec![1; r - 2]);
+    let one = then.ints("one", &[1]);
+    let shape = then.op("mask_shape", "Concat", &[&ones, &rows, &one], vec![int("axis", 0)]);
+    Ok((then.op("mask", "Expand", &[&mask, &shape], vec![]), lifted))
 }
 
 /// The ONNX `Attention` of `--target portable` (from opset 23), which
