@@ -604,3 +604,23 @@ fn a_size_through_a_float_cast_is_not_the_size() {
         assert!(v.passed, "to {to}: {}", v.text());
     }
 }
+
+/// A declared axis of a negative number (exporters write -1 for an unknown
+/// one; ONNX Runtime runs it at any size) is no size: `Shape(x)[0]` stays
+/// computed at run time, where the cleanup once folded it to -1 (ONNX
+/// Runtime's test model embed_layer_norm_format8 then no longer loaded).
+#[test]
+fn a_negative_declared_axis_is_unknown_not_a_size() {
+    let mut b = Builder::default();
+    b.input("x", FLOAT, Some(&[D::N(-1), D::N(4)]));
+    let shape = b.node("Shape", &["x"], vec![]);
+    let i0 = b.constant(tensor(INT64, &[], &[0.0]));
+    let n = b.node("Gather", &[&shape, &i0], vec![attr_int("axis", 0)]);
+    let f = b.node("Cast", &[&n], vec![attr_int("to", FLOAT as i64)]);
+    let y = b.node("Mul", &["x", &f], vec![]);
+    b.output(&y, FLOAT, None);
+    let model = b.model(17);
+    let (out, done) = cleaned(&model, "cleanup_negative_axis");
+    assert_eq!(ops(&out), ["Shape", "Constant", "Gather", "Cast", "Mul"], "{:?}", done.nodes);
+    assert_eq!(done.count("constant"), 0, "{:?}", done.nodes);
+}

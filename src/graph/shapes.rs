@@ -603,7 +603,9 @@ impl<'g, 'a> Shapes<'g, 'a> {
                     .iter()
                     .enumerate()
                     .map(|(i, d)| match &d.value {
-                        Some(DimValue::DimValue(n)) => Dim::known(*n),
+                        // A negative number is no size: ONNX Runtime reads it as an
+                        // unknown axis (exporters write -1 for one).
+                        Some(DimValue::DimValue(n)) if *n >= 0 => Dim::known(*n),
                         Some(DimValue::DimParam(p)) if !p.is_empty() => {
                             derived(i).filter(|d| !own(d)).unwrap_or_else(|| Dim::atom(format!("${p}")))
                         }

@@ -45,9 +45,10 @@ fn npz_arrays(options: &Options) -> std::collections::HashSet<String> {
 /// An input's shape at the sizes its symbols get (unknown axes: 1).
 fn input_shape(t: &crate::onnx::proto::type_proto::Tensor, dims: &HashMap<String, i64>) -> Vec<i64> {
     let value = |d: &crate::onnx::proto::tensor_shape_proto::Dimension| match &d.value {
-        Some(Dim::DimValue(v)) => *v,
+        Some(Dim::DimValue(v)) if *v >= 0 => *v,
         Some(Dim::DimParam(p)) => symbol_value(p, dims),
-        None => 1,
+        // No axis declared, or a negative number (an unknown axis to ONNX Runtime).
+        _ => 1,
     };
     t.shape.iter().flat_map(|s| &s.dim).map(value).collect()
 }
