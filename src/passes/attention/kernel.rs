@@ -271,8 +271,7 @@ pub(super) fn ort(
         [Step::Where { .. }] => Some(Hiding::NotKept),
         _ => Some(Hiding::Lowest),
     };
-    let at = if ops.merged.is_some() { 1 } else { 2 };
-    let (of, at) = shapes.input_axis(&ops.sq[2]).unwrap_or((&ops.q, at));
+    let (of, at) = shapes.input_axis(&ops.sq[2]).unwrap_or((&ops.q, ops.query_axis()));
     let length = query_length(&ops.sq[2], of, at, &mut prelude);
     // The 3-D value's last axis, named to ONNX's shape inference where a
     // piece cuts its keys (`keys_seen`).
@@ -356,6 +355,17 @@ struct Operands<'a> {
     sq: Vec<Dim>,
     sk: Vec<Dim>,
     sv: Vec<Dim>,
+}
+
+impl Operands<'_> {
+    /// q's axis of the queries: 2 of `[b, h, s, d]`, 1 of `[b, s, h·d]`.
+    fn query_axis(&self) -> i64 {
+        if self.merged.is_some() {
+            1
+        } else {
+            2
+        }
+    }
 }
 
 /// What the kernel reads in place of q, the transposed key `k` (as `read`
@@ -662,9 +672,8 @@ fn attention_mask(
         return Ok((mask, lifted));
     }
     // Attention takes a mask of the scores' query axis: the one row
-    // broadcast over the queries (q's axis 2 of [b, h, s, d], 1 of
-    // [b, s, h·d]).
-    let at = if merged.is_some() { 1 } else { 2 };
+    // broadcast over the queries.
+    let at = ops.query_axis();
     let rows = then.op("queries", "Shape", &[q], vec![int("start", at), int("end", at + 1)]);
     let ones = then.ints("ones", &vec![1; r - 2]);
     let one = then.ints("one", &[1]);
