@@ -95,14 +95,20 @@ pub fn scalar(g: &Graph, value: &str, other: &str, what: &str) -> Check<f64> {
 }
 
 /// `node` is a ReduceMean over the last axis only that keeps it.
-/// Axes come from the attribute before opset 18 and from the constant second
-/// input from opset 18 on; absent or empty axes mean all axes (or, with
-/// `noop_with_empty_axes`, no reduction), which is not the last axis alone.
 pub fn reduce_mean_last_axis(g: &Graph, index: usize) -> Check<()> {
-    let (axes, last) = kept_reduce_axes(g, index)?;
+    reduces_last_axis(g, index, "ReduceMean")
+}
+
+/// `node` is a reduction `op` (ReduceMean, ReduceMax, …) over the last axis
+/// only that keeps it. Axes come from the attribute before opset 18 (13 for
+/// ReduceSum) and from the constant second input from then on; absent or
+/// empty axes mean all axes (or, with `noop_with_empty_axes`, no
+/// reduction), which is not the last axis alone.
+pub fn reduces_last_axis(g: &Graph, index: usize, op: &str) -> Check<()> {
+    let (axes, last) = kept_reduce_axes(g, index, op)?;
     require!(
         axes.len() == 1 && (axes[0] == -1 || Some(axes[0]) == last),
-        "ReduceMean {} reduces axes {axes:?}, not the last axis alone",
+        "{op} {} reduces axes {axes:?}, not the last axis alone",
         g.node(index).name()
     );
     Ok(())
@@ -111,7 +117,7 @@ pub fn reduce_mean_last_axis(g: &Graph, index: usize) -> Check<()> {
 /// `node` is a ReduceMean over the last `k` axes (k ≥ 1, each once, in
 /// any order and sign) that keeps them: returns k.
 pub fn reduce_mean_last_axes(g: &Graph, index: usize) -> Check<usize> {
-    let (axes, last) = kept_reduce_axes(g, index)?;
+    let (axes, last) = kept_reduce_axes(g, index, "ReduceMean")?;
     let rank = last.map(|l| l + 1);
     let k = axes.len() as i64;
     let from_end: Option<Vec<i64>> = axes.iter().map(|&a| if a < 0 { Some(a) } else { rank.map(|r| a - r) }).collect();
@@ -127,17 +133,17 @@ pub fn reduce_mean_last_axes(g: &Graph, index: usize) -> Check<usize> {
     Ok(k as usize)
 }
 
-/// The axes a ReduceMean that keeps them reduces, and the index of the
-/// last axis of its input where its rank is proved.
-fn kept_reduce_axes(g: &Graph, index: usize) -> Check<(Vec<i64>, Option<i64>)> {
+/// The axes a reduction `op` that keeps them reduces, and the index of
+/// the last axis of its input where its rank is proved.
+fn kept_reduce_axes(g: &Graph, index: usize, op: &str) -> Check<(Vec<i64>, Option<i64>)> {
     let node = g.node(index);
-    require!(node.is("ReduceMean"), "{} is not a ReduceMean", node.name());
-    require!(node.attr_int("keepdims").unwrap_or(1) == 1, "ReduceMean {} does not keep dims", node.name());
+    require!(node.is(op), "{} is not a {op}", node.name());
+    require!(node.attr_int("keepdims").unwrap_or(1) == 1, "{op} {} does not keep dims", node.name());
     let axes = match g.reduce_axes(node) {
         IntsArgument::Known(axes) => axes,
         IntsArgument::Absent => vec![],
         IntsArgument::Unknown => {
-            decline!("the axes of ReduceMean {} are not a constant", node.name());
+            decline!("the axes of {op} {} are not a constant", node.name());
         }
     };
     Ok((axes, g.shapes().rank(&node.input[0]).map(|r| r as i64 - 1)))

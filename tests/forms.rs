@@ -593,6 +593,51 @@ fn megatrons_mask_of_zeros_and_ones_is_a_step_of_the_core() {
     assert!(why.iter().any(|r| r.contains("is not proved to hold only 0 and 1")), "{why:?}");
 }
 
+/// The softmax's shift written out (DALLE-pytorch's stable softmax): the
+/// mask added, then `s − ReduceMax(s)` with the reduction's `attributes`;
+/// `shown`, its largest value also a graph output.
+fn centered(attributes: fn() -> Vec<onnx_fuse::onnx::AttributeProto>, shown: bool) -> ModelProto {
+    core(
+        move |b, s| {
+            let s = b.node("Add", &[&s, "mask"], vec![]);
+            let max = b.node("ReduceMax", &[&s], attributes());
+            if shown {
+                b.output(&max, FLOAT, None);
+            }
+            b.node("Sub", &[&s, &max], vec![])
+        },
+        |_, p| p,
+    )
+}
+
+#[test]
+fn the_row_maximum_subtracted_over_the_last_axis_is_a_step_of_the_core() {
+    let last = || vec![attr_ints("axes", &[-1])];
+    let model = centered(last, false);
+    let (n, why, fused) = attention(&model);
+    assert_eq!(n, 1, "{why:?}");
+    let node = fused.graph.as_ref().unwrap().node.iter().find(|n| n.op_type() == "AttentionCore").unwrap();
+    assert_eq!(node.overload(), "add.centered.softmax");
+    assert_eq!(node.input, ["q", "k", "v", "mask"]);
+    let ops: Vec<&str> = fused.functions[0].node.iter().map(|n| n.op_type()).collect();
+    assert_eq!(ops, ["MatMul", "Add", "ReduceMax", "Sub", "Softmax", "MatMul"]);
+    assert_equivalent(&model, &fused, "centered");
+    // The last axis named by its index, and the largest value read
+    // elsewhere too: the same step, the output computes the original.
+    let (n, why, _) = attention(&centered(|| vec![attr_ints("axes", &[3])], false));
+    assert_eq!(n, 1, "{why:?}");
+    let model = centered(last, true);
+    let (_, _, fused) = attention(&model);
+    assert_equivalent(&model, &fused, "centered, the maximum a graph output");
+    // Over another axis, or not kept: no shift the softmax makes.
+    let (n, why, _) = attention(&centered(|| vec![attr_ints("axes", &[2])], false));
+    assert_eq!(n, 0);
+    assert!(why.iter().any(|r| r.contains("ReduceMax") && r.contains("not the last axis alone")), "{why:?}");
+    let (n, why, _) = attention(&centered(|| vec![attr_ints("axes", &[-1]), attr_int("keepdims", 0)], false));
+    assert_eq!(n, 0);
+    assert!(why.iter().any(|r| r.contains("does not keep dims")), "{why:?}");
+}
+
 /// SwinV2's learned scale: the scores times `Exp(Clip(logit_scale))`, a
 /// value of shape `dims` computed at run time.
 fn per_head_scale(dims: &'static [i64]) -> ModelProto {

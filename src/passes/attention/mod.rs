@@ -20,6 +20,8 @@
 //!     Where(hide, fill, s)         masked_fill: the same, inverted → input `hide`
 //!     Add(s, mask)                 either order; several in a row → input `mask`, `mask_2`, …
 //!     Sub(s, mask)                 a term subtracted (XLNet)      → token `sub`, input `mask`
+//!     Sub(s, ReduceMax(s))         over the last axis, kept: the softmax's shift written out
+//!                                  (DALLE-pytorch's stable softmax) → `centered`
 //!     Max(s, c)                    c a constant with one value (OPT's clamp) → `max`
 //!     Reshape(s, shape) … Reshape  a pair that gives back the shape of s → input `scores_shape` where
 //!                                  computed at run time from other values
@@ -88,6 +90,9 @@ enum Step {
     Mask(String),
     /// `s − mask`.
     Subtract(String),
+    /// `s − ReduceMax(s)` over the last axis, kept: the shift the softmax
+    /// makes itself, written out.
+    Centered,
     /// `Max(s, c)`, c a constant with one value: the masked scores clamped
     /// at the float's lowest (OPT's and BART's eager attention before
     /// transformers 4.36, in float16).
@@ -142,6 +147,7 @@ impl Step {
             Step::Where { .. } => "masked_fill",
             Step::Mask(_) => "add",
             Step::Subtract(_) => "sub",
+            Step::Centered => "centered",
             Step::Max => "max",
             Step::Softmax => "softmax",
             Step::NanGuard => "nan_guard",
@@ -699,6 +705,13 @@ fn scores_chain<'a>(
             if product && penalty.is_some_and(|p| p.input.iter().any(|i| g.produced_by(i, "Sub").is_ok())) {
                 let (scores, megatron) = megatron_mask(g, shapes, node)?;
                 return step(scores_chain(g, shapes, scores, depth + 1), megatron);
+            }
+            // The row's largest score subtracted (a stable softmax written out).
+            if let Ok(max) = g.produced_by(&node.input[1], "ReduceMax") {
+                if g.node(max).input.first() == Some(&node.input[0]) {
+                    pattern::reduces_last_axis(g, max, "ReduceMax")?;
+                    return step(scores_chain(g, shapes, &node.input[0], depth + 1), Step::Centered);
+                }
             }
             // A term subtracted (XLNet: `score − 1e30 · mask`).
             return step(scores_chain(g, shapes, &node.input[0], depth + 1), Step::Subtract(node.input[1].clone()));
