@@ -243,6 +243,62 @@ fn an_einsum_that_onnx_runtime_would_abort_on_is_an_error_not_an_abort() {
     }
 }
 
+/// ONNX's test_if_opt: an `If` whose then-branch returns an absent optional
+/// sequence, its else-branch one of a constant.
+fn if_optional() -> ModelProto {
+    use onnx_fuse::onnx::proto::type_proto;
+    use onnx_fuse::onnx::{AttributeProto, AttributeType, GraphProto, TypeProto, ValueInfoProto};
+    let tensor_type = TypeProto {
+        value: Some(type_proto::Value::TensorType(type_proto::Tensor { elem_type: Some(FLOAT), shape: None })),
+        ..Default::default()
+    };
+    let sequence = TypeProto {
+        value: Some(type_proto::Value::SequenceType(Box::new(type_proto::Sequence {
+            elem_type: Some(Box::new(tensor_type)),
+        }))),
+        ..Default::default()
+    };
+    let optional = TypeProto {
+        value: Some(type_proto::Value::OptionalType(Box::new(type_proto::Optional {
+            elem_type: Some(Box::new(sequence.clone())),
+        }))),
+        ..Default::default()
+    };
+    let typed =
+        |name: &str| ValueInfoProto { name: Some(name.into()), r#type: Some(optional.clone()), ..Default::default() };
+    let branch =
+        |name: &str, b: Builder, out: &str| GraphProto { name: Some(name.into()), output: vec![typed(out)], ..b.graph };
+    let mut then = Builder::default();
+    let of_type = AttributeProto {
+        name: Some("type".into()),
+        r#type: Some(AttributeType::TypeProto as i32),
+        tp: Some(sequence),
+        ..Default::default()
+    };
+    then.node_to("Optional", &[], &["absent"], vec![of_type]);
+    let mut otherwise = Builder::default();
+    let x = otherwise.constant(common::build::tensor(FLOAT, &[2], &[1.0, 2.0]));
+    let xs = otherwise.node("SequenceConstruct", &[&x], vec![]);
+    otherwise.node_to("Optional", &[&xs], &["present"], vec![]);
+    let mut b = Builder::default();
+    let c = b.input("c", onnx_fuse::onnx::BOOL, Some(&[]));
+    let branches = vec![
+        attr_graph("then_branch", branch("then", then, "absent")),
+        attr_graph("else_branch", branch("else", otherwise, "present")),
+    ];
+    b.node_to("If", &[&c], &["sequence"], branches);
+    b.graph.output.push(typed("sequence"));
+    b.model(16)
+}
+
+#[test]
+fn an_output_other_than_a_tensor_is_refused_before_onnx_runtime_runs() {
+    // ONNX Runtime 1.31.1 returns the absent optional in a way that crashed
+    // the process (a segmentation fault, where the run fed c = true).
+    let e = cannot_verify(&if_optional());
+    assert!(e.contains("a non-tensor output cannot be compared yet (the original model's output sequence)"), "{e}");
+}
+
 /// `LayerNormalization(a + 1000 + b)`: a residual stream with a large mean.
 fn residual_with_a_large_mean() -> ModelProto {
     let mut b = Builder::default();
