@@ -243,6 +243,29 @@ fn an_einsum_that_onnx_runtime_would_abort_on_is_an_error_not_an_abort() {
     }
 }
 
+#[test]
+fn integers_of_8_16_and_32_bits_and_u64_are_fed_and_compared() {
+    // A quantized model's ops: u8 dequantized, and each other integer type
+    // added to itself, an output of each type.
+    use onnx_fuse::onnx::DataType;
+    let mut b = Builder::default();
+    let x = b.input("x", DataType::Uint8 as i32, Some(&[D::N(4)]));
+    let (scale, zero) = (b.init("scale", common::build::tensor(FLOAT, &[], &[0.5])), "zero".to_string());
+    b.init(&zero, common::build::tensor(DataType::Uint8 as i32, &[], &[3.0]));
+    let y = b.node("DequantizeLinear", &[&x, &scale, &zero], vec![]);
+    b.output(&y, FLOAT, None);
+    for t in [DataType::Int8, DataType::Uint8, DataType::Int16, DataType::Uint16, DataType::Uint32, DataType::Uint64] {
+        let name = format!("{t:?}").to_lowercase();
+        let x = b.input(&name, t as i32, Some(&[D::N(3)]));
+        let y = b.node("Add", &[&x, &x], vec![]);
+        b.output(&y, t as i32, None);
+    }
+    let model = b.model(19);
+    let v = verify_models(&model, &model);
+    assert!(v.passed, "{:?}", v.outputs);
+    assert_eq!(v.outputs.len(), 7, "{:?}", v.outputs);
+}
+
 /// ONNX's test_if_opt: an `If` whose then-branch returns an absent optional
 /// sequence, its else-branch one of a constant.
 fn if_optional() -> ModelProto {

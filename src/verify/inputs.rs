@@ -127,6 +127,9 @@ pub(super) enum Data {
     I64(Vec<i64>),
     I32(Vec<i32>),
     Bool(Vec<bool>),
+    /// The integers of 8, 16 and 32 bits and u64 (quantized models' data),
+    /// of the element type named.
+    Small(DataType, Vec<i64>),
 }
 
 impl Input {
@@ -140,6 +143,7 @@ impl Input {
             Ok(DataType::Int64) => Data::I64(v.data.iter().map(|&x| x as i64).collect()),
             Ok(DataType::Int32) => Data::I32(v.data.iter().map(|&x| x as i32).collect()),
             Ok(DataType::Bool) => Data::Bool(v.data.iter().map(|&x| x != 0.0).collect()),
+            Ok(t) if is_small(t) => Data::Small(t, v.data.iter().map(|&x| x as i64).collect()),
             _ => bail!("{name} has an element type onnx-fuse cannot feed back ({})", v.elem_type),
         };
         Ok(Input { name: name.to_string(), shape: v.shape.clone(), data })
@@ -155,6 +159,7 @@ impl Input {
             Data::I64(v) => (DataType::Int64, v.iter().map(|&x| x as f64).collect()),
             Data::I32(v) => (DataType::Int32, v.iter().map(|&x| x as f64).collect()),
             Data::Bool(v) => (DataType::Bool, v.iter().map(|&x| f64::from(u8::from(x))).collect()),
+            Data::Small(t, v) => (*t, v.iter().map(|&x| x as f64).collect()),
         };
         Values { elem_type: elem_type as i32, shape: self.shape.clone(), data }
     }
@@ -169,6 +174,22 @@ impl Input {
             Data::I64(v) => Tensor::from_array((shape, v.clone())).map(|t| t.into_dyn()),
             Data::I32(v) => Tensor::from_array((shape, v.clone())).map(|t| t.into_dyn()),
             Data::Bool(v) => Tensor::from_array((shape, v.clone())).map(|t| t.into_dyn()),
+            Data::Small(t, v) => {
+                macro_rules! of {
+                    ($ty:ty) => {
+                        Tensor::from_array((shape, v.iter().map(|&x| x as $ty).collect::<Vec<$ty>>()))
+                            .map(|t| t.into_dyn())
+                    };
+                }
+                match t {
+                    DataType::Int8 => of!(i8),
+                    DataType::Uint8 => of!(u8),
+                    DataType::Int16 => of!(i16),
+                    DataType::Uint16 => of!(u16),
+                    DataType::Uint32 => of!(u32),
+                    _ => of!(u64),
+                }
+            }
         };
         value.map_err(|e| anyhow!("cannot make input {}: {e}", self.name))
     }
@@ -334,6 +355,13 @@ pub(super) fn synthesize_inputs(model: &ModelProto, options: &Options) -> Result
             // time in four: hidden keys, and rows that hide every key.
             Ok(DataType::Bool) if options.specials => Data::Bool((0..n).map(|_| rng.next() % 4 != 0).collect()),
             Ok(DataType::Bool) => Data::Bool(vec![true; n]),
+            // Bytes over their whole range (a quantized model's data); the
+            // wider integers as int32 and int64 are.
+            Ok(t @ (DataType::Int8 | DataType::Uint8)) => {
+                let low = if t == DataType::Int8 { -128 } else { 0 };
+                Data::Small(t, (0..n).map(|_| (rng.next() % 256) as i64 + low).collect())
+            }
+            Ok(t) if is_small(t) => Data::Small(t, ints(&mut rng)),
             _ => bail!("input {name} has an element type onnx-fuse cannot synthesize ({})", t.elem_type()),
         };
         inputs.push(Input { name, shape, data });
@@ -360,9 +388,33 @@ pub(super) fn read_npz(
         Ok(DataType::Int64) => Data::I64(array.into_vec().map_err(wrong)?),
         Ok(DataType::Int32) => Data::I32(array.into_vec().map_err(wrong)?),
         Ok(DataType::Bool) => Data::Bool(array.into_vec().map_err(wrong)?),
+        Ok(t) if is_small(t) => {
+            macro_rules! of {
+                ($ty:ty) => {
+                    array.into_vec::<$ty>().map_err(wrong)?.into_iter().map(|x| x as i64).collect()
+                };
+            }
+            let values = match t {
+                DataType::Int8 => of!(i8),
+                DataType::Uint8 => of!(u8),
+                DataType::Int16 => of!(i16),
+                DataType::Uint16 => of!(u16),
+                DataType::Uint32 => of!(u32),
+                _ => of!(u64),
+            };
+            Data::Small(t, values)
+        }
         _ => bail!("inputs of type {} cannot be read from .npz", type_name(elem_type)),
     };
     Ok(Some(Input { name: name.to_string(), shape, data }))
+}
+
+/// The integer types fed as `Data::Small`.
+fn is_small(t: DataType) -> bool {
+    matches!(
+        t,
+        DataType::Int8 | DataType::Uint8 | DataType::Int16 | DataType::Uint16 | DataType::Uint32 | DataType::Uint64
+    )
 }
 
 /// The row count of the first embedding table (`Gather` data) this input indexes.

@@ -235,6 +235,13 @@ impl Values {
             TensorElementType::Int64 => read!(i64, DataType::Int64, |v| *v as f64),
             TensorElementType::Int32 => read!(i32, DataType::Int32, |v| *v as f64),
             TensorElementType::Bool => read!(bool, DataType::Bool, |v| *v as u8 as f64),
+            TensorElementType::Int8 => read!(i8, DataType::Int8, |v| *v as f64),
+            TensorElementType::Uint8 => read!(u8, DataType::Uint8, |v| *v as f64),
+            TensorElementType::Int16 => read!(i16, DataType::Int16, |v| *v as f64),
+            TensorElementType::Uint16 => read!(u16, DataType::Uint16, |v| *v as f64),
+            TensorElementType::Uint32 => read!(u32, DataType::Uint32, |v| *v as f64),
+            // (Exact below 2^53, as int64 is.)
+            TensorElementType::Uint64 => read!(u64, DataType::Uint64, |v| *v as f64),
             other => bail!("outputs of type {other:?} cannot be compared yet"),
         })
     }
