@@ -33,6 +33,13 @@
 //! an `If`'s branches outside a fused node; `Loop` and `Scan` bodies, whose
 //! values change from one iteration to the next, are left as they are.
 //!
+//! An `If`'s condition, and every value it is computed from, stays
+//! computed at run time even where the shapes prove it: made a constant,
+//! ONNX Runtime inlines the branch it selects at load and infers its
+//! shapes anew, and a branch that breaks the spec where the condition
+//! hid it (ONNX's own AffineGrid function feeds `Range` 1-element tensors)
+//! would then not load, where the original does.
+//!
 //! Like the passes' proofs, a constant may rest on an equality every run
 //! of the model needs (`shapes::required_equalities`): the output computes
 //! the same wherever the original runs.
@@ -321,6 +328,7 @@ fn ours(g: &Graph, i: usize) -> bool {
 /// `fold` computes exactly, in the type and shape the shapes prove for it.
 fn constants(g: &Graph) -> Vec<(usize, TensorProto)> {
     let shapes = g.shapes();
+    let conditions = read_by_conditions(g);
     let mut found = vec![];
     for &i in g.order() {
         let node = g.node(i);
@@ -329,7 +337,8 @@ fn constants(g: &Graph) -> Vec<(usize, TensorProto)> {
         // weight's bytes, and only where they are inside the model (a
         // model's output would depend on where its weights are stored).
         let copy = g.identity_input(i).is_some();
-        if !ours(g, i) || node.is("Constant") || copy || value.is_empty() || g.is_graph_output(value) {
+        let condition = conditions.contains(value);
+        if !ours(g, i) || node.is("Constant") || copy || value.is_empty() || g.is_graph_output(value) || condition {
             continue;
         }
         let Some(folded) = fold::fold(g, &Scalars(&shapes), value).filter(|f| f.exact) else { continue };
@@ -428,6 +437,7 @@ fn reshape_targets(g: &Graph) -> Vec<(usize, String, TensorProto)> {
 /// shapes, values proved equal too.
 fn twins(g: &Graph, with_shapes: bool) -> Vec<(usize, Vec<(String, String)>, &'static str)> {
     let shapes = g.shapes();
+    let conditions = read_by_conditions(g);
     // Per computation, the values its first node's readers read (its own
     // outputs, or the earlier value it proved equal to).
     let mut first: HashMap<Vec<u8>, Vec<String>> = HashMap::new();
@@ -471,7 +481,7 @@ fn twins(g: &Graph, with_shapes: bool) -> Vec<(usize, Vec<(String, String)>, &'s
         let key_of_computation = key;
         let Some(key) = proved_value(g, &shapes, node) else { continue };
         match equal.get(&key) {
-            Some(kept) if !escapes => {
+            Some(kept) if !escapes && !conditions.contains(&node.output[0]) => {
                 let outputs = vec![(node.output[0].clone(), kept.clone())];
                 first.insert(key_of_computation, vec![kept.clone()]);
                 renamed.extend(outputs.iter().cloned());
@@ -484,6 +494,28 @@ fn twins(g: &Graph, with_shapes: bool) -> Vec<(usize, Vec<(String, String)>, &'s
         }
     }
     found
+}
+
+/// The values an `If`'s condition is computed from in this graph (the
+/// condition of an `If` in a body counted where it is read from here),
+/// which stay computed at run time (module doc).
+fn read_by_conditions(g: &Graph) -> HashSet<String> {
+    let (mut todo, mut bodies) = (vec![], vec![g.proto]);
+    while let Some(body) = bodies.pop() {
+        for node in &body.node {
+            if node.is("If") {
+                todo.extend(node.input.first().cloned());
+            }
+            bodies.extend(node.subgraphs());
+        }
+    }
+    let mut read = HashSet::new();
+    while let Some(value) = todo.pop() {
+        if let Some(p) = g.producer(&value).filter(|_| read.insert(value.clone())) {
+            todo.extend(g.node(p).input.iter().filter(|i| !i.is_empty()).cloned());
+        }
+    }
+    read
 }
 
 /// A node's one integer value of rank 0 or 1 and known length, every

@@ -624,3 +624,30 @@ fn a_negative_declared_axis_is_unknown_not_a_size() {
     assert_eq!(ops(&out), ["Shape", "Constant", "Gather", "Cast", "Mul"], "{:?}", done.nodes);
     assert_eq!(done.count("constant"), 0, "{:?}", done.nodes);
 }
+
+#[test]
+fn an_if_condition_stays_computed_at_run_time() {
+    // Size(x) is proved 4, the constant `four` too: made one, the condition
+    // would be a constant, and ONNX Runtime would inline the branch at load
+    // and infer its shapes anew (ONNX's AffineGrid function then fails to
+    // load, its Range fed 1-element tensors the condition hid).
+    let mut b = Builder::default();
+    b.input("x", FLOAT, Some(&[D::N(2), D::N(2)]));
+    let size = b.node("Size", &["x"], vec![]);
+    let four = b.constant(tensor(INT64, &[], &[4.0]));
+    let c = b.node("Equal", &[&size, &four], vec![]);
+    if_reading(&mut b, &c, "x", "y");
+    b.output("y", FLOAT, None);
+    // The same Size read elsewhere only (not by a condition) is folded.
+    let other = b.node("Size", &["x"], vec![]);
+    let f = b.node("Cast", &[&other], vec![attr_int("to", FLOAT as i64)]);
+    let z = b.node("Mul", &["x", &f], vec![]);
+    b.output(&z, FLOAT, None);
+    let model = b.model(17);
+    let (out, done) = cleaned(&model, "cleanup_if_condition");
+    let g = out.graph.as_ref().unwrap();
+    let equal = g.node.iter().find(|n| n.is("Equal")).expect("the condition is computed");
+    let read = g.node.iter().find(|n| n.output.first() == equal.input.first()).expect("its first operand's node");
+    assert!(read.is("Size"), "{:?}", done.nodes);
+    assert_eq!(g.node.iter().filter(|n| n.is("Size")).count(), 1, "{:?}", done.nodes);
+}
