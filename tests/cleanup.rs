@@ -638,11 +638,19 @@ fn an_if_condition_stays_computed_at_run_time() {
     let c = b.node("Equal", &[&size, &four], vec![]);
     if_reading(&mut b, &c, "x", "y");
     b.output("y", FLOAT, None);
-    // The same Size read elsewhere only (not by a condition) is folded.
+    // The same Size read elsewhere only (not by a condition) is folded, and
+    // so is one a condition reads beside x's values (a kernel guard's: it
+    // is never a constant).
     let other = b.node("Size", &["x"], vec![]);
     let f = b.node("Cast", &[&other], vec![attr_int("to", FLOAT as i64)]);
     let z = b.node("Mul", &["x", &f], vec![]);
     b.output(&z, FLOAT, None);
+    let total = b.node("ReduceSum", &["x"], vec![attr_int("keepdims", 0)]);
+    let count = b.node("Size", &["x"], vec![]);
+    let count = b.node("Cast", &[&count], vec![attr_int("to", FLOAT as i64)]);
+    let guard = b.node("Less", &[&total, &count], vec![]);
+    if_reading(&mut b, &guard, "x", "y2");
+    b.output("y2", FLOAT, None);
     let model = b.model(17);
     let (out, done) = cleaned(&model, "cleanup_if_condition");
     let g = out.graph.as_ref().unwrap();
