@@ -33,9 +33,9 @@
 //! an `If`'s branches outside a fused node; `Loop` and `Scan` bodies, whose
 //! values change from one iteration to the next, are left as they are.
 //!
-//! An `If`'s condition computed from constants and shapes alone, and every
-//! value it is computed from, stays computed at run time even where the
-//! shapes prove it: made a constant,
+//! An `If`'s condition computed from constants and proved shapes alone,
+//! and every value it is computed from, stays computed at run time: made a
+//! constant,
 //! ONNX Runtime inlines the branch it selects at load and infers its
 //! shapes anew, and a branch that breaks the spec where the condition
 //! hid it (ONNX's own AffineGrid function feeds `Range` 1-element tensors)
@@ -499,11 +499,12 @@ fn twins(g: &Graph, with_shapes: bool) -> Vec<(usize, Vec<(String, String)>, &'s
 
 /// The values an `If`'s condition is computed from in this graph (the
 /// condition of an `If` in a body counted where it is read from here),
-/// where it reads no input's values, only constants and shapes: a
-/// condition the shapes may prove, which stays computed at run time
+/// where they are constants and shapes the shapes prove numbers alone: a
+/// condition the same on every run, which stays computed at run time
 /// (module doc). A condition that reads an input's values (a kernel
-/// guard's, of the mask) is never a constant: what it is computed from may
-/// be folded.
+/// guard's, of the mask) or an axis not proved a number (a guard's query
+/// length) is never a constant: what it is computed from is cleaned as
+/// anything else.
 fn read_by_conditions(g: &Graph) -> HashSet<String> {
     let (mut conditions, mut bodies) = (vec![], vec![g.proto]);
     while let Some(body) = bodies.pop() {
@@ -514,26 +515,26 @@ fn read_by_conditions(g: &Graph) -> HashSet<String> {
             bodies.extend(node.subgraphs());
         }
     }
+    let shapes = g.shapes();
+    let proved = |x: &str| shapes.shape(x).is_some_and(|s| s.iter().all(|d| d.value().is_some()));
     let mut protected = HashSet::new();
     for condition in conditions {
-        // Each value with whether it is reached through a Shape or Size
-        // alone (whose value is the shape of what it reads).
-        let (mut todo, mut seen, mut reads_data) = (vec![(condition, false)], HashSet::new(), false);
-        while let Some((value, shape_only)) = todo.pop() {
-            if !seen.insert((value.clone(), shape_only)) {
+        let (mut todo, mut seen, mut varies) = (vec![condition], HashSet::new(), false);
+        while let Some(value) = todo.pop() {
+            if !seen.insert(value.clone()) {
                 continue;
             }
             match g.producer(&value) {
-                Some(p) => {
-                    let node = g.node(p);
-                    let shape_only = shape_only || node.is("Shape") || node.is("Size");
-                    todo.extend(node.input.iter().filter(|i| !i.is_empty()).map(|i| (i.clone(), shape_only)));
+                // A Shape or Size reads its input's shape alone.
+                Some(p) if g.node(p).is("Shape") || g.node(p).is("Size") => {
+                    varies |= !g.node(p).input.first().is_some_and(|x| proved(x));
                 }
-                None => reads_data |= !shape_only && g.constant(&value).is_none(),
+                Some(p) => todo.extend(g.node(p).input.iter().filter(|i| !i.is_empty()).cloned()),
+                None => varies |= g.constant(&value).is_none(),
             }
         }
-        if !reads_data {
-            protected.extend(seen.into_iter().map(|(value, _)| value));
+        if !varies {
+            protected.extend(seen);
         }
     }
     protected
