@@ -121,6 +121,29 @@ pub fn clean(model: &mut ModelProto) -> Cleanup {
     run.cleanup
 }
 
+/// Removes, before the passes, the default-domain nodes nothing reads
+/// (nor a body, nor a graph output) in the main graph: a reader no run
+/// executes holds back no fusion (an unread Identity of a scaled q kept
+/// BART's cores from the kernel). What it removed is reported with the
+/// cleanup's `unread` nodes.
+pub fn prune(model: &mut ModelProto) -> Cleanup {
+    let mut run = Run { opset: model.default_opset(), cleanup: Cleanup::default(), added: HashSet::new() };
+    if let Some(graph) = model.graph.as_mut() {
+        run.remove_unread(graph, "main");
+    }
+    run.cleanup.removed = run.cleanup.nodes.len();
+    run.cleanup
+}
+
+impl Cleanup {
+    /// This cleanup after `before` (`prune`'s), as one.
+    pub fn after(mut self, before: Cleanup) -> Cleanup {
+        self.removed += before.removed;
+        self.nodes.splice(0..0, before.nodes);
+        self
+    }
+}
+
 struct Run {
     opset: i64,
     cleanup: Cleanup,

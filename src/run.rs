@@ -140,6 +140,10 @@ fn fuse_loaded(
         }
         None => None,
     };
+    // A node nothing reads holds back no fusion: it goes first, with the
+    // cleanup (which would remove it after the passes anyway).
+    let cleaning = settings.cleanup && !settings.pipeline.is_empty();
+    let pruned = cleaning.then(|| crate::cleanup::prune(&mut loaded.model));
     progress(format!("fusing {}", input.display()));
     // For portable, what an upgrade would add is counted on this model.
     let unfused = (settings.target == crate::graph::Target::Portable).then(|| loaded.model.clone());
@@ -159,9 +163,9 @@ fn fuse_loaded(
     };
     let needed = outcome.needed_opset();
     // After the passes, so that their counts and provenance are what they were.
-    let cleanup = (settings.cleanup && !settings.pipeline.is_empty()).then(|| {
+    let cleanup = pruned.map(|pruned| {
         progress(format!("cleaning up {}", input.display()));
-        crate::cleanup::clean(&mut loaded.model)
+        crate::cleanup::clean(&mut loaded.model).after(pruned)
     });
     let unchanged = outcome.fused.is_empty()
         && upgrade.as_ref().is_none_or(|u| u.from == u.to)

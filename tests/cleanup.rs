@@ -659,3 +659,35 @@ fn an_if_condition_stays_computed_at_run_time() {
     assert!(read.is("Size"), "{:?}", done.nodes);
     assert_eq!(g.node.iter().filter(|n| n.is("Size")).count(), 1, "{:?}", done.nodes);
 }
+
+#[test]
+fn a_node_nothing_reads_holds_back_no_fusion() {
+    // An RMSNorm whose mean an Identity nothing reads also reads (as
+    // onnxscript's test models and BART's cores have them): the node goes
+    // before the passes, with the cleanup, and the norm fuses; with
+    // --no-cleanup it stays, and the norm is declined.
+    let mut b = Builder::default();
+    let x = b.input("x", FLOAT, Some(&[D::N(2), D::N(4)]));
+    let y = rms_norm(&mut b, &x, FLOAT, &[1.0, 2.0, 3.0, 4.0]);
+    b.output(&y, FLOAT, None);
+    let mean = b.graph.node.iter().find(|n| n.is("ReduceMean")).unwrap().output[0].clone();
+    b.node("Identity", &[&mean], vec![]);
+    let dir = tempdir();
+    let (input, out) = (dir.path().join("dead.onnx"), dir.path().join("out.onnx"));
+    std::fs::write(&input, prost::Message::encode_to_vec(&b.model(17))).unwrap();
+    let json = dir.path().join("report.json");
+    let fused = |extra: &[&str]| {
+        let files = [input.to_str().unwrap(), "-o", out.to_str().unwrap(), "--report-json", json.to_str().unwrap()];
+        let r = run(&[&files[..], extra].concat());
+        assert!(r.status.success(), "{}", stderr(&r));
+        let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+        let rms = report["passes"].as_array().unwrap().iter().find(|p| p["name"] == "rms-norm").unwrap().clone();
+        (rms["fused"].as_u64().unwrap(), report["cleanup"].clone())
+    };
+    let (n, cleanup) = fused(&[]);
+    assert_eq!(n, 1, "{cleanup}");
+    let unread = cleanup["nodes"].as_array().unwrap().iter().filter(|r| r["op_type"] == "Identity").count();
+    assert_eq!(unread, 1, "{cleanup}");
+    assert_eq!(cleanup["nodes"][0]["why"], "unread", "{cleanup}");
+    assert_eq!(fused(&["--no-cleanup"]).0, 0);
+}
