@@ -33,7 +33,7 @@
 //! an `If`'s branches outside a fused node; `Loop` and `Scan` bodies, whose
 //! values change from one iteration to the next, are left as they are.
 //!
-//! An `If`'s condition computed from constants and proved shapes alone,
+//! A model's `If` condition computed from constants and proved shapes alone,
 //! and every value it is computed from, stays computed at run time: made a
 //! constant,
 //! ONNX Runtime inlines the branch it selects at load and infers its
@@ -520,8 +520,9 @@ fn twins(g: &Graph, with_shapes: bool) -> Vec<(usize, Vec<(String, String)>, &'s
     found
 }
 
-/// The values an `If`'s condition is computed from in this graph (the
-/// condition of an `If` in a body counted where it is read from here),
+/// The values the condition of one of the model's `If`s (not a fused
+/// node's guard) is computed from in this graph (the condition of an `If`
+/// in a body counted where it is read from here),
 /// where they are constants and shapes the shapes prove numbers alone: a
 /// condition the same on every run, which stays computed at run time
 /// (module doc). A condition that reads an input's values (a kernel
@@ -531,7 +532,9 @@ fn twins(g: &Graph, with_shapes: bool) -> Vec<(usize, Vec<(String, String)>, &'s
 fn read_by_conditions(g: &Graph) -> HashSet<String> {
     let (mut conditions, mut bodies) = (vec![], vec![g.proto]);
     while let Some(body) = bodies.pop() {
-        for node in &body.node {
+        // (A fused node's guard is the passes': its branches are ONNX's.)
+        let model_s = |node: &&NodeProto| node.metadata(FUSED_KEY).is_none() && node.metadata(RUNS_KEY).is_none();
+        for node in body.node.iter().filter(model_s) {
             if node.is("If") {
                 conditions.extend(node.input.first().cloned());
             }
