@@ -35,9 +35,8 @@
 //!
 //! A model's `If` condition computed from constants and proved shapes alone,
 //! and every value it is computed from, stays computed at run time: made a
-//! constant,
-//! ONNX Runtime inlines the branch it selects at load and infers its
-//! shapes anew, and a branch that breaks the spec where the condition
+//! constant, ONNX Runtime inlines the branch it selects at load and infers
+//! its shapes anew, and a branch that breaks the spec where the condition
 //! hid it (ONNX's own AffineGrid function feeds `Range` 1-element tensors)
 //! would then not load, where the original does.
 //!
@@ -522,8 +521,8 @@ fn twins(g: &Graph, with_shapes: bool) -> Vec<(usize, Vec<(String, String)>, &'s
 
 /// The values the condition of one of the model's `If`s (not a fused
 /// node's guard) is computed from in this graph (the condition of an `If`
-/// in a body counted where it is read from here),
-/// where they are constants and shapes the shapes prove numbers alone: a
+/// in a body counted where it is read from here), where they are constants
+/// and shapes the shapes prove numbers alone: a
 /// condition the same on every run, which stays computed at run time
 /// (module doc). A condition that reads an input's values (a kernel
 /// guard's, of the mask) or an axis not proved a number (a guard's query
@@ -533,8 +532,8 @@ fn read_by_conditions(g: &Graph) -> HashSet<String> {
     let (mut conditions, mut bodies) = (vec![], vec![g.proto]);
     while let Some(body) = bodies.pop() {
         // (A fused node's guard is the passes': its branches are ONNX's.)
-        let model_s = |node: &&NodeProto| node.metadata(FUSED_KEY).is_none() && node.metadata(RUNS_KEY).is_none();
-        for node in body.node.iter().filter(model_s) {
+        let models = |node: &&NodeProto| node.metadata(FUSED_KEY).is_none() && node.metadata(RUNS_KEY).is_none();
+        for node in body.node.iter().filter(models) {
             if node.is("If") {
                 conditions.extend(node.input.first().cloned());
             }
