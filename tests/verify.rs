@@ -264,6 +264,20 @@ fn integers_of_8_16_and_32_bits_and_u64_are_fed_and_compared() {
     let v = verify_models(&model, &model);
     assert!(v.passed, "{:?}", v.outputs);
     assert_eq!(v.outputs.len(), 7, "{:?}", v.outputs);
+    // Read from --inputs as the input's type, and only as it.
+    let dir = tempdir();
+    let feeds = dir.path().join("bytes.npz");
+    {
+        use npyz::WriterBuilder;
+        let mut w = npyz::npz::NpzWriter::create(&feeds).unwrap();
+        let mut a = w.array("x", Default::default()).unwrap().default_dtype().shape(&[4]).begin_nd().unwrap();
+        a.extend([0u8, 3, 200, 255]).unwrap();
+        a.finish().unwrap();
+    }
+    assert!(compare(&model, &model, &feeds).unwrap().passed);
+    npz(&feeds, &[], &[("x", vec![4], vec![0, 3, 200, 255])]);
+    let e = format!("{:#}", compare(&model, &model, &feeds).unwrap_err());
+    assert!(e.contains("does not match the input's type"), "{e}");
 }
 
 /// ONNX's test_if_opt: an `If` whose then-branch returns an absent optional

@@ -132,6 +132,20 @@ pub(super) enum Data {
     Small(DataType, Vec<i64>),
 }
 
+/// `$of!(T)` for the Rust type `T` of a `Data::Small` element type `$t`.
+macro_rules! small_type {
+    ($t:expr, $of:ident) => {
+        match $t {
+            DataType::Int8 => $of!(i8),
+            DataType::Uint8 => $of!(u8),
+            DataType::Int16 => $of!(i16),
+            DataType::Uint16 => $of!(u16),
+            DataType::Uint32 => $of!(u32),
+            _ => $of!(u64),
+        }
+    };
+}
+
 impl Input {
     /// An input fed with a value the original computed.
     pub(super) fn from_values(name: &str, v: &Values) -> Result<Input> {
@@ -181,14 +195,7 @@ impl Input {
                             .map(|t| t.into_dyn())
                     };
                 }
-                match t {
-                    DataType::Int8 => of!(i8),
-                    DataType::Uint8 => of!(u8),
-                    DataType::Int16 => of!(i16),
-                    DataType::Uint16 => of!(u16),
-                    DataType::Uint32 => of!(u32),
-                    _ => of!(u64),
-                }
+                small_type!(t, of)
             }
         };
         value.map_err(|e| anyhow!("cannot make input {}: {e}", self.name))
@@ -394,15 +401,7 @@ pub(super) fn read_npz(
                     array.into_vec::<$ty>().map_err(wrong)?.into_iter().map(|x| x as i64).collect()
                 };
             }
-            let values = match t {
-                DataType::Int8 => of!(i8),
-                DataType::Uint8 => of!(u8),
-                DataType::Int16 => of!(i16),
-                DataType::Uint16 => of!(u16),
-                DataType::Uint32 => of!(u32),
-                _ => of!(u64),
-            };
-            Data::Small(t, values)
+            Data::Small(t, small_type!(t, of))
         }
         _ => bail!("inputs of type {} cannot be read from .npz", type_name(elem_type)),
     };
