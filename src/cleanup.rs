@@ -106,6 +106,13 @@ impl Cleanup {
     pub fn count(&self, why: &str) -> usize {
         self.nodes.iter().filter(|r| r.why == why).count()
     }
+
+    /// This cleanup after `before` (`prune`'s), as one.
+    pub fn after(mut self, before: Cleanup) -> Cleanup {
+        self.removed += before.removed;
+        self.nodes.splice(0..0, before.nodes);
+        self
+    }
 }
 
 /// Cleans the model's graph and its `If` branches, each to a fixed point.
@@ -132,15 +139,6 @@ pub fn prune(model: &mut ModelProto) -> Cleanup {
     }
     run.cleanup.removed = run.cleanup.nodes.len();
     run.cleanup
-}
-
-impl Cleanup {
-    /// This cleanup after `before` (`prune`'s), as one.
-    pub fn after(mut self, before: Cleanup) -> Cleanup {
-        self.removed += before.removed;
-        self.nodes.splice(0..0, before.nodes);
-        self
-    }
 }
 
 struct Run {
@@ -194,13 +192,14 @@ impl Run {
                 // proves an axis 7, a broadcast 2): only what needs no
                 // shapes is done.
                 let vacuous = g.shapes().vacuous();
+                let conditions = read_by_conditions(&g);
                 let mut plan = Plan::default();
                 if !vacuous {
-                    plan.constants = constants(&g);
+                    plan.constants = constants(&g, &conditions);
                     plan.targets = reshape_targets(&g);
                 }
                 if plan.constants.is_empty() && plan.targets.is_empty() {
-                    plan.twins = twins(&g, !vacuous);
+                    plan.twins = twins(&g, !vacuous, &conditions);
                 }
                 plan
             };
@@ -349,9 +348,8 @@ fn ours(g: &Graph, i: usize) -> bool {
 
 /// Nodes whose one value is the same on every run, with that value: what
 /// `fold` computes exactly, in the type and shape the shapes prove for it.
-fn constants(g: &Graph) -> Vec<(usize, TensorProto)> {
+fn constants(g: &Graph, conditions: &HashSet<String>) -> Vec<(usize, TensorProto)> {
     let shapes = g.shapes();
-    let conditions = read_by_conditions(g);
     let mut found = vec![];
     for &i in g.order() {
         let node = g.node(i);
@@ -458,9 +456,12 @@ fn reshape_targets(g: &Graph) -> Vec<(usize, String, TensorProto)> {
 /// readers of earlier twins already reading their first: the node that
 /// goes and, per output, the value its readers read instead; with the
 /// shapes, values proved equal too.
-fn twins(g: &Graph, with_shapes: bool) -> Vec<(usize, Vec<(String, String)>, &'static str)> {
+fn twins(
+    g: &Graph,
+    with_shapes: bool,
+    conditions: &HashSet<String>,
+) -> Vec<(usize, Vec<(String, String)>, &'static str)> {
     let shapes = g.shapes();
-    let conditions = read_by_conditions(g);
     // Per computation, the values its first node's readers read (its own
     // outputs, or the earlier value it proved equal to).
     let mut first: HashMap<Vec<u8>, Vec<String>> = HashMap::new();
@@ -522,9 +523,8 @@ fn twins(g: &Graph, with_shapes: bool) -> Vec<(usize, Vec<(String, String)>, &'s
 /// The values the condition of one of the model's `If`s (not a fused
 /// node's guard) is computed from in this graph (the condition of an `If`
 /// in a body counted where it is read from here), where they are constants
-/// and shapes the shapes prove numbers alone: a
-/// condition the same on every run, which stays computed at run time
-/// (module doc). A condition that reads an input's values (a kernel
+/// and shapes the shapes prove numbers alone: a condition the same on every
+/// run, which stays computed at run time (module doc). A condition that reads an input's values (a kernel
 /// guard's, of the mask) or an axis not proved a number (a guard's query
 /// length) is never a constant: what it is computed from is cleaned as
 /// anything else.
