@@ -25,6 +25,15 @@ enum Break {
     /// No break: heads third, x `[b, s, 4, 8]`, the tables unsqueezed at
     /// axis 2 (the kernel's 3-D input).
     HeadsThird,
+    /// No break: the halves are the two parts of a Split of x (`x.chunk(2,
+    /// -1)`, ESM's rotate_half), sizes `[4, 4]`.
+    Split,
+    /// No break: the same Split by `num_outputs` 2 alone.
+    SplitInTwo,
+    /// The Split's parts turned the other way: Concat(Neg(x₁), x₂).
+    SplitTurn,
+    /// A Split into `[3, 5]`.
+    SplitUneven,
 }
 
 /// A rotary as Hugging Face exports write it: x [b, 4, s, 8], the tables
@@ -48,8 +57,26 @@ fn rotary_model(broken: Break) -> ModelProto {
     let ints = |b: &mut Builder, v: i64| b.constant(tensor(INT64, &[1], &[v as f64]));
     let (zero, half, end, last) = (ints(&mut b, 0), ints(&mut b, 4), ints(&mut b, i64::MAX), ints(&mut b, -1));
     let cut = if broken == Break::Cut { ints(&mut b, 3) } else { half.clone() };
-    let x1 = b.node("Slice", &[&x, &zero, &cut, &last], vec![]);
-    let x2 = b.node("Slice", &[&x, &cut, &end, &last], vec![]);
+    let (x1, x2) = match broken {
+        Break::Split | Break::SplitTurn | Break::SplitUneven | Break::SplitInTwo => {
+            let (first, second) = ("x_first_half".to_string(), "x_second_half".to_string());
+            let mut inputs = vec![x.clone()];
+            let mut attributes = vec![attr_int("axis", -1)];
+            match broken {
+                Break::SplitInTwo => attributes.push(attr_int("num_outputs", 2)),
+                Break::SplitUneven => inputs.push(b.constant(tensor(INT64, &[2], &[3.0, 5.0]))),
+                _ => inputs.push(b.constant(tensor(INT64, &[2], &[4.0, 4.0]))),
+            }
+            let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
+            b.node_to("Split", &inputs, &[&first, &second], attributes);
+            if broken == Break::SplitTurn {
+                (second, first)
+            } else {
+                (first, second)
+            }
+        }
+        _ => (b.node("Slice", &[&x, &zero, &cut, &last], vec![]), b.node("Slice", &[&x, &cut, &end, &last], vec![])),
+    };
     let neg = b.node("Neg", &[&x2], vec![]);
     let turned = if broken == Break::Turn {
         let neg1 = b.node("Neg", &[&x1], vec![]);
@@ -201,9 +228,28 @@ fn operands_in_either_order_fuse() {
     assert_equivalent(&swapped, &fused, "rotary, operands swapped");
 }
 
+/// `rotate_half` written with `x.chunk(2, -1)`: the halves are a Split's
+/// two parts, by sizes or by `num_outputs`.
+#[test]
+fn a_rotate_half_of_a_split_into_halves_is_one_rotary_embedding() {
+    for broken in [Break::Split, Break::SplitInTwo] {
+        let model = rotary_model(broken);
+        let (fused, outcome) = fuse(&model);
+        assert_eq!(outcome.fused.len(), 1, "{:?}", outcome.declined);
+        let node = all_nodes(&fused).into_iter().find(|n| n.op_type() == "RotaryEmbedding").expect("the op");
+        assert_eq!((node.input[0].as_str(), node.output[0].as_str()), ("x", "y"));
+        assert!(node.attribute.is_empty(), "rotate-half, the whole head");
+        assert!(fused_list(node).iter().any(|e| e.starts_with("Split ")), "the Split replaced");
+        assert_eq!(count_op(&fused, "Split"), 0, "nothing else reads its parts");
+        assert_equivalent(&model, &fused, "rotary, halves of a Split");
+    }
+}
+
 #[test]
 fn near_misses_do_not_fuse_and_say_why() {
     for (broken, why) in [
+        (Break::SplitTurn, "part 1 is read as half 0 of the last axis"),
+        (Break::SplitUneven, "does not cut the last axis of 8 into two halves"),
         (Break::Halves, "the two halves of the cos table are not proved equal"),
         // −x₁ first: the operand read as x₁ is the second half.
         (Break::Turn, "does not cut [0, 4) of the last axis of 8"),

@@ -4,7 +4,8 @@
 //! ```text
 //! out  = Add(Mul(x, c), Mul(r, s))          every operand either order
 //! rotate-half (Llama, NeoX):
-//!   r    = Concat(Neg(x₂), x₁, axis −1)     x₁ = x[…, :d/2], x₂ = x[…, d/2:] (Slices of x)
+//!   r    = Concat(Neg(x₂), x₁, axis −1)     x₁ = x[…, :d/2], x₂ = x[…, d/2:] (Slices of x,
+//!                                           or the two parts of a Split of x: `x.chunk(2, −1)`)
 //!   c    = Unsqueeze(cos, heads axis)
 //!   cos  = g(Concat(f, f, axis −1))         g elementwise, or times one value: each
 //!                                           half of cos is the other (every Hugging
@@ -81,7 +82,7 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
         Turn::Halves => halves_turned(g, r)?,
         Turn::Pairs => pairs_turned(g, r)?,
     };
-    let (x1, x2) = (g.node(kept).input[0].as_str(), g.node(negated).input[0].as_str());
+    let (x1, x2) = (g.node(kept.0).input[0].as_str(), g.node(negated.0).input[0].as_str());
     require!(g.same_value(x1, x2).is_some(), "the parts turned are not of one value");
     let (x, c) = product_with(g, plain, "the value whose parts are turned", |v| g.same_value(v, x1).is_some())?;
 
@@ -97,12 +98,12 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     let d = d.ok_or_else(|| miss(&format!("the last axis of x ({}) is not a known even number", sx[3])))?;
     match form {
         Turn::Halves => {
-            cut(g, kept, 0, d / 2, d, 1)?;
-            cut(g, negated, d / 2, d, d, 1)?;
+            half(g, kept, 0, d)?;
+            half(g, negated, 1, d)?;
         }
         Turn::Pairs => {
-            cut(g, kept, 0, d, d, 2)?;
-            cut(g, negated, 1, d, d, 2)?;
+            cut(g, kept.0, 0, d, d, 2)?;
+            cut(g, negated.0, 1, d, d, 2)?;
             // The pairs, stacked [..., d/2, 2], merge back in x's shape.
             require!(
                 shapes.shape(r).as_ref() == Some(&sx),
@@ -306,8 +307,14 @@ fn on_last_axis(g: &Graph, axis: i64, value: &str) -> bool {
     axis == -1 || g.shapes().rank(value).is_some_and(|n| axis == n as i64 - 1)
 }
 
-/// `Concat(Neg(x₂), x₁, axis −1)`: the Slices computing x₁ and x₂.
-fn halves_turned(g: &Graph, r: &str) -> Check<(usize, usize)> {
+/// A part of x cut by a node and the node's output that is the part:
+/// a Slice's, or one of a Split's.
+type Part = (usize, usize);
+
+/// `Concat(Neg(x₂), x₁, axis −1)`: the parts x₁ and x₂, each a Slice of x
+/// or one of the two parts of a Split of x (`x.chunk(2, -1)`, as ESM's
+/// `rotate_half` writes it).
+fn halves_turned(g: &Graph, r: &str) -> Check<(Part, Part)> {
     let concat = g.node(g.produced_by(r, "Concat")?);
     require!(concat.input.len() == 2, "the half turn is no Concat of two parts");
     require!(
@@ -315,14 +322,36 @@ fn halves_turned(g: &Graph, r: &str) -> Check<(usize, usize)> {
         "the half turn is not concatenated on the last axis"
     );
     let neg = g.node(g.produced_by(&concat.input[0], "Neg")?);
-    Ok((g.produced_by(&concat.input[1], "Slice")?, g.produced_by(&neg.input[0], "Slice")?))
+    let part = |v: &str| -> Check<Part> {
+        let p = g.produced_by(v, "Slice").or_else(|_| g.produced_by(v, "Split"));
+        let p = p.map_err(|_| miss(&format!("{v} is not cut from x by a Slice or a Split")))?;
+        Ok((p, g.node(p).output.iter().position(|o| o == v).unwrap_or_default()))
+    };
+    Ok((part(&concat.input[1])?, part(&neg.input[0])?))
+}
+
+/// Part `(node, output)` is half `i` of the last axis of x (of `d`):
+/// `[i·d/2, (i+1)·d/2)`, cut by a Slice (`cut`), or output i of a Split
+/// of the last axis into two parts proved d/2 long each (a Split keeps
+/// the axis's order).
+fn half(g: &Graph, (p, output): Part, i: i64, d: i64) -> Check<()> {
+    let node = g.node(p);
+    if node.is("Slice") {
+        return cut(g, p, i * d / 2, (i + 1) * d / 2, d, 1);
+    }
+    let halves = node.output.len() == 2
+        && on_last_axis(g, node.attr_int("axis").unwrap_or(0), &node.input[0])
+        && node.output.iter().all(|o| g.shapes().shape(o).and_then(|s| s.last()?.value()) == Some(d / 2));
+    require!(halves, "Split {} does not cut the last axis of {d} into two halves", node.name());
+    require!(output as i64 == i, "Split {}'s part {output} is read as half {i} of the last axis", node.name());
+    Ok(())
 }
 
 /// `Reshape(Concat(Unsqueeze(Neg(x₀), −1), Unsqueeze(xₑ, −1), axis −1))`,
 /// each pair (−x₀, xₑ) stacked on a new last axis: the Slices computing
 /// xₑ and x₀. That the Reshape merges the last two axes back is the
 /// caller's to prove (x's shape).
-fn pairs_turned(g: &Graph, r: &str) -> Check<(usize, usize)> {
+fn pairs_turned(g: &Graph, r: &str) -> Check<(Part, Part)> {
     let stack = g.node(g.produced_by(r, "Reshape")?).input[0].as_str();
     let concat = g.node(g.produced_by(stack, "Concat")?);
     require!(concat.input.len() == 2, "the pairs are no Concat of two parts");
@@ -340,7 +369,7 @@ fn pairs_turned(g: &Graph, r: &str) -> Check<(usize, usize)> {
         Ok(u.input[0].as_str())
     };
     let neg = g.node(g.produced_by(part(&concat.input[0])?, "Neg")?);
-    Ok((g.produced_by(part(&concat.input[1])?, "Slice")?, g.produced_by(&neg.input[0], "Slice")?))
+    Ok(((g.produced_by(part(&concat.input[1])?, "Slice")?, 0), (g.produced_by(&neg.input[0], "Slice")?, 0)))
 }
 
 /// Slice `slice` cuts `[from, to)` of the last axis (of `d`) by `step`

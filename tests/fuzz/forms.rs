@@ -2408,8 +2408,25 @@ pub fn rotary(rng: &mut Rng) -> Case {
     };
     let end = if rng.chance(0.5) { i64::MAX } else { d };
     let (zero, cut, end, last) = (ints(&mut b, 0), ints(&mut b, half), ints(&mut b, end), ints(&mut b, -1));
-    let x1 = b.node("Slice", &[&x, &zero, &cut, &last], vec![]);
-    let x2 = b.node("Slice", &[&x, &cut, &end, &last], vec![]);
+    let (x1, x2) = if rng.chance(0.25) {
+        // `x.chunk(2, -1)` (ESM's rotate_half): the two parts of a Split.
+        let parts = ["x_first_half".to_string(), "x_second_half".to_string()];
+        let mut attributes = vec![attr_int("axis", rng.pick(&[-1, 3]))];
+        let sizes = if half == d / 2 && rng.chance(0.5) {
+            c.note("the halves a Split in two (num_outputs)");
+            attributes.push(attr_int("num_outputs", 2));
+            vec![x.clone()]
+        } else {
+            c.note("the halves a Split by sizes");
+            vec![x.clone(), b.ints(&[half, d - half])]
+        };
+        let sizes: Vec<&str> = sizes.iter().map(String::as_str).collect();
+        b.node_to("Split", &sizes, &[&parts[0], &parts[1]], attributes);
+        let [x1, x2] = parts;
+        (x1, x2)
+    } else {
+        (b.node("Slice", &[&x, &zero, &cut, &last], vec![]), b.node("Slice", &[&x, &cut, &end, &last], vec![]))
+    };
     let turned = if rng.chance(0.08) {
         c.breaks("the other turn: Concat(−x₁, x₂)");
         let neg = b.node("Neg", &[&x1], vec![]);
