@@ -86,10 +86,11 @@ pub struct Rewrite {
     /// (a weight given the shape the fused op takes), each named as the
     /// replacement reads it; the driver makes the names unique.
     pub constants: Vec<TensorProto>,
-    /// Ops that, reading the anchor's output, continue the pattern (a norm
-    /// without a scale before a Mul whose scale the pass did not prove):
+    /// Chains of ops that, reading the anchor's output one after the
+    /// other, continue the pattern (a norm without a scale before a Mul
+    /// whose scale the pass did not prove, or a Cast read by such a Mul):
     /// where one does, the rewrite is declined rather than taken in part.
-    pub yields_to: &'static [&'static str],
+    pub yields_to: &'static [&'static [&'static str]],
     /// Nodes the replacement needs computed before it (a guard's
     /// condition), in order. The driver names them, gives their outputs
     /// names no value has, and places them before the replacement; it adds
@@ -188,10 +189,10 @@ impl Rewrite {
         self
     }
 
-    /// Declined where an op of `ops` reads the anchor's output (see
-    /// `yields_to`).
-    pub fn yielding_to(self, ops: &'static [&'static str]) -> Self {
-        Rewrite { yields_to: ops, ..self }
+    /// Declined where a chain of ops of `chains` reads the anchor's output
+    /// (see `yields_to`).
+    pub fn yielding_to(self, chains: &'static [&'static [&'static str]]) -> Self {
+        Rewrite { yields_to: chains, ..self }
     }
 
     /// The replacement's op needs opset `version`.
@@ -1519,15 +1520,20 @@ fn check_nothing_escapes(g: &Graph, rewrite: &Rewrite) -> Check<()> {
     Ok(())
 }
 
-/// A rewrite that yields to an op reading its anchor's output (a weight
-/// Mul the pass did not prove, or a Cast on the way to one) is not taken
-/// in part.
+/// A rewrite that yields to a chain of ops reading its anchor's output (a
+/// weight Mul the pass did not prove, or a Cast on the way to one) is not
+/// taken in part.
 fn check_yields(g: &Graph, rewrite: &Rewrite) -> Check<()> {
+    /// The first node of a chain of `ops` that reads `value`, each op
+    /// reading the one before it.
+    fn read_by<'g>(g: &'g Graph, value: &str, ops: &[&str]) -> Option<&'g NodeProto> {
+        let (first, rest) = ops.split_first()?;
+        g.consumers(value).iter().map(|&c| g.node(c)).find(|c| {
+            c.is(first) && c.input.iter().any(|i| i == value) && (rest.is_empty() || read_by(g, &c.output[0], rest).is_some())
+        })
+    }
     let out = &g.node(rewrite.anchor).output[0];
-    let reader = g.consumers(out).iter().map(|&c| g.node(c)).find(|c| {
-        crate::onnx::is_default_domain(c.domain()) && rewrite.yields_to.contains(&c.op_type()) && c.input.contains(out)
-    });
-    if let Some(reader) = reader {
+    if let Some(reader) = rewrite.yields_to.iter().find_map(|chain| read_by(g, out, chain)) {
         decline!("its output is read by {}, whose pattern did not match", display_name(reader));
     }
     Ok(())

@@ -7,7 +7,7 @@ mod common;
 
 use common::build::*;
 use common::*;
-use onnx_fuse::onnx::{ModelProto, NodeProto, TensorProto, BOOL, DOUBLE, FLOAT, INT64};
+use onnx_fuse::onnx::{ModelProto, NodeProto, TensorProto, BOOL, DOUBLE, FLOAT, FLOAT16, INT64};
 
 const X: &[i64] = &[2, 3, 4];
 
@@ -384,14 +384,7 @@ fn a_layer_norm_whose_means_reduce_other_axes_or_whose_weights_broadcast_does_no
 /// the normalized value read by `reader` (a graph output where none).
 fn rms_without_weight(x_dims: &[D], reader: Option<(&str, onnx_fuse::onnx::TensorProto)>) -> ModelProto {
     let mut b = Builder::default();
-    b.input("x", FLOAT, Some(x_dims));
-    let sq = b.node("Mul", &["x", "x"], vec![]);
-    let m = b.node("ReduceMean", &[&sq], vec![attr_ints("axes", &[-1])]);
-    let eps = b.init("eps", tensor(FLOAT, &[], &[1e-6]));
-    let a = b.node("Add", &[&m, &eps], vec![]);
-    let r = b.node("Sqrt", &[&a], vec![]);
-    let inv = b.node("Reciprocal", &[&r], vec![]);
-    let n = b.node("Mul", &["x", &inv], vec![]);
+    let n = rms_without_weight_in(&mut b, x_dims);
     let y = match reader {
         None => n,
         Some((op, t)) => {
@@ -401,6 +394,18 @@ fn rms_without_weight(x_dims: &[D], reader: Option<(&str, onnx_fuse::onnx::Tenso
     };
     b.output(&y, FLOAT, None);
     b.model(14)
+}
+
+/// The norm of `rms_without_weight` in `b`, of input x: its output.
+fn rms_without_weight_in(b: &mut Builder, x_dims: &[D]) -> String {
+    b.input("x", FLOAT, Some(x_dims));
+    let sq = b.node("Mul", &["x", "x"], vec![]);
+    let m = b.node("ReduceMean", &[&sq], vec![attr_ints("axes", &[-1])]);
+    let eps = b.init("eps", tensor(FLOAT, &[], &[1e-6]));
+    let a = b.node("Add", &[&m, &eps], vec![]);
+    let r = b.node("Sqrt", &[&a], vec![]);
+    let inv = b.node("Reciprocal", &[&r], vec![]);
+    b.node("Mul", &["x", &inv], vec![])
 }
 
 #[test]
@@ -444,6 +449,35 @@ fn an_rms_norm_without_weight_whose_rank_is_unknown_or_whose_scale_is_not_proved
     assert_eq!(count_op(&fused, "SimplifiedLayerNormalization"), 0, "{:?}", outcome.declined);
     let why = declined(&model);
     assert!(why.iter().any(|r| r.contains("whose pattern did not match")), "{why:?}");
+}
+
+/// A norm without weight whose result is cast to f16 and read by no Mul
+/// (onnxscript's mixed-precision RMSNorm: f16 in, f32 inside, f16 out) is
+/// no weighted norm's start: it fuses, the Cast back stays. Where the
+/// Cast is read by a Mul of an unproved weight, it is: nothing fuses.
+#[test]
+fn an_rms_norm_without_weight_cast_back_fuses_where_no_mul_reads_the_cast() {
+    let cast_back = |weight: Option<&[i64]>| {
+        let mut b = Builder::default();
+        let n = rms_without_weight_in(&mut b, &dims(X));
+        let mut y = b.node("Cast", &[&n], vec![attr_int("to", i64::from(FLOAT16))]);
+        if let Some(w) = weight {
+            let values = ramp(w.iter().product::<i64>() as usize);
+            let w = b.init("w", tensor(FLOAT16, w, &values));
+            y = b.node("Mul", &[&y, &w], vec![]);
+        }
+        b.output(&y, FLOAT16, None);
+        b.model(14)
+    };
+    let model = cast_back(None);
+    let (fused, outcome) = fuse_model(&model, &["layer-norm", "rms-norm"]);
+    assert_eq!(count_op(&fused, "SimplifiedLayerNormalization"), 1, "{:?}", outcome.declined);
+    assert_eq!(count_op(&fused, "Cast"), 1, "the Cast back stays");
+    assert_equivalent(&model, &fused, "forms");
+    let model = cast_back(Some(&[2, 4]));
+    let (fused, outcome) = fuse_model(&model, &["layer-norm", "rms-norm"]);
+    assert_eq!(count_op(&fused, "SimplifiedLayerNormalization"), 0, "{:?}", outcome.declined);
+    assert!(declined(&model).iter().any(|r| r.contains("whose pattern did not match")));
 }
 
 /// `softmax(steps(q·k)) · v` with `q, k, v` of shape (2, 2, 3, 3); `steps`

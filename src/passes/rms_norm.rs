@@ -84,8 +84,9 @@ fn weighted(g: &Graph, index: usize) -> Check<Rewrite> {
 /// The core alone, `x / sqrt(mean(x²) + eps)` with no scale after it (a
 /// norm without a weight): the op gets a `[D]` weight of ones, which
 /// multiplies exactly, where D and the type are known numbers. Where a Mul
-/// (or a Cast on the way to one) reads it, the norm is the weighted form's
-/// to fuse whole, or to leave whole where its weight is not proved.
+/// (or a Cast read by one) reads it, the norm is the weighted form's to
+/// fuse whole, or to leave whole where its weight is not proved; a Cast
+/// that no Mul reads (an f16 norm without weight cast back) is no weight's.
 fn without_weight(g: &Graph, index: usize) -> Check<Rewrite> {
     let last = g.node(index);
     candidate!(last.is("Div") || last.is("Mul"));
@@ -94,7 +95,7 @@ fn without_weight(g: &Graph, index: usize) -> Check<Rewrite> {
     let weight = m.ones_over(g, core.x, 1, core.elem_type, "weight").or_decline(|| {
         format!("a norm without weight: the last axes of {} are no known numbers, and a scale of ones computed at run time needs its rank proved and opset 10 (bf16: 20)", core.x)
     })?;
-    Ok(m.replace_with(node(op_for(g)?, &[core.x, &weight], norm_attributes(core.eps, 1))).yielding_to(&["Mul", "Cast"]))
+    Ok(m.replace_with(node(op_for(g)?, &[core.x, &weight], norm_attributes(core.eps, 1))).yielding_to(&[&["Mul"], &["Cast", "Mul"]]))
 }
 
 /// The op the target allows: ONNX Runtime's `SimplifiedLayerNormalization`
