@@ -418,3 +418,53 @@ fn sizes_tried_beyond_the_memory_budget_are_skipped() {
     assert!(v.passed, "{}", v.text());
     assert_eq!(v.dims["channels"], 3, "{:?}", v.dims);
 }
+
+/// A model whose output `noisy` is a Dropout in training mode (ONNX
+/// Runtime's generator goes on from run to run and session to session)
+/// and whose output `clean` is `-x - x`, with the two Negs written as
+/// twins where `twins`, else as one: the two models differ outside any
+/// fused node, so their outputs decide.
+fn with_dropout(twins: bool, clean: bool) -> ModelProto {
+    let mut b = Builder::default();
+    let x = b.input("x", FLOAT, Some(&[D::N(4), D::N(64)]));
+    let ratio = b.init("ratio", tensor(FLOAT, &[], &[0.5]));
+    let training = b.init("training", tensor(onnx_fuse::onnx::BOOL, &[], &[1.0]));
+    b.node_to("Dropout", &[&x, &ratio, &training], &["noisy"], vec![]);
+    b.output("noisy", FLOAT, None);
+    if clean {
+        let n = b.node("Neg", &[&x], vec![]);
+        let m = if twins { b.node("Neg", &[&x], vec![]) } else { n.clone() };
+        b.node_to("Add", &[&n, &m], &["clean"], vec![]);
+        b.output("clean", FLOAT, None);
+    }
+    b.model(17)
+}
+
+/// An output the original itself computes otherwise when run again is
+/// not judged ("vary"); the others are, and decide. Where every output
+/// varies, nothing can be judged: no verdict, an error.
+#[test]
+fn an_output_the_original_does_not_repeat_is_not_judged() {
+    let v = verify_models(&with_dropout(true, true), &with_dropout(false, true));
+    assert!(v.outputs_decide, "{}", v.text());
+    let noisy = &v.outputs[0];
+    assert!(!noisy.passed && noisy.unrepeatable.is_some_and(|by| by > 0.0), "{}", v.text());
+    assert!(v.outputs[1].passed && v.outputs[1].unrepeatable.is_none(), "{}", v.text());
+    assert!(v.passed, "{}", v.text());
+    assert!(v.text().contains("  vary output noisy: "), "{}", v.text());
+    assert!(v.text().contains("the original gives other values when run again"), "{}", v.text());
+    // The output that repeats still fails where it differs.
+    let mut wrong = with_dropout(false, true);
+    let add = wrong.graph.as_mut().unwrap().node.iter_mut().find(|n| n.op_type() == "Add").unwrap();
+    add.op_type = Some("Sub".into());
+    let v = verify_models(&with_dropout(true, true), &wrong);
+    assert!(!v.passed && !v.outputs[1].passed && v.outputs[1].unrepeatable.is_none(), "{}", v.text());
+    // Nothing but a varying output to decide by.
+    let dir = std::env::temp_dir();
+    let (original, other) = (with_dropout(true, false), with_dropout(false, false));
+    let mut other_noisy = other.clone();
+    other_noisy.graph.as_mut().unwrap().node[0].name = Some("renamed".into());
+    let err = verify::verify((&original, &dir), (&other_noisy, &dir), &verify::Options::default());
+    let err = format!("{:#}", err.expect_err("no output to judge by"));
+    assert!(err.contains("cannot verify: the original gives other values when run again"), "{err}");
+}

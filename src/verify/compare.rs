@@ -44,6 +44,12 @@ pub struct Compared {
     /// Elements within tolerance only through atol: |a - b| > rtol |a|
     /// (near zero, where a relative error means little).
     pub within_by_atol: usize,
+    /// A graph output the original itself computes otherwise when run
+    /// again on the same inputs (a random op, a ScatterND whose reduction
+    /// races over repeated indices): the largest difference between its
+    /// two runs. Such an output is not judged.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unrepeatable: Option<f64>,
     /// max over elements of |a - b| / (atol + rtol |a|): above 1 fails.
     #[serde(skip)]
     pub badness: f64,
@@ -70,6 +76,7 @@ pub(super) fn compare_values(
         problem: None,
         exact: None,
         within_by_atol: 0,
+        unrepeatable: None,
         badness: 0.0,
     };
     let fail = |mut c: Compared, why: String| {
