@@ -940,6 +940,37 @@ fn scores_clamped_by_a_max_are_a_step_of_the_core() {
     assert!(note.contains("a step max of the core: no step ONNX Attention takes"), "{note}");
 }
 
+/// SDPA's decomposition with a cache, the key scaled by √scale before its
+/// transpose (experimental-experiment's MHA test): the key is the cache,
+/// read whole, and the note says so (it said "neither a KV cache nor
+/// grouped heads"); the core equals the original.
+#[test]
+fn a_cache_scaled_before_its_transpose_is_a_cache() {
+    let mut b = Builder::default();
+    for (name, seq) in [("keys", "s"), ("values", "s"), ("past_keys", "p"), ("past_values", "p")] {
+        b.input(name, FLOAT, Some(&[sym("b"), D::N(2), sym(seq), D::N(4)]));
+    }
+    b.input("query", FLOAT, Some(&[sym("b"), D::N(2), sym("s"), D::N(4)]));
+    let key = b.node("Concat", &["past_keys", "keys"], vec![attr_int("axis", -2)]);
+    let value = b.node("Concat", &["past_values", "values"], vec![attr_int("axis", -2)]);
+    let root = b.init("root_scale", tensor(FLOAT, &[1], &[0.5f64.sqrt()]));
+    let q = b.node("Mul", &["query", &root], vec![]);
+    let k = b.node("Mul", &[&key, &root], vec![]);
+    let k = b.node("Transpose", &[&k], vec![attr_ints("perm", &[0, 1, 3, 2])]);
+    let s = b.node("MatMul", &[&q, &k], vec![]);
+    let p = b.node("Softmax", &[&s], vec![attr_int("axis", -1)]);
+    let out = b.node("MatMul", &[&p, &value], vec![]);
+    for v in [&out, &key, &value] {
+        b.output(v, FLOAT, None);
+    }
+    let model = b.model(23);
+    let (fused, outcome) = fuse_model(&model, &["attention"]);
+    assert_eq!(outcome.fused.len(), 1, "{:?}", outcome.declined);
+    let note = outcome.fused[0].note.clone().unwrap_or_default();
+    assert!(note.contains("a cache without grouped heads whose key the export only transposes, or scales"), "{note}");
+    assert_equivalent(&model, &fused, "forms");
+}
+
 #[test]
 fn masked_fill_with_a_reshaped_fill_is_a_core() {
     let model = core(

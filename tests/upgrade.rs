@@ -464,7 +464,8 @@ fn where_the_everyday_command_keeps_the_opset_each_core_says_why_it_is_not_the_k
         assert_eq!(
             core["note"],
             "not ONNX Attention (tried at opset 23; the model keeps opset 18): neither a KV cache nor grouped \
-             heads, and the output's heads are not merged into [b, s, h·d] alone: ONNX Runtime's Attention on \
+             heads (no Concat(past, new) on axis 2 or graph input read whole, no heads proved repeated), and the \
+             output's heads are not merged into [b, s, h·d] alone: ONNX Runtime's Attention on \
              4-D heads is slower than the MatMuls it replaces here"
         );
     }

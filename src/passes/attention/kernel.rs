@@ -449,7 +449,8 @@ fn operands<'a>(
                     Miss::NotCandidate => String::new(),
                 };
                 decline!(
-                    "neither a KV cache nor grouped heads, and {why}: {} on 4-D heads is slower than the MatMuls it \
+                    "neither a KV cache nor grouped heads (no Concat(past, new) on axis 2 or graph input read whole, \
+                     no heads proved repeated), and {why}: {} on 4-D heads is slower than the MatMuls it \
                      replaces here",
                     SPEED.runtime
                 )
@@ -1076,9 +1077,18 @@ fn scaled_at_run_time(g: &Graph, k: &str, unscaled: &str) -> bool {
 /// call, which the written-out core transposes (or repeats) whole at every
 /// step and the kernel reads as it is: a cache, `Concat(past, new)` on the
 /// sequence axis (2 of 4), or a graph input (a cross-attention's encoder
-/// key and value, passed back in by the caller).
+/// key and value, passed back in by the caller); also scaled by one value
+/// before its transpose (SDPA's √scale of the key).
 fn kept_whole(g: &Graph, value: &str) -> bool {
-    let value = g.unchanged(value);
+    let mut value = g.unchanged(value);
+    if let Some(scaled) = g.producer(value).map(|p| g.node(p)).filter(|n| n.is("Mul") || n.is("Div")) {
+        let one_value = |i: usize| scaled.input.get(i).and_then(|c| g.constant(c)).is_some_and(|t| t.numel() == Some(1));
+        if one_value(1) {
+            value = g.unchanged(&scaled.input[0]);
+        } else if one_value(0) && scaled.is("Mul") {
+            value = g.unchanged(&scaled.input[1]);
+        }
+    }
     let concat = g.produced_by(value, "Concat");
     let cache = concat.is_ok_and(|c| matches!(g.node(c).attr_int("axis"), Some(2 | -2)) && g.node(c).input.len() == 2);
     cache || g.proto.input.iter().any(|i| i.name() == value)
