@@ -941,17 +941,27 @@ fn scores_clamped_by_a_max_are_a_step_of_the_core() {
 }
 
 /// SDPA's decomposition with a cache, the key scaled by √scale before its
-/// transpose (experimental-experiment's MHA test): the key is the cache,
-/// read whole, and the note says so (it said "neither a KV cache nor
-/// grouped heads"); the core equals the original.
+/// transpose (experimental-experiment's MHA test), and also cast to its
+/// own type first (GPT-J's present key): the key is the cache, read whole,
+/// and the note says so (it said "neither a KV cache nor grouped heads");
+/// the core equals the original.
 #[test]
 fn a_cache_scaled_before_its_transpose_is_a_cache() {
+    for cast in [false, true] {
+        cache_scaled_before_its_transpose(cast);
+    }
+}
+
+fn cache_scaled_before_its_transpose(cast: bool) {
     let mut b = Builder::default();
     for (name, seq) in [("keys", "s"), ("values", "s"), ("past_keys", "p"), ("past_values", "p")] {
         b.input(name, FLOAT, Some(&[sym("b"), D::N(2), sym(seq), D::N(4)]));
     }
     b.input("query", FLOAT, Some(&[sym("b"), D::N(2), sym("s"), D::N(4)]));
-    let key = b.node("Concat", &["past_keys", "keys"], vec![attr_int("axis", -2)]);
+    let mut key = b.node("Concat", &["past_keys", "keys"], vec![attr_int("axis", -2)]);
+    if cast {
+        key = b.node("Cast", &[&key], vec![attr_int("to", i64::from(FLOAT))]);
+    }
     let value = b.node("Concat", &["past_values", "values"], vec![attr_int("axis", -2)]);
     let root = b.init("root_scale", tensor(FLOAT, &[1], &[0.5f64.sqrt()]));
     let q = b.node("Mul", &["query", &root], vec![]);

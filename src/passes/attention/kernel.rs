@@ -1077,17 +1077,22 @@ fn scaled_at_run_time(g: &Graph, k: &str, unscaled: &str) -> bool {
 /// call, which the written-out core transposes (or repeats) whole at every
 /// step and the kernel reads as it is: a cache, `Concat(past, new)` on the
 /// sequence axis (2 of 4), or a graph input (a cross-attention's encoder
-/// key and value, passed back in by the caller); also scaled by one value
-/// before its transpose (SDPA's √scale of the key).
+/// key and value, passed back in by the caller); also cast to its own
+/// type (GPT-J's present key) or scaled by one value before its transpose
+/// (SDPA's √scale of the key).
 fn kept_whole(g: &Graph, value: &str) -> bool {
     let mut value = g.unchanged(value);
-    if let Some(scaled) = g.producer(value).map(|p| g.node(p)).filter(|n| n.is("Mul") || n.is("Div")) {
-        let one_value = |i: usize| scaled.input.get(i).and_then(|c| g.constant(c)).is_some_and(|t| t.numel() == Some(1));
-        if one_value(1) {
-            value = g.unchanged(&scaled.input[0]);
-        } else if one_value(0) && scaled.is("Mul") {
-            value = g.unchanged(&scaled.input[1]);
-        }
+    for _ in 0..2 {
+        let Some(node) = g.producer(value).map(|p| g.node(p)) else { break };
+        let one_value = |i: usize| node.input.get(i).and_then(|c| g.constant(c)).is_some_and(|t| t.numel() == Some(1));
+        let from = match node.op_type() {
+            _ if !crate::onnx::is_default_domain(node.domain()) => break,
+            "Cast" if crate::pattern::cast_to(node) == g.elem_type(&node.input[0]) => &node.input[0],
+            "Mul" | "Div" if one_value(1) => &node.input[0],
+            "Mul" if one_value(0) => &node.input[1],
+            _ => break,
+        };
+        value = g.unchanged(from);
     }
     let concat = g.produced_by(value, "Concat");
     let cache = concat.is_ok_and(|c| matches!(g.node(c).attr_int("axis"), Some(2 | -2)) && g.node(c).input.len() == 2);
