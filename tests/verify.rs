@@ -468,3 +468,32 @@ fn an_output_the_original_does_not_repeat_is_not_judged() {
     let err = format!("{:#}", err.expect_err("no output to judge by"));
     assert!(err.contains("cannot verify: the original gives other values when run again"), "{err}");
 }
+
+/// A fused node is judged at the tolerance of the least precise type its
+/// values pass through: an attention core whose scores are an f16 product
+/// (q and k f16) but which writes f32 (cast before the softmax, v f32) is
+/// judged as f16 (Optimum's f16 Qwen3 and Phi-3 with past: ONNX Runtime
+/// rounded the original's fetched values otherwise, 8.8e-5 apart at f32
+/// tolerance, the node the closer to exact arithmetic).
+#[test]
+fn a_node_is_judged_at_the_least_precise_type_its_values_pass_through() {
+    let mut b = Builder::default();
+    let dims = [D::N(2), D::N(2), D::N(3), D::N(8)];
+    let q = b.input("q", FLOAT16, Some(&dims));
+    let k = b.input("k", FLOAT16, Some(&[D::N(2), D::N(2), D::N(8), D::N(3)]));
+    let v = b.input("v", FLOAT, Some(&dims));
+    let s = b.node("MatMul", &[&q, &k], vec![]);
+    let s = b.node("Cast", &[&s], vec![attr_int("to", FLOAT as i64)]);
+    let p = b.node("Softmax", &[&s], vec![attr_int("axis", -1)]);
+    let out = b.node("MatMul", &[&p, &v], vec![]);
+    b.output(&out, FLOAT, None);
+    let original = b.model(17);
+    let (fused, outcome) = fuse_model(&original, &["attention"]);
+    assert_eq!(outcome.fused.len(), 1, "{:?}", outcome.declined);
+    let v = verify_models(&original, &fused);
+    assert!(v.passed, "{}", v.text());
+    assert_eq!(v.nodes[0].elem_type, "float", "it writes f32");
+    assert_eq!((v.nodes[0].tolerance.rtol, v.nodes[0].tolerance.atol), (1e-2, 1e-3), "{}", v.text());
+    // The graph output is judged at its own type.
+    assert_eq!(v.outputs[0].tolerance.rtol, 1e-4);
+}
