@@ -18,7 +18,8 @@ const SCALE: f64 = 0.25;
 
 /// `softmax(q·kᵀ·scale + mask)·v` written out, as an export writes it,
 /// with q [b, 4, 3, 8], k and v [b, kv, 3, 8] (kv heads repeated in
-/// place when 2), mask [b, 1, 3, 3].
+/// place when 2; one head, when 1, broadcast by the MatMuls over q's four
+/// as multi-query attention writes it), mask [b, 1, 3, 3].
 fn core(kv: i64) -> ModelProto {
     core_of(kv, || D::N(3))
 }
@@ -37,7 +38,7 @@ fn core_of(kv: i64, s: impl Fn() -> D) -> ModelProto {
     let (pk, pv) = (b.input("past_k", FLOAT, Some(&past)), b.input("past_v", FLOAT, Some(&past)));
     let k = b.node("Concat", &[&pk, &k], vec![attr_int("axis", 2)]);
     let v = b.node("Concat", &[&pv, &v], vec![attr_int("axis", 2)]);
-    let (k, v) = if kv == 4 {
+    let (k, v) = if kv == 4 || kv == 1 {
         (k, v)
     } else {
         let repeat = |b: &mut Builder, x: &str| {
@@ -226,6 +227,26 @@ fn the_guard_runs_the_original_ops_where_the_kernel_would_differ() {
             let v = compare(&core, &fused, &feeds(dir.path(), 2, kv as u64, fill)).unwrap();
             assert!(v.passed, "kv {kv}, fill {fill}:\n{}", v.text());
         }
+    }
+}
+
+/// One key and value head broadcast by the MatMuls over the query heads
+/// (Falcon's multi-query attention) is grouped heads of one KV head: ONNX
+/// Runtime's kernel reads it so (pinned against the written-out core), and
+/// the pass writes it, guarded, where it declined it before ("not proved
+/// to be [b, h, s, d], [b, h/1, t, d]").
+#[test]
+fn one_key_head_broadcast_over_the_query_heads_is_grouped_heads() {
+    let dir = tempdir();
+    let v = compare(&core(1), &kernel(1), &feeds(dir.path(), 2, 1, 0.0)).unwrap();
+    assert!(v.passed, "{}", v.text());
+    let fused = fused(&core(1));
+    assert_eq!(guards(&fused).len(), 1, "the kernel, guarded");
+    let kernels = kernels(&fused);
+    assert!(kernels.iter().all(|k| k.input[1] == "concat_1"), "the cache, its one head: {kernels:?}");
+    for fill in [f32::MIN, f32::NEG_INFINITY, -1e9, 0.0] {
+        let v = compare(&core(1), &fused, &feeds(dir.path(), 2, 1, fill)).unwrap();
+        assert!(v.passed, "fill {fill}:\n{}", v.text());
     }
 }
 

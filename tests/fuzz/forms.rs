@@ -1885,7 +1885,13 @@ pub fn decoder_attention(rng: &mut Rng) -> Case {
         let new = b.input("key_heads", elem, Some(&[sym("b"), D::N(kv), sym("s"), d.clone()]));
         key = b.node("Concat", &[&past, &new], vec![attr_int("axis", 1)]);
     }
-    if n > 1 {
+    // Multi-query attention (Falcon): one KV head the products broadcast
+    // over the query heads, no repeat written.
+    let broadcast = kv == 1 && n > 1 && !merged && rng.chance(0.25);
+    if broadcast {
+        c.note("one KV head broadcast by the products over the query heads");
+    }
+    if n > 1 && !broadcast {
         let repeat = |b: &mut Builder, c: &mut Ctx, rng: &mut Rng, x: &str, times: i64| -> String {
             let shape = b.node("Shape", &[x], vec![]);
             let (zero, two, four) = (b.ints(&[0]), b.ints(&[2]), b.ints(&[4]));
@@ -1947,7 +1953,7 @@ pub fn decoder_attention(rng: &mut Rng) -> Case {
     // folded into the batch, [b·h, s, d], the scores viewed as
     // [b, h, s, t] for the mask and back (before or after the softmax),
     // the output split back into the heads.
-    let folded = !key_split_transposed && rng.chance(0.25);
+    let folded = !broadcast && !key_split_transposed && rng.chance(0.25);
     let q4 = q.clone();
     let fold = |b: &mut Builder, x: &str| -> String {
         let shape = b.node("Shape", &[x], vec![]);
