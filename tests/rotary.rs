@@ -6,7 +6,7 @@ mod common;
 
 use common::build::*;
 use common::*;
-use onnx_fuse::onnx::{ModelProto, FLOAT, INT64};
+use onnx_fuse::onnx::{ModelProto, FLOAT, FLOAT16, INT64};
 use onnx_fuse::passes::rotary;
 use onnx_fuse::rewrite;
 
@@ -34,6 +34,9 @@ enum Break {
     SplitTurn,
     /// A Split into `[3, 5]`.
     SplitUneven,
+    /// No break: x is f16, its turn computed in f16, both widened to f32
+    /// before their products (OLMo 2's f16 export).
+    Widened,
 }
 
 /// A rotary as Hugging Face exports write it: x [b, 4, s, 8], the tables
@@ -43,7 +46,8 @@ fn rotary_model(broken: Break) -> ModelProto {
     let heads_third = broken == Break::HeadsThird;
     let dims =
         if heads_third { [sym("b"), sym("s"), D::N(4), D::N(8)] } else { [sym("b"), D::N(4), sym("s"), D::N(8)] };
-    let x = b.input("x", FLOAT, Some(&dims));
+    let widened = broken == Break::Widened;
+    let x = b.input("x", if widened { FLOAT16 } else { FLOAT }, Some(&dims));
     let batch = if broken == Break::Batch { D::N(2) } else { D::N(1) };
     let f = b.input("freqs", FLOAT, Some(&[batch.clone(), sym("s"), D::N(4)]));
     let g = b.input("other", FLOAT, Some(&[batch, sym("s"), D::N(4)]));
@@ -84,6 +88,11 @@ fn rotary_model(broken: Break) -> ModelProto {
     } else {
         b.node("Concat", &[&neg, &x1], vec![attr_int("axis", -1)])
     };
+    let wide = |b: &mut Builder, v: &str| match widened {
+        true => b.node("Cast", &[v], vec![attr_int("to", i64::from(FLOAT))]),
+        false => v.to_string(),
+    };
+    let (x, turned) = (wide(&mut b, &x), wide(&mut b, &turned));
     let plain = b.node("Mul", &[&x, &c], vec![]);
     let rotated = b.node("Mul", &[&turned, &s], vec![]);
     b.node_to("Add", &[&plain, &rotated], &["y"], vec![]);
@@ -243,6 +252,24 @@ fn a_rotate_half_of_a_split_into_halves_is_one_rotary_embedding() {
         assert_eq!(count_op(&fused, "Split"), 0, "nothing else reads its parts");
         assert_equivalent(&model, &fused, "rotary, halves of a Split");
     }
+}
+
+/// x in f16, its turn computed in f16 and both widened to f32 before the
+/// products: the turn commutes with the widening exactly, so the kernel
+/// reads x widened (made anew before it: the model's Cast goes with the
+/// product) and computes in f32.
+#[test]
+fn a_rotary_of_x_widened_before_its_products_reads_x_widened() {
+    let model = rotary_model(Break::Widened);
+    let (fused, outcome) = fuse(&model);
+    assert_eq!(outcome.fused.len(), 1, "{:?}", outcome.declined);
+    let nodes = all_nodes(&fused);
+    let node = nodes.iter().find(|n| n.op_type() == "RotaryEmbedding").expect("the op");
+    let cast = nodes.iter().find(|n| n.output[0] == node.input[0]).expect("what it reads");
+    assert_eq!((cast.op_type(), cast.input[0].as_str()), ("Cast", "x"), "x widened anew");
+    assert_eq!(cast.attr_int("to"), Some(i64::from(FLOAT)));
+    assert_eq!(count_op(&fused, "Cast"), 1, "the model's two Casts go with their products");
+    assert_equivalent(&model, &fused, "rotary of x widened");
 }
 
 #[test]

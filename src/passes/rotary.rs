@@ -69,14 +69,22 @@ struct Table {
 fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     let add = pattern::anchor(g, index, "Add")?;
     let (a, b) = (add.input[0].as_str(), add.input[1].as_str());
-    // Which product holds turn(x) says which is which.
-    let turning = |v: &str| g.produced_by(v, "Mul").is_ok_and(|m| g.node(m).input.iter().any(|i| turn(g, i).is_some()));
+    // Which product holds turn(x) says which is which. The turn may be
+    // widened from f16 or bf16 to f32 before its product, and x then too
+    // (OLMo 2's f16 export multiplies in f32): a turn only moves and
+    // negates values, so it commutes with the widening exactly.
+    let turned_in = |v: &str| turn(g, v).is_some() || widened(g, v).is_some_and(|w| turn(g, w).is_some());
+    let turning = |v: &str| g.produced_by(v, "Mul").is_ok_and(|m| g.node(m).input.iter().any(|i| turned_in(i)));
     let (plain, turned) = match (turning(a), turning(b)) {
         (false, true) => (a, b),
         (true, false) => (b, a),
         _ => no_candidate!(),
     };
-    let (r, s) = product_with(g, turned, "a turned x", |v| turn(g, v).is_some())?;
+    let (r, s) = product_with(g, turned, "a turned x", turned_in)?;
+    let (r, widen) = match widened(g, r).filter(|w| turn(g, r).is_none() && turn(g, w).is_some()) {
+        Some(w) => (w, true),
+        None => (r, false),
+    };
     let form = turn(g, r).ok_or(crate::graph::Miss::NotCandidate)?;
     let (kept, negated) = match form {
         Turn::Halves => halves_turned(g, r)?,
@@ -84,7 +92,12 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     };
     let (x1, x2) = (g.node(kept.0).input[0].as_str(), g.node(negated.0).input[0].as_str());
     require!(g.same_value(x1, x2).is_some(), "the parts turned are not of one value");
-    let (x, c) = product_with(g, plain, "the value whose parts are turned", |v| g.same_value(v, x1).is_some())?;
+    let of_x = |v: &str| match widen {
+        true => widened(g, v).is_some_and(|w| g.same_value(w, x1).is_some()),
+        false => g.same_value(v, x1).is_some(),
+    };
+    let what = if widen { "the value whose parts are turned, widened as they are" } else { "the value whose parts are turned" };
+    let (x, c) = product_with(g, plain, what, of_x)?;
 
     let shapes = g.shapes();
     let elem = g.elem_type(x);
@@ -131,6 +144,17 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     m.keep(Kept::Shared(c.to_string()));
     m.keep(Kept::Shared(s.to_string()));
     let mut prelude = Vec::new();
+    // Widened, the kernel reads x's widening made anew before it (the
+    // model's Cast goes with the product that reads it), and x's batch is
+    // read at the value widened.
+    let (x_read, x_source) = match widened(g, x).filter(|_| widen) {
+        Some(source) => {
+            let wide = format!("{source}/widened");
+            prelude.push(writing(&wide, node("Cast", &[source], vec![AttributeProto::int("to", i64::from(FLOAT))])));
+            (wide, source)
+        }
+        None => (x.to_string(), x),
+    };
     // The cache of a table: its rows (the first half of them for halves);
     // repeated over x's batch where it has one row of sequences (ONNX
     // Runtime's kernel takes caches of x's batch).
@@ -154,7 +178,7 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
         let (batch, ones, shape, out) =
             (format!("{x}/batch"), format!("{}/ones", t.rows), format!("{x}/batch_shape"), format!("{rows}_per_batch"));
         let first = vec![AttributeProto::int("start", 0), AttributeProto::int("end", 1)];
-        prelude.push(writing(&batch, node("Shape", &[x], first)));
+        prelude.push(writing(&batch, node("Shape", &[x_source], first)));
         prelude.push(ints_constant(&ones, &[1, 1]));
         prelude.push(writing(&shape, node("Concat", &[&batch, &ones], vec![AttributeProto::int("axis", 0)])));
         prelude.push(writing(&out, node("Expand", &[&rows, &shape], vec![])));
@@ -167,13 +191,13 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
         attributes.push(AttributeProto::int("interleaved", 1));
     }
     let Some(h) = h else {
-        let rotary = node("RotaryEmbedding", &[x, &cos_cache, &sin_cache], attributes);
+        let rotary = node("RotaryEmbedding", &[&x_read, &cos_cache, &sin_cache], attributes);
         return Ok(m.replace_with(rotary).after(prelude).needing_opset(23));
     };
     // x's last two axes merged, the result viewed back.
     let (shape, merged) = (format!("{x}/merged_heads_shape"), format!("{x}/merged_heads"));
     prelude.push(ints_constant(&shape, &[0, 0, h * d]));
-    prelude.push(writing(&merged, node("Reshape", &[x, &shape], vec![])));
+    prelude.push(writing(&merged, node("Reshape", &[&x_read, &shape], vec![])));
     attributes.push(AttributeProto::int("num_heads", h));
     let rotary = node("RotaryEmbedding", &[&merged, &cos_cache, &sin_cache], attributes);
     let inner = format!("{}/merged_heads", add.output[0]);
@@ -292,6 +316,14 @@ fn turn(g: &Graph, value: &str) -> Option<Turn> {
         concat.input.len() == 2 && unsqueezed.is_ok_and(|u| g.produced_by(&g.node(u).input[0], "Neg").is_ok())
     });
     first_negated.then_some(Turn::Pairs)
+}
+
+/// `value` as `Cast(w)` widening f16 or bf16 to f32, which is exact: w.
+fn widened<'a>(g: &Graph<'a>, value: &str) -> Option<&'a str> {
+    let cast = g.node(g.produced_by(value, "Cast").ok()?);
+    let w = cast.input[0].as_str();
+    let exact = matches!(g.elem_type(w), Some(FLOAT16 | BFLOAT16)) && pattern::cast_to(cast) == Some(FLOAT);
+    exact.then_some(w)
 }
 
 /// Whether `value` is `Concat(Neg(…), …)`: a half turn.

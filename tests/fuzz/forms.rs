@@ -2342,6 +2342,15 @@ pub fn rotary(rng: &mut Rng) -> Case {
         c.unsure("opset 18: RotaryEmbedding is written from 23 (after an upgrade)");
     }
     let elem = kernel_elem(rng, &mut c);
+    // OLMo 2's f16 export: x and its turn widened to f32 before the
+    // products, the tables f32.
+    let widen = elem == FLOAT16 && rng.chance(0.4);
+    let tables = if widen {
+        c.note("x and its turn widened to f32 before the products");
+        FLOAT
+    } else {
+        elem
+    };
     let d = rng.pick(&[4i64, 8]);
     let last = match rng.below(12) {
         0 => {
@@ -2369,10 +2378,10 @@ pub fn rotary(rng: &mut Rng) -> Case {
         }
         _ => D::N(1),
     };
-    let freqs = b.input("freqs", elem, Some(&[batch.clone(), sym("s"), D::N(d / 2)]));
+    let freqs = b.input("freqs", tables, Some(&[batch.clone(), sym("s"), D::N(d / 2)]));
     let other = if rng.chance(0.08) {
         c.breaks("the table's halves differ");
-        b.input("other", elem, Some(&[batch, sym("s"), D::N(d / 2)]))
+        b.input("other", tables, Some(&[batch, sym("s"), D::N(d / 2)]))
     } else {
         freqs.clone()
     };
@@ -2382,7 +2391,7 @@ pub fn rotary(rng: &mut Rng) -> Case {
         if rng.chance(0.2) {
             c.note(format!("the {op} table scaled by one value"));
             let rank = rng.pick(&[0, 1]);
-            let k = one_value(rng, b, &format!("scaling_{op}"), elem, rank, 0.75);
+            let k = one_value(rng, b, &format!("scaling_{op}"), tables, rank, 0.75);
             t = commuted(rng, b, "Mul", &t, &k);
         }
         t
@@ -2441,7 +2450,14 @@ pub fn rotary(rng: &mut Rng) -> Case {
         let neg = b.node("Neg", &[&x2], vec![]);
         b.node("Concat", &[&neg, &x1], vec![attr_int("axis", rng.pick(&[-1, 3]))])
     };
-    rotary_sum(rng, c, b, [&x, &cos, &turned, &sin], before, opset, elem)
+    let (x, turned) = match widen {
+        true => {
+            let to = || vec![attr_int("to", i64::from(FLOAT))];
+            (b.node("Cast", &[&x], to()), b.node("Cast", &[&turned], to()))
+        }
+        false => (x, turned),
+    };
+    rotary_sum(rng, c, b, [&x, &cos, &turned, &sin], before, opset, tables)
 }
 
 /// pack-matmul: MatMuls of one x by constant weights of its last axis's
