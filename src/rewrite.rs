@@ -1415,7 +1415,11 @@ fn write_function(g: &Graph, rewrite: &mut Rewrite, earlier: &[&FunctionProto]) 
         .into_iter()
         .map(|n| {
             let mut n = NodeProto { name: None, doc_string: None, metadata_props: vec![], ..n.clone() };
-            n.input.iter_mut().chain(n.output.iter_mut()).filter(|v| !v.is_empty()).for_each(|v| *v = names[v.as_str()].clone());
+            n.input
+                .iter_mut()
+                .chain(n.output.iter_mut())
+                .filter(|v| !v.is_empty())
+                .for_each(|v| *v = names[v.as_str()].clone());
             n
         })
         .collect();
@@ -1529,7 +1533,9 @@ fn check_yields(g: &Graph, rewrite: &Rewrite) -> Check<()> {
     fn read_by<'g>(g: &'g Graph, value: &str, ops: &[&str]) -> Option<&'g NodeProto> {
         let (first, rest) = ops.split_first()?;
         g.consumers(value).iter().map(|&c| g.node(c)).find(|c| {
-            c.is(first) && c.input.iter().any(|i| i == value) && (rest.is_empty() || read_by(g, &c.output[0], rest).is_some())
+            c.is(first)
+                && c.input.iter().any(|i| i == value)
+                && (rest.is_empty() || read_by(g, &c.output[0], rest).is_some())
         })
     }
     let out = &g.node(rewrite.anchor).output[0];

@@ -95,7 +95,8 @@ fn without_weight(g: &Graph, index: usize) -> Check<Rewrite> {
     let weight = m.ones_over(g, core.x, 1, core.elem_type, "weight").or_decline(|| {
         format!("a norm without weight: the last axes of {} are no known numbers, and a scale of ones computed at run time needs its rank proved and opset 10 (bf16: 20)", core.x)
     })?;
-    Ok(m.replace_with(node(op_for(g)?, &[core.x, &weight], norm_attributes(core.eps, 1))).yielding_to(&[&["Mul"], &["Cast", "Mul"]]))
+    Ok(m.replace_with(node(op_for(g)?, &[core.x, &weight], norm_attributes(core.eps, 1)))
+        .yielding_to(&[&["Mul"], &["Cast", "Mul"]]))
 }
 
 /// The op the target allows: ONNX Runtime's `SimplifiedLayerNormalization`

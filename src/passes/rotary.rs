@@ -96,7 +96,11 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
         true => widened(g, v).is_some_and(|w| g.same_value(w, x1).is_some()),
         false => g.same_value(v, x1).is_some(),
     };
-    let what = if widen { "the value whose parts are turned, widened as they are" } else { "the value whose parts are turned" };
+    let what = if widen {
+        "the value whose parts are turned, widened as they are"
+    } else {
+        "the value whose parts are turned"
+    };
     let (x, c) = product_with(g, plain, what, of_x)?;
 
     let shapes = g.shapes();

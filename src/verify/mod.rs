@@ -203,18 +203,20 @@ pub fn verify(
         let (x, y) = a.get(name).zip(b.get(name)).ok_or_else(|| anyhow!("{name} is not computed by both models"))?;
         outputs.push(compare_values(name, None, x, y, tolerance_for(x.elem_type)));
     }
-    // An output that differs is compared with the original's own second
-    // run: where that differs too, the original is not repeatable there,
-    // and no comparison can judge the rewrite by it.
-    // Run twice in a new session: a random op's generator starts anew
-    // with each session, and goes on from run to run.
+    // An output that differs is compared with two more runs of the
+    // original, in a new session (a random op's generator starts anew with
+    // each session, and goes on from run to run): where either differs
+    // too, the original does not repeat itself there, and no comparison
+    // can judge the rewrite by it.
     if outputs.iter().any(|c| !c.passed) {
         let which = "original (run again)";
         let mut session = load(env, original.0, original.1, which, &[], &mut reference_ops)?;
-        let again = [run_session(&mut session, which, feeds(&inputs)?)?, run_session(&mut session, which, feeds(&inputs)?)?];
+        let again =
+            [run_session(&mut session, which, feeds(&inputs)?)?, run_session(&mut session, which, feeds(&inputs)?)?];
         for c in outputs.iter_mut().filter(|c| !c.passed) {
             let x = a.get(&c.name);
-            let differ = again.iter().filter_map(|run| Some(compare_values(&c.name, None, x?, run.get(&c.name)?, c.tolerance)));
+            let differ =
+                again.iter().filter_map(|run| Some(compare_values(&c.name, None, x?, run.get(&c.name)?, c.tolerance)));
             c.unrepeatable = differ.filter(|itself| !itself.passed).map(|itself| itself.max_abs).reduce(f64::max);
         }
     }
@@ -279,8 +281,7 @@ pub fn verify(
             names.join(", ")
         );
     }
-    let passed =
-        nodes.iter().all(|c| c.passed) && (!outputs_decide || outputs.iter().filter(judged).all(|c| c.passed));
+    let passed = nodes.iter().all(|c| c.passed) && (!outputs_decide || outputs.iter().filter(judged).all(|c| c.passed));
     Ok(Verification {
         passed,
         method: if elsewhere {

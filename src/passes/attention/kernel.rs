@@ -426,12 +426,19 @@ fn operands<'a>(
     // (multi-query attention: Falcon): grouped heads, each query head
     // reading KV head 0 = h / h, as ONNX's Attention reads them.
     let one_head = |x: &str, perm: Option<&[i64]>| {
-        let heads = shapes.shape(x).filter(|s| s.len() == 4).and_then(|s| s.get(perm.map_or(1, |p| p[1] as usize))?.value());
+        let heads =
+            shapes.shape(x).filter(|s| s.len() == 4).and_then(|s| s.get(perm.map_or(1, |p| p[1] as usize))?.value());
         heads == Some(1)
     };
     let h = shapes.shape(&q).filter(|s| s.len() == 4).and_then(|s| s[1].value()).filter(|&h| h > 1);
     let (n, n_v) = match h {
-        Some(h) if folded.is_none() && n == 1 && n_v == 1 && one_head(key, key_perm.as_deref()) && one_head(value, None) => {
+        Some(h)
+            if folded.is_none()
+                && n == 1
+                && n_v == 1
+                && one_head(key, key_perm.as_deref())
+                && one_head(value, None) =>
+        {
             (h, h)
         }
         _ => (n, n_v),
