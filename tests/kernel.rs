@@ -232,22 +232,26 @@ fn the_guard_runs_the_original_ops_where_the_kernel_would_differ() {
 
 /// One key and value head broadcast by the MatMuls over the query heads
 /// (Falcon's multi-query attention) is grouped heads of one KV head: ONNX
-/// Runtime's kernel reads it so (pinned against the written-out core), and
-/// the pass writes it, guarded, where it declined it before ("not proved
-/// to be [b, h, s, d], [b, h/1, t, d]").
+/// Runtime's kernel reads it so (pinned against the written-out core, on
+/// masks of the lowest, -inf, -1e9 and 0 but where the kernel zeroes a row
+/// hidden whole). The kernel is exact there but slower than the MatMuls,
+/// which broadcast the head without copying it (runtimes.rs): the core
+/// stays AttentionCore and its note says why.
 #[test]
-fn one_key_head_broadcast_over_the_query_heads_is_grouped_heads() {
+fn one_key_head_broadcast_over_the_query_heads_is_grouped_heads_the_kernel_is_slower_on() {
     let dir = tempdir();
-    let v = compare(&core(1), &kernel(1), &feeds(dir.path(), 2, 1, 0.0)).unwrap();
-    assert!(v.passed, "{}", v.text());
-    let fused = fused(&core(1));
-    assert_eq!(guards(&fused).len(), 1, "the kernel, guarded");
-    let kernels = kernels(&fused);
-    assert!(kernels.iter().all(|k| k.input[1] == "concat_1"), "the cache, its one head: {kernels:?}");
-    for fill in [f32::MIN, f32::NEG_INFINITY, -1e9, 0.0] {
-        let v = compare(&core(1), &fused, &feeds(dir.path(), 2, 1, fill)).unwrap();
+    for fill in [-1e9, 0.0] {
+        let v = compare(&core(1), &kernel(1), &feeds(dir.path(), 2, 1, fill)).unwrap();
         assert!(v.passed, "fill {fill}:\n{}", v.text());
     }
+    let mut fused = core(1);
+    let outcome = rewrite::run(&mut fused, &[&onnx_fuse::passes::attention::PASS]);
+    assert_eq!(outcome.fused.len(), 1);
+    assert!(guards(&fused).is_empty() && kernels(&fused).is_empty(), "no kernel written");
+    let note = outcome.fused[0].note.as_deref().unwrap_or_default();
+    assert!(note.contains("one key and value head that the products broadcast over q's 4 heads"), "{note}");
+    let v = compare(&core(1), &fused, &feeds(dir.path(), 2, 1, f32::MIN)).unwrap();
+    assert!(v.passed, "{}", v.text());
 }
 
 /// `core(kv)` with every size a known number (batch 1) and a constant

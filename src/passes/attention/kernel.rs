@@ -424,7 +424,8 @@ fn operands<'a>(
     let (value, n_v) = repeated(g, shapes, v, 4).unwrap_or((v, 1));
     // One key and value head that the products broadcast over q's h heads
     // (multi-query attention: Falcon): grouped heads, each query head
-    // reading KV head 0 = h / h, as ONNX's Attention reads them.
+    // reading KV head 0 = h / h, as ONNX's Attention reads them; written
+    // where the runtime's kernel gains on them (`runtimes.rs`).
     let one_head = |x: &str, perm: Option<&[i64]>| {
         let heads =
             shapes.shape(x).filter(|s| s.len() == 4).and_then(|s| s.get(perm.map_or(1, |p| p[1] as usize))?.value());
@@ -439,6 +440,12 @@ fn operands<'a>(
                 && one_head(key, key_perm.as_deref())
                 && one_head(value, None) =>
         {
+            require!(
+                SPEED.broadcast_heads,
+                "one key and value head that the products broadcast over q's {h} heads (multi-query attention): {} is \
+                 slower than the MatMuls it replaces here",
+                SPEED.runtime
+            );
             (h, h)
         }
         _ => (n, n_v),

@@ -30,6 +30,12 @@ pub(super) struct Speed {
     /// MPNet-base 0.99–1.05× ("Folded heads, two masks, and where the
     /// prefill time goes").
     pub replayed_masks: bool,
+    /// The kernel gains on one key and value head that the products
+    /// broadcast over the query heads (multi-query attention, Falcon's
+    /// export): the MatMuls broadcast it without copying, where the kernel
+    /// took 2.1–2.8× their time for one token at a past of 128 to 4,096
+    /// (16 heads of 64; "Multi-query attention on the kernel").
+    pub broadcast_heads: bool,
     /// The query length from which a call runs the kernel over pieces of
     /// its queries, each reading only the keys its rows see, and how many
     /// pieces ("Rows hidden whole, lifted, and a long prompt in pieces";
@@ -44,6 +50,7 @@ pub(super) const ORT_CPU: Speed = Speed {
     plain_cache: false,
     four_d_heads: false,
     replayed_masks: false,
+    broadcast_heads: false,
     long_queries: 1024,
     query_pieces: 8,
 };
