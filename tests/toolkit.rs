@@ -1523,3 +1523,28 @@ fn an_axis_that_is_never_one_is_what_its_broadcast_gives() {
     let odd = b.node("Slice", &[&x, &second, &end, &axes, &step], vec![]);
     assert_eq!(shape(&b, 17, &odd).unwrap()[2], format!("{odd}#2"));
 }
+
+/// Two constants of one type, shape and values are one value (TorchScript
+/// writes an axes constant per use), and so are the nodes that read them
+/// alike; 0 and -0 differ, as do types and shapes.
+#[test]
+fn constants_of_equal_bits_are_one_value() {
+    let mut b = Builder::default();
+    let x = b.input("x", FLOAT, Some(&[D::N(2), D::N(3)]));
+    let (axes, again) = (b.constant(ints(&[-1])), b.constant(ints(&[-1])));
+    let (u, twin) = (b.node("Unsqueeze", &[&x, &axes], vec![]), b.node("Unsqueeze", &[&x, &again], vec![]));
+    let zero = b.constant(tensor(FLOAT, &[1], &[0.0]));
+    let minus_zero = b.constant(tensor(FLOAT, &[1], &[-0.0]));
+    let other_type = b.constant(tensor(FLOAT16, &[1], &[0.0]));
+    let other_shape = b.constant(tensor(FLOAT, &[1, 1], &[0.0]));
+    let zero_again = b.constant(tensor(FLOAT, &[1], &[0.0]));
+    let model = b.model(18);
+    let scope = Scope::default();
+    let g = Graph::new(model.graph.as_ref().unwrap(), 18, &scope);
+    assert!(g.same_value(&axes, &again).is_some());
+    assert!(g.same_value(&u, &twin).is_some(), "Unsqueezes of x by equal axes");
+    assert!(g.same_value(&zero, &zero_again).is_some());
+    for other in [&minus_zero, &other_type, &other_shape] {
+        assert!(g.same_value(&zero, other).is_none(), "{other}");
+    }
+}
