@@ -37,6 +37,17 @@ enum Break {
     /// No break: x is f16, its turn computed in f16, both widened to f32
     /// before their products (OLMo 2's f16 export).
     Widened,
+    /// No break: the tables 4-D `[1, 1, s, 8]` and no Unsqueeze of rows,
+    /// as ESM writes them: its cached `[1, 1, s, 8]` sliced on the
+    /// sequence axis to x's length.
+    Cached,
+    /// The same, the cached table's halves of two values.
+    CachedHalves,
+    /// No break: x `[b, 4, 3, 8]` and the tables constants `[1, 1, 3, 8]`
+    /// (a static export's), each row's halves equal.
+    Constant,
+    /// The same, one value of the cos table's second halves other.
+    ConstantHalves,
 }
 
 /// A rotary as Hugging Face exports write it: x [b, 4, s, 8], the tables
@@ -44,20 +55,51 @@ enum Break {
 fn rotary_model(broken: Break) -> ModelProto {
     let mut b = Builder::default();
     let heads_third = broken == Break::HeadsThird;
-    let dims =
-        if heads_third { [sym("b"), sym("s"), D::N(4), D::N(8)] } else { [sym("b"), D::N(4), sym("s"), D::N(8)] };
+    let constant = matches!(broken, Break::Constant | Break::ConstantHalves);
+    let s = if constant { D::N(3) } else { sym("s") };
+    let dims = if heads_third { [sym("b"), s, D::N(4), D::N(8)] } else { [sym("b"), D::N(4), s, D::N(8)] };
     let widened = broken == Break::Widened;
     let x = b.input("x", if widened { FLOAT16 } else { FLOAT }, Some(&dims));
     let batch = if broken == Break::Batch { D::N(2) } else { D::N(1) };
     let f = b.input("freqs", FLOAT, Some(&[batch.clone(), sym("s"), D::N(4)]));
     let g = b.input("other", FLOAT, Some(&[batch, sym("s"), D::N(4)]));
-    let second = if broken == Break::Halves { g } else { f.clone() };
+    let second = if broken == Break::Halves { g.clone() } else { f.clone() };
     let emb = b.node("Concat", &[&f, &second], vec![attr_int("axis", -1)]);
     let cos = b.node("Cos", &[&emb], vec![]);
     let sin = b.node("Sin", &[&emb], vec![]);
     let heads = b.constant(tensor(INT64, &[1], &[if heads_third { 2.0 } else { 1.0 }]));
-    let c = b.node("Unsqueeze", &[&cos, &heads], vec![]);
-    let s = b.node("Unsqueeze", &[&sin, &heads], vec![]);
+    let cached = matches!(broken, Break::Cached | Break::CachedHalves);
+    let table = |b: &mut Builder, t: &str| -> String {
+        if !cached {
+            return b.node("Unsqueeze", &[t, &heads], vec![]);
+        }
+        // Unsqueeze(t, 0) [1, 1, s, 8], sliced on axis 2 to x's length.
+        let (zero, two) = (b.ints(&[0]), b.ints(&[2]));
+        let cache = b.node("Unsqueeze", &[t, &zero], vec![]);
+        let length = b.node("Shape", &[&x], vec![attr_int("start", 2), attr_int("end", 3)]);
+        b.node("Slice", &[&cache, &zero, &length, &two], vec![])
+    };
+    let (cos, sin) = match broken {
+        Break::CachedHalves => {
+            let emb = b.node("Concat", &[&f, &g], vec![attr_int("axis", -1)]);
+            (b.node("Cos", &[&emb], vec![]), sin)
+        }
+        _ => (cos, sin),
+    };
+    let (c, s) = match constant {
+        // Rows of 3 positions, [f, f] each, f the position's 4 values.
+        true => {
+            let table = |b: &mut Builder, of: fn(f64) -> f64, other: bool| {
+                let mut values: Vec<f64> = (0..24).map(|i| of(f64::from(i / 8 * 4 + i % 4) * 0.3)).collect();
+                if other {
+                    values[13] += 0.5;
+                }
+                b.constant(tensor(FLOAT, &[1, 1, 3, 8], &values))
+            };
+            (table(&mut b, f64::cos, broken == Break::ConstantHalves), table(&mut b, f64::sin, false))
+        }
+        false => (table(&mut b, &cos), table(&mut b, &sin)),
+    };
     let ints = |b: &mut Builder, v: i64| b.constant(tensor(INT64, &[1], &[v as f64]));
     let (zero, half, end, last) = (ints(&mut b, 0), ints(&mut b, 4), ints(&mut b, i64::MAX), ints(&mut b, -1));
     let cut = if broken == Break::Cut { ints(&mut b, 3) } else { half.clone() };
@@ -115,6 +157,17 @@ enum Pairs {
     /// The cos table a constant, `Reshape(Constant node, shape)`: what
     /// computes the Reshape's input reads no input.
     ConstantCos,
+    /// No break: the rows `[1, s, 1, 4]` (4-D, no Unsqueeze of `[1, s,
+    /// 4]`) stacked with themselves, RoFormer's `stack([t, t], -1)`: two
+    /// Unsqueezes each with its own axes, a Concat on the last axis.
+    Stacked,
+    /// The rows stacked with other rows.
+    StackedOther,
+    /// No break: x `[b, 3, 4, 8]`, the tables constants `[1, 3, 1, 8]`,
+    /// each value twice in place (a static export's).
+    Constant,
+    /// The same, one pair of the cos table's two values.
+    ConstantPairs,
 }
 
 /// GPT-J's rotary as its TorchScript export writes it: x `[b, s, 4, 8]`
@@ -126,14 +179,39 @@ fn interleaved_model(broken: Pairs) -> ModelProto {
     let mut b = Builder::default();
     let heads = if broken == Pairs::HeadsSecond { 1 } else { 2 };
     let dims = if heads == 1 { [sym("b"), D::N(4), sym("s"), D::N(8)] } else { [sym("b"), sym("s"), D::N(4), D::N(8)] };
+    let constant = matches!(broken, Pairs::Constant | Pairs::ConstantPairs);
+    let dims = match constant {
+        true => [sym("b"), D::N(3), D::N(4), D::N(8)],
+        false => dims,
+    };
     let x = b.input("x", FLOAT, Some(&dims));
     let table = |b: &mut Builder, name: &str| {
+        if constant {
+            let mut values: Vec<f64> = (0..24).map(|i| f64::from(i / 2) * 0.1).collect();
+            if name == "cos" && broken == Pairs::ConstantPairs {
+                values[5] += 0.5;
+            }
+            return b.constant(tensor(FLOAT, &[1, 3, 1, 8], &values));
+        }
         if name == "cos" && broken == Pairs::ConstantCos {
             // Each of 4 positions' 4 values twice, as [1, 4, 1, 8].
             let values: Vec<f64> = (0..32).map(|i| f64::from(i / 2) * 0.125).collect();
             let flat = b.constant(tensor(FLOAT, &[32], &values));
             let to = b.ints(&[1, 4, 1, 8]);
             return b.node("Reshape", &[&flat, &to], vec![]);
+        }
+        if matches!(broken, Pairs::Stacked | Pairs::StackedOther) {
+            let rows = b.input(name, FLOAT, Some(&[D::N(1), sym("s"), D::N(1), D::N(4)]));
+            let other = match broken {
+                Pairs::StackedOther => b.node("Neg", &[&rows], vec![]),
+                _ => rows.clone(),
+            };
+            let (last, last_again) = (b.ints(&[-1]), b.ints(&[-1]));
+            let first = b.node("Unsqueeze", &[&rows, &last], vec![]);
+            let second = b.node("Unsqueeze", &[&other, &last_again], vec![]);
+            let stacked = b.node("Concat", &[&first, &second], vec![attr_int("axis", -1)]);
+            let shape = b.ints(&[1, -1, 1, 8]);
+            return b.node("Reshape", &[&stacked, &shape], vec![]);
         }
         let rows = b.input(name, FLOAT, Some(&[D::N(1), sym("s"), D::N(4)]));
         let (axes, reps) =
@@ -254,6 +332,36 @@ fn a_rotate_half_of_a_split_into_halves_is_one_rotary_embedding() {
     }
 }
 
+/// ESM's tables: 4-D `[1, 1, s, d]`, its cache sliced on the sequence
+/// axis to x's length, no Unsqueeze of rows `[1, s, d]` to look through.
+/// A Slice of another axis and an Unsqueeze keep every row whole, so
+/// the halves stay equal; the kernel reads the table with its one
+/// squeezed out.
+#[test]
+fn a_rotary_of_4d_tables_reads_their_rows_squeezed() {
+    let model = rotary_model(Break::Cached);
+    let (fused, outcome) = fuse(&model);
+    assert_eq!(outcome.fused.len(), 1, "{:?}", outcome.declined);
+    let nodes = all_nodes(&fused);
+    let rotary = nodes.iter().find(|n| n.op_type() == "RotaryEmbedding").expect("the op");
+    assert_eq!((rotary.input[0].as_str(), rotary.output[0].as_str()), ("x", "y"));
+    let squeezes: Vec<_> = nodes.iter().filter(|n| n.op_type() == "Squeeze").collect();
+    assert_eq!(squeezes.len(), 2, "cos and sin squeezed at the heads axis");
+    assert!(squeezes.iter().all(|n| n.input[0].starts_with("slice_")), "the tables themselves");
+    assert_equivalent(&model, &fused, "rotary of 4-D tables");
+}
+
+/// A static export's tables: constants `[1, 1, s, d]` whose rows' halves
+/// are equal, bit for bit.
+#[test]
+fn a_rotary_of_constant_tables_whose_halves_are_equal_fuses() {
+    let model = rotary_model(Break::Constant);
+    let (fused, outcome) = fuse(&model);
+    assert_eq!(outcome.fused.len(), 1, "{:?}", outcome.declined);
+    assert_eq!(count_op(&fused, "Squeeze"), 2, "cos and sin squeezed at the heads axis");
+    assert_equivalent(&model, &fused, "rotary of constant tables");
+}
+
 /// x in f16, its turn computed in f16 and both widened to f32 before the
 /// products: the turn commutes with the widening exactly, so the kernel
 /// reads x widened (made anew before it: the model's Cast goes with the
@@ -282,6 +390,8 @@ fn near_misses_do_not_fuse_and_say_why() {
         (Break::Turn, "does not cut [0, 4) of the last axis of 8"),
         (Break::Cut, "does not cut [0, 4) of the last axis of 8"),
         (Break::Batch, "is not proved [b or 1, s, d]"),
+        (Break::CachedHalves, "the two halves of the cos table are not proved equal"),
+        (Break::ConstantHalves, "the two halves of the cos table are not proved equal"),
     ] {
         let (fused, outcome) = fuse(&rotary_model(broken));
         assert_eq!(count_op(&fused, "RotaryEmbedding"), 0, "{why}");
@@ -338,6 +448,37 @@ fn an_interleaved_rotary_of_heads_before_their_transpose_is_a_3d_rotary_embeddin
     assert_equivalent(&model, &fused, "interleaved rotary");
 }
 
+/// RoFormer's tables: rows `[1, s, 1, 4]` stacked with themselves on a
+/// new last axis (two Unsqueezes, each with its own axes constant) and
+/// viewed as `[1, s, 1, 8]`: each value twice, the rows squeezed.
+#[test]
+fn an_interleaved_rotary_of_rows_stacked_with_themselves_fuses() {
+    let model = interleaved_model(Pairs::Stacked);
+    let (fused, outcome) = fuse(&model);
+    assert_eq!(outcome.fused.len(), 1, "{:?}", outcome.declined);
+    let nodes = all_nodes(&fused);
+    let rotary = nodes.iter().find(|n| n.op_type() == "RotaryEmbedding").expect("the op");
+    let attrs: Vec<(&str, i64)> = rotary.attribute.iter().map(|a| (a.name(), a.i())).collect();
+    assert_eq!(attrs, [("interleaved", 1), ("num_heads", 4)]);
+    let squeezed: Vec<&str> = nodes.iter().filter(|n| n.op_type() == "Squeeze").map(|n| n.input[0].as_str()).collect();
+    assert_eq!(squeezed, ["cos", "sin"], "the rows, squeezed at the heads axis");
+    assert_equivalent(&model, &fused, "interleaved rotary, rows stacked");
+}
+
+/// A static export's tables: constants `[1, s, 1, d]` of each value twice
+/// in place: the rows are every second value.
+#[test]
+fn an_interleaved_rotary_of_constant_tables_reads_every_second_value() {
+    let model = interleaved_model(Pairs::Constant);
+    let (fused, outcome) = fuse(&model);
+    assert_eq!(outcome.fused.len(), 1, "{:?}", outcome.declined);
+    let nodes = all_nodes(&fused);
+    let steps =
+        nodes.iter().filter(|n| n.op_type() == "Slice" && n.input.len() == 5 && n.output[0].ends_with("/pairs"));
+    assert_eq!(steps.count(), 2, "every second value of cos and sin");
+    assert_equivalent(&model, &fused, "interleaved rotary of constant tables");
+}
+
 /// Heads second (`[b, h, s, d]`): the kernel's 4-D input, no view.
 #[test]
 fn an_interleaved_rotary_of_heads_second_reads_x_itself() {
@@ -359,6 +500,11 @@ fn interleaved_near_misses_do_not_fuse_and_say_why() {
         (Pairs::Turn, "does not cut [0, 8) by 2 of the last axis of 8"),
         (Pairs::Step, "does not cut [0, 8) by 2 of the last axis of 8"),
         (Pairs::Whole, "the cos table is not proved a repeat of each value twice on the last axis"),
+        (
+            Pairs::StackedOther,
+            "the cos table is repeated by Concat, not Tile or Expand (nor a Concat of one value twice)",
+        ),
+        (Pairs::ConstantPairs, "the cos table is not proved a repeat of each value twice on the last axis"),
     ] {
         let model = interleaved_model(broken);
         let (fused, outcome) = fuse(&model);
@@ -403,7 +549,8 @@ fn an_interleaved_rotary_whose_cos_table_is_a_reshaped_constant_declines() {
     let (fused, outcome) = fuse(&model);
     assert_eq!(count_op(&fused, "RotaryEmbedding"), 0);
     let said: Vec<&str> = outcome.declined.iter().map(|d| d.reason.as_str()).collect();
-    let why = "the cos table is repeated by Constant, not Tile or Expand";
+    // A constant of 4 positions, where x's are s.
+    let why = "the cos table is not proved [b or 1, 1, s, d] or [b or 1, s, 1, d]";
     assert!(said.iter().any(|r| r.contains(why)), "{why}: {said:?}");
     // The command: no internal error, the reason in --explain.
     let dir = tempdir();

@@ -6,16 +6,20 @@
 //! rotate-half (Llama, NeoX):
 //!   r    = Concat(Neg(x₂), x₁, axis −1)     x₁ = x[…, :d/2], x₂ = x[…, d/2:] (Slices of x,
 //!                                           or the two parts of a Split of x: `x.chunk(2, −1)`)
-//!   c    = Unsqueeze(cos, heads axis)
-//!   cos  = g(Concat(f, f, axis −1))         g elementwise, or times one value: each
-//!                                           half of cos is the other (every Hugging
-//!                                           Face export computes `cat(freqs, freqs)`)
+//!   c    = Unsqueeze(cos, heads axis)       or any 4-D c with a one at the heads axis,
+//!                                           cos = c squeezed (ESM's cache sliced to s)
+//!   cos  = g(Concat(f, f, axis −1))         g elementwise, times one value, or keeping
+//!                                           rows whole: each half of cos is the other
+//!                                           (every Hugging Face export computes
+//!                                           `cat(freqs, freqs)`); or a constant so
 //!   → RotaryEmbedding(x, cos[…, :d/2], sin[…, :d/2])
 //! interleaved (GPT-J's rotate_every_two):
 //!   r    = Reshape(Concat(Unsqueeze(Neg(x₀), −1), Unsqueeze(xₑ, −1), axis −1))  to x's shape
 //!                                           xₑ = x[…, 0::2], x₀ = x[…, 1::2]
 //!   c    = Reshape(Tile or Expand(Unsqueeze(cos, heads axis, −1), ×2 on the last axis))
 //!                                           `repeat_interleave(cos, 2)`: c[…, 2i + j] = cos[…, i]
+//!        | Reshape(Concat(u, u, axis −1))   RoFormer's `stack([cos, cos], −1)`
+//!        | a constant of each value twice   cos = every second value
 //!   → RotaryEmbedding(x, cos, sin, interleaved = 1)
 //! ```
 //!
@@ -31,7 +35,7 @@
 
 use crate::graph::shapes::Dim;
 use crate::graph::{Check, Graph, IntsArgument};
-use crate::onnx::{type_text, AttributeProto, NodeProto, BFLOAT16, FLOAT, FLOAT16};
+use crate::onnx::{type_text, AttributeProto, NodeProto, TensorProto, BFLOAT16, FLOAT, FLOAT16};
 use crate::pattern;
 use crate::rewrite::{ints_constant, node, writing, Kept, Match, Pass, Portable, Rewrite};
 use crate::{decline, no_candidate, require};
@@ -58,12 +62,17 @@ enum Turn {
 }
 
 /// A table the rotary reads: the value whose rows are the cache (`[b or
-/// 1, s, d]` for halves, `[b or 1, s, d/2]` for pairs), whether it has one
-/// batch row, and the axis of x it is broadcast over (x's heads).
+/// 1, s, d]` for halves, `[b or 1, s, d/2]` for pairs, or a 4-D table
+/// whose one at the heads axis is squeezed out), whether it has one batch
+/// row, and the axis of x it is broadcast over (x's heads).
 struct Table {
     rows: String,
     one: bool,
     heads: usize,
+    /// The rows are the 4-D table itself, to be squeezed at `heads`.
+    squeezed: bool,
+    /// The rows are every second value of the table's last axis (pairs).
+    every_second: bool,
 }
 
 fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
@@ -145,8 +154,13 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     };
 
     let mut m = Match::new(index);
-    m.keep(Kept::Shared(c.to_string()));
-    m.keep(Kept::Shared(s.to_string()));
+    // A table's repeat or Unsqueeze stays where something else reads it
+    // (a table the kernel reads itself stays as it is).
+    for (value, table) in [(c, &cos), (s, &sin)] {
+        if table.rows != value {
+            m.keep(Kept::Shared(value.to_string()));
+        }
+    }
     let mut prelude = Vec::new();
     // Widened, the kernel reads x's widening made anew before it (the
     // model's Cast goes with the product that reads it), and x's batch is
@@ -163,18 +177,35 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     // repeated over x's batch where it has one row of sequences (ONNX
     // Runtime's kernel takes caches of x's batch).
     let cache = |prelude: &mut Vec<NodeProto>, t: &Table| -> String {
-        let rows = match form {
-            Turn::Pairs => t.rows.clone(),
-            Turn::Halves => {
-                let t = &t.rows;
-                let (start, end, axis, half) =
-                    (format!("{t}/half_start"), format!("{t}/half_end"), format!("{t}/half_axis"), format!("{t}/half"));
-                prelude.push(ints_constant(&start, &[0]));
-                prelude.push(ints_constant(&end, &[d / 2]));
-                prelude.push(ints_constant(&axis, &[-1]));
-                prelude.push(writing(&half, node("Slice", &[t, &start, &end, &axis], vec![])));
-                half
+        let rows = match t.squeezed {
+            true => {
+                let (axes, rows) = (format!("{}/heads_axis", t.rows), format!("{}/rows", t.rows));
+                prelude.push(ints_constant(&axes, &[t.heads as i64]));
+                prelude.push(writing(&rows, node("Squeeze", &[&t.rows, &axes], vec![])));
+                rows
             }
+            false => t.rows.clone(),
+        };
+        // The first of the last axis's halves, or every second value:
+        // `{rows}/{what}`.
+        let cut = |prelude: &mut Vec<NodeProto>, rows: &str, what: &str, end: i64, step: Option<i64>| {
+            let at = |part: &str| format!("{rows}/{what}{part}");
+            let mut inputs = vec![rows.to_string(), at("_start"), at("_end"), at("_axis")];
+            prelude.push(ints_constant(&inputs[1], &[0]));
+            prelude.push(ints_constant(&inputs[2], &[end]));
+            prelude.push(ints_constant(&inputs[3], &[-1]));
+            if let Some(step) = step {
+                inputs.push(at("_step"));
+                prelude.push(ints_constant(&inputs[4], &[step]));
+            }
+            let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
+            prelude.push(writing(&at(""), node("Slice", &inputs, vec![])));
+            at("")
+        };
+        let rows = match form {
+            Turn::Pairs if t.every_second => cut(prelude, &rows, "pairs", d, Some(2)),
+            Turn::Pairs => rows,
+            Turn::Halves => cut(prelude, &rows, "half", d / 2, None),
         };
         if !t.one {
             return rows;
@@ -223,39 +254,69 @@ fn rows_fit(rows: &[Dim], sx: &[Dim], heads: usize, k: i64) -> Option<bool> {
     (batch && *s == sx[sequence_axis(heads)] && last.value() == Some(k)).then_some(*b != sx[0])
 }
 
-/// A rotate-half table: `Unsqueeze(t, heads axis)` with t `[b or 1, s, d]`
-/// whose halves are proved equal; its rows are t.
+/// A rotate-half table whose halves are proved equal: `Unsqueeze(t,
+/// heads axis)` with t `[b or 1, s, d]`, its rows t; or any other 4-D
+/// table `[b or 1, 1, s, d]` or `[b or 1, s, 1, d]` (ESM slices its cached
+/// `[1, 1, max, d]` to the sequence), its rows the table with the one
+/// squeezed out.
 fn halves_table(g: &Graph, v: &str, what: &str, sx: &[Dim], d: i64) -> Check<Table> {
-    let u = g.produced_by(v, "Unsqueeze")?;
-    let heads = match g.ints_argument(g.node(u), "axes", 1, 13) {
-        IntsArgument::Known(axes) if axes == [1] => 1,
-        IntsArgument::Known(axes) if axes == [2] => 2,
-        _ => decline!("the {what} table is not unsqueezed at the heads axis (1 or 2)"),
+    let shapes = g.shapes();
+    let unsqueezed = g.produced_by(v, "Unsqueeze").ok().and_then(|u| {
+        let heads = match g.ints_argument(g.node(u), "axes", 1, 13) {
+            IntsArgument::Known(axes) if axes == [1] || axes == [2] => axes[0] as usize,
+            _ => return None,
+        };
+        Some((g.node(u).input[0].as_str(), heads))
+    });
+    let (rows, heads, squeezed) = match unsqueezed {
+        Some((t, heads)) => (t, heads, false),
+        None => {
+            let fits =
+                |h: usize| without_heads(shapes.shape(v), true, h).is_some_and(|r| rows_fit(&r, sx, h, d).is_some());
+            (v, [1, 2].into_iter().find(|&h| fits(h)).unwrap_or(1), true)
+        }
     };
-    let t = g.node(u).input[0].as_str();
-    let rows = g.shapes().shape(t);
-    let one = rows.and_then(|rows| rows_fit(&rows, sx, heads, d));
+    let one = without_heads(shapes.shape(rows), squeezed, heads).and_then(|rows| rows_fit(&rows, sx, heads, d));
     let one = one.ok_or_else(|| miss(&format!("the {what} table is not proved [b or 1, s, d] of x's b, s and d")))?;
-    require!(halves_equal(g, t, 16), "the two halves of the {what} table are not proved equal");
-    Ok(Table { rows: t.to_string(), one, heads })
+    require!(halves_equal(g, rows, 16), "the two halves of the {what} table are not proved equal{}", unread(g, rows));
+    Ok(Table { rows: rows.to_string(), one, heads, squeezed, every_second: false })
 }
 
 /// An interleaved table: `repeat_interleave(rows, 2)` on the last axis,
 /// broadcast over x's heads, as exporters write it:
-/// `Reshape(Tile(u, [1, 1, 1, 1, 2]))` or `Reshape(Expand(u, …))`, u the
-/// rows `[b or 1, s, d/2]` unsqueezed to `[.., .., .., d/2, 1]` with a one
-/// at the heads axis. The Reshape merges the last two axes: c[…, 2i + j] =
-/// rows[…, i].
+/// `Reshape(Tile(u, [1, 1, 1, 1, 2]))`, `Reshape(Expand(u, …))` or
+/// `Reshape(Concat(u, u, axis −1))`, u the rows `[b or 1, s, d/2]` (or a
+/// 4-D value with a one at the heads axis) unsqueezed to `[.., .., .., d/2,
+/// 1]` with a one at the heads axis. The Reshape merges the last two axes:
+/// c[…, 2i + j] = rows[…, i]. Or a constant whose every value is repeated
+/// twice in place: its rows are every second value.
 fn repeated_table(g: &Graph, v: &str, what: &str, sx: &[Dim], d: i64) -> Check<Table> {
     let shapes = g.shapes();
+    // A constant table (a static export's) whose every value is repeated
+    // twice in place: its rows are every second value.
+    if let Some(t) = g.constant(v) {
+        let st = Some(t.dims.iter().map(|&n| Dim::known(n)).collect());
+        let heads = [1, 2].into_iter().find(|&h| without_heads(st.clone(), true, h).is_some()).unwrap_or(1);
+        let one = without_heads(st, true, heads).and_then(|r| rows_fit(&r, sx, heads, d));
+        let one =
+            one.ok_or_else(|| miss(&format!("the {what} table is not proved [b or 1, 1, s, d] or [b or 1, s, 1, d]")))?;
+        let pairs = rows_alike(t, |row| row.chunks(2).all(|pair| pair[0] == pair[1]));
+        require!(pairs, "the {what} table is not proved a repeat of each value twice on the last axis{}", unread(g, v));
+        return Ok(Table { rows: v.to_string(), one, heads, squeezed: true, every_second: true });
+    }
     let reshape = g.node(g.produced_by(v, "Reshape")?);
     let repeated = reshape.input[0].as_str();
     let step = g.node(g.computing(repeated)?);
-    // Its op first: another producer may read nothing (a constant table,
-    // `Reshape(Constant)`).
+    // Tiled, expanded, or stacked with themselves (RoFormer's `stack([t,
+    // t], -1)`); its op first: another producer may read nothing (a
+    // constant table, `Reshape(Constant)`).
+    let stacked = step.is("Concat")
+        && step.input.len() == 2
+        && on_last_axis(g, step.attr_int("axis").unwrap_or(0), repeated)
+        && g.same_value(&step.input[0], &step.input[1]).is_some();
     require!(
-        step.is("Tile") || step.is("Expand"),
-        "the {what} table is repeated by {}, not Tile or Expand",
+        step.is("Tile") || step.is("Expand") || stacked,
+        "the {what} table is repeated by {}, not Tile or Expand (nor a Concat of one value twice)",
         step.op_type()
     );
     let u = step.input[0].as_str();
@@ -282,15 +343,38 @@ fn repeated_table(g: &Graph, v: &str, what: &str, sx: &[Dim], d: i64) -> Check<T
         let reps = g.constant(&step.input[1]).and_then(|t| t.ints());
         require!(reps.as_deref() == Some(&[1, 1, 1, 1, 2]), "the {what} table's Tile repeats more than its last axis");
     }
-    // Unsqueezes only add axes of one: the rows are u's values in order.
+    // Unsqueezes only add axes of one: the rows are u's values in order,
+    // down to rank 3, or to a 4-D table computed otherwise whose one at
+    // the heads axis is squeezed out (RoFormer's half of its positions).
     let mut rows = u;
     while shapes.rank(rows) != Some(3) {
-        rows = g.node(g.produced_by(rows, "Unsqueeze")?).input[0].as_str();
+        match g.produced_by(rows, "Unsqueeze") {
+            Ok(p) => rows = g.node(p).input[0].as_str(),
+            Err(_) if shapes.rank(rows) == Some(4) => break,
+            Err(miss) => return Err(miss),
+        }
     }
-    let one = shapes.shape(rows).and_then(|r| rows_fit(&r, sx, heads, d / 2));
+    let squeezed = shapes.rank(rows) == Some(4);
+    let one = without_heads(shapes.shape(rows), squeezed, heads).and_then(|r| rows_fit(&r, sx, heads, d / 2));
     let one =
         one.ok_or_else(|| miss(&format!("the {what} table's rows are not proved [b or 1, s, d/2] of x's b, s and d")))?;
-    Ok(Table { rows: rows.to_string(), one, heads })
+    Ok(Table { rows: rows.to_string(), one, heads, squeezed, every_second: false })
+}
+
+/// A table's rows' shape: `shape` itself, or where `squeezed` the 4-D
+/// shape with its one at the heads axis removed.
+fn without_heads(shape: Option<Vec<Dim>>, squeezed: bool, heads: usize) -> Option<Vec<Dim>> {
+    let mut rows = shape?;
+    let one_at_heads = !squeezed || (rows.len() == 4 && rows.remove(heads).value() == Some(1));
+    one_at_heads.then_some(rows)
+}
+
+/// Why a constant table's values were not read, where they were not.
+fn unread(g: &Graph, table: &str) -> &'static str {
+    match g.constant(table).is_some_and(TensorProto::is_external) {
+        true => " (a constant in external data, which passes do not read)",
+        false => "",
+    }
 }
 
 fn miss(why: &str) -> crate::graph::Miss {
@@ -425,8 +509,12 @@ fn cut(g: &Graph, slice: usize, from: i64, to: i64, d: i64, step: i64) -> Check<
 
 /// Whether each half of the last axis of `value` is the other: a Concat of
 /// a value with itself on the last axis, through elementwise ops (and
-/// products with one value).
+/// products with one value) and ops that keep rows whole (`keeps_rows`),
+/// or a constant whose rows are so (a static export's table).
 fn halves_equal(g: &Graph, value: &str, depth: usize) -> bool {
+    if let Some(t) = g.constant(value) {
+        return rows_alike(t, |row| row[..row.len() / 2] == row[row.len() / 2..]);
+    }
     let Some(p) = g.producer(value) else { return false };
     let node = g.node(p);
     if depth == 0 || !crate::onnx::is_default_domain(node.domain()) || node.output.len() != 1 {
@@ -465,6 +553,44 @@ fn halves_equal(g: &Graph, value: &str, depth: usize) -> bool {
         "Concat" if node.input.len() == 2 => {
             on_last_axis(g, node.attr_int("axis").unwrap_or(0), value)
                 && g.same_value(&node.input[0], &node.input[1]).is_some()
+        }
+        _ if keeps_rows(g, p) => halves_equal(g, &node.input[0], depth - 1),
+        _ => false,
+    }
+}
+
+/// Whether every row (last axis, of even length) of a small constant is
+/// `alike`, on its values' bits.
+fn rows_alike(t: &TensorProto, alike: impl Fn(&[u64]) -> bool) -> bool {
+    let Some(&last) = t.dims.last() else { return false };
+    let small = t.numel().is_some_and(|n| n <= 1 << 20);
+    let Some(values) = t.values().filter(|_| small && last > 0 && last % 2 == 0) else { return false };
+    let bits: Vec<u64> = values.iter().map(|v| v.to_bits()).collect();
+    bits.chunks(last as usize).all(alike)
+}
+
+/// Whether node `p` computes each row of its output (its last axis) as a
+/// row of its first input, whole and in order: a Reshape, Unsqueeze,
+/// Squeeze or Expand whose input and output have one last axis (a
+/// reshape keeps the elements' order; an expand repeats whole rows), a
+/// Slice whose axes are constants other than the last, a Gather on
+/// another axis.
+fn keeps_rows(g: &Graph, p: usize) -> bool {
+    let node = g.node(p);
+    let shapes = g.shapes();
+    let (Some(x), Some(out)) = (node.input.first(), node.output.first()) else { return false };
+    let last = |v: &str| shapes.shape(v).and_then(|s| s.last()?.value());
+    let rank = |v: &str| shapes.rank(v).map(|r| r as i64);
+    match node.op_type() {
+        "Reshape" | "Unsqueeze" | "Squeeze" | "Expand" => last(x).is_some() && last(x) == last(out),
+        "Slice" if g.opset >= 10 => {
+            let axes = node.input.get(3).and_then(|a| g.constant(a)).and_then(|t| t.ints());
+            let rank = rank(x);
+            axes.zip(rank).is_some_and(|(axes, r)| !axes.is_empty() && axes.iter().all(|&a| a != -1 && a != r - 1))
+        }
+        "Gather" => {
+            let axis = node.attr_int("axis").unwrap_or(0);
+            rank(x).is_some_and(|r| axis != -1 && axis != r - 1 && (-r..r).contains(&axis))
         }
         _ => false,
     }

@@ -2250,17 +2250,26 @@ pub fn interleaved_rotary(rng: &mut Rng) -> Case {
     let table = |b: &mut Builder, c: &mut Ctx, rng: &mut Rng, name: &str| -> String {
         let rows = b.input(name, elem, Some(&[batch.clone(), sym("s"), D::N(d / 2)]));
         let new_axis = if whole { 3 } else { 4 };
-        let u = if torchscript {
-            let (first, second) = (ints(b, &[heads]), ints(b, &[new_axis]));
-            let u = b.node("Unsqueeze", &[&rows, &first], vec![]);
-            b.node("Unsqueeze", &[&u, &second], vec![])
-        } else {
-            let axes = ints(b, &[heads, new_axis]);
-            b.node("Unsqueeze", &[&rows, &axes], vec![])
+        let unsqueezed = |b: &mut Builder| {
+            if torchscript {
+                let (first, second) = (ints(b, &[heads]), ints(b, &[new_axis]));
+                let u = b.node("Unsqueeze", &[&rows, &first], vec![]);
+                b.node("Unsqueeze", &[&u, &second], vec![])
+            } else {
+                let axes = ints(b, &[heads, new_axis]);
+                b.node("Unsqueeze", &[&rows, &axes], vec![])
+            }
         };
+        let u = unsqueezed(b);
         let mut reps = vec![1i64; 5];
         reps[new_axis as usize] = 2;
-        let repeated = if rng.chance(0.5) {
+        let repeated = if !whole && rng.chance(0.2) {
+            // RoFormer's `stack([rows, rows], -1)`: the rows unsqueezed
+            // at the end twice, each with its own axes, concatenated.
+            c.note(format!("the {name} rows stacked with themselves"));
+            let twin = unsqueezed(b);
+            b.node("Concat", &[&u, &twin], vec![attr_int("axis", rng.pick(&[-1, 4]))])
+        } else if rng.chance(0.5) {
             c.note(format!("the {name} rows tiled"));
             let reps = ints(b, &reps);
             b.node("Tile", &[&u, &reps], vec![])
@@ -2415,6 +2424,18 @@ pub fn rotary(rng: &mut Rng) -> Case {
     let axis = ints(&mut b, at);
     let cos = b.node("Unsqueeze", &[&cos, &axis], vec![]);
     let sin = b.node("Unsqueeze", &[&sin, &axis], vec![]);
+    // ESM's tables: the 4-D table sliced on the sequence axis to x's
+    // length (a Slice of another axis keeps its rows whole).
+    let (cos, sin) = if rng.chance(0.2) {
+        c.note("the 4-D tables sliced on the sequence axis to x's length");
+        let sequence = 3 - heads;
+        let (zero, axis) = (b.ints(&[0]), b.ints(&[sequence]));
+        let length = b.node("Shape", &[&x], vec![attr_int("start", sequence), attr_int("end", sequence + 1)]);
+        let cut = |b: &mut Builder, t: &str| b.node("Slice", &[t, &zero, &length, &axis], vec![]);
+        (cut(&mut b, &cos), cut(&mut b, &sin))
+    } else {
+        (cos, sin)
+    };
     let before = b.graph.node.len();
     let half = if rng.chance(0.08) {
         c.breaks("the halves cut one early");
