@@ -187,7 +187,7 @@ pub fn weight<'a>(g: &Graph<'a>, value: &'a str, x: &str, what: &str) -> Check<W
     let rank_fits = x_shape.as_ref().is_some_and(|s| shape.len() <= s.len());
     if last.as_ref() != Some(&n) {
         // One value for every element of the last axis.
-        let one = g.constant(value).filter(|t| t.numel() == Some(1) && !t.is_external());
+        let one = g.one_value(value).filter(|t| !t.is_external());
         let d = last.as_ref().and_then(Dim::value).filter(|&d| d > 0);
         if let (Some(t), Some(d), true) = (one, d, rank_fits) {
             if let Some(made) = t.scalar().and_then(|v| filled(t.data_type(), d, v)) {

@@ -648,6 +648,12 @@ impl<'a> Graph<'a> {
 
     /// True for a name defined twice (in this graph and an enclosing one,
     /// or twice in this graph): which value a reader gets is not defined.
+    /// The constant named `value` where it holds one value (a scale, a
+    /// fill, a step's factor).
+    pub fn one_value(&self, value: &str) -> Option<&TensorProto> {
+        self.constant(value).filter(|t| t.numel() == Some(1))
+    }
+
     pub fn is_ambiguous(&self, value: &str) -> bool {
         self.ambiguous.contains(value)
     }

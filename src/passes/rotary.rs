@@ -544,7 +544,7 @@ fn halves_equal(g: &Graph, value: &str, depth: usize) -> bool {
     match node.op_type() {
         op if UNARY.contains(&op) && node.input.len() == 1 => halves_equal(g, &node.input[0], depth - 1),
         "Mul" | "Div" | "Add" | "Sub" if node.input.len() == 2 => {
-            let one_value = |v: &str| g.constant(v).is_some_and(|t| t.numel() == Some(1));
+            let one_value = |v: &str| g.one_value(v).is_some();
             (one_value(&node.input[1]) && halves_equal(g, &node.input[0], depth - 1))
                 || (node.is("Mul") || node.is("Add"))
                     && one_value(&node.input[0])

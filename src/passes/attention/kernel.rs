@@ -1112,7 +1112,7 @@ fn kept_whole(g: &Graph, value: &str) -> bool {
     let mut value = g.unchanged(value);
     for _ in 0..2 {
         let Some(node) = g.producer(value).map(|p| g.node(p)) else { break };
-        let one_value = |i: usize| node.input.get(i).and_then(|c| g.constant(c)).is_some_and(|t| t.numel() == Some(1));
+        let one_value = |i: usize| node.input.get(i).and_then(|c| g.one_value(c)).is_some();
         let from = match node.op_type() {
             _ if !crate::onnx::is_default_domain(node.domain()) => break,
             "Cast" if crate::pattern::cast_to(node) == g.elem_type(&node.input[0]) => &node.input[0],
