@@ -1538,12 +1538,21 @@ fn constants_of_equal_bits_are_one_value() {
     let other_type = b.constant(tensor(FLOAT16, &[1], &[0.0]));
     let other_shape = b.constant(tensor(FLOAT, &[1, 1], &[0.0]));
     let zero_again = b.constant(tensor(FLOAT, &[1], &[0.0]));
+    // Two int64 values one f64 cannot tell apart.
+    let large = |v: i64| onnx_fuse::onnx::TensorProto {
+        dims: vec![1],
+        data_type: Some(INT64),
+        int64_data: vec![v],
+        ..Default::default()
+    };
+    let (top, below) = (b.constant(large(i64::MAX)), b.constant(large(i64::MAX - 1)));
     let model = b.model(18);
     let scope = Scope::default();
     let g = Graph::new(model.graph.as_ref().unwrap(), 18, &scope);
     assert!(g.same_value(&axes, &again).is_some());
     assert!(g.same_value(&u, &twin).is_some(), "Unsqueezes of x by equal axes");
     assert!(g.same_value(&zero, &zero_again).is_some());
+    assert!(g.same_value(&top, &below).is_none(), "2^63 - 1 and 2^63 - 2");
     for other in [&minus_zero, &other_type, &other_shape] {
         assert!(g.same_value(&zero, other).is_none(), "{other}");
     }

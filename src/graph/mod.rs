@@ -772,15 +772,11 @@ impl<'a> Graph<'a> {
             nodes.push(p);
             return Some(nodes);
         }
-        // Two small constants of one type, shape and values (bit for bit:
+        // Two small constants of one type, shape and payload (bit for bit:
         // 0 is not -0), each written for its use (TorchScript's axes).
         if let (Some(x), Some(y)) = (self.constant(a), self.constant(b)) {
-            let bits = |t: &TensorProto| -> Option<Vec<u64>> {
-                (t.numel()? <= 4096).then(|| Some(t.values()?.iter().map(|v| v.to_bits()).collect())).flatten()
-            };
-            let equal =
-                x.data_type() == y.data_type() && x.dims == y.dims && bits(x).is_some_and(|v| Some(v) == bits(y));
-            return equal.then(Vec::new);
+            let small = x.numel().is_some_and(|n| n <= 4096);
+            return (small && x.same_content(y)).then(Vec::new);
         }
         let (pa, pb) = (self.producer(a)?, self.producer(b)?);
         let (na, nb) = (self.node(pa), self.node(pb));

@@ -283,6 +283,27 @@ impl TensorProto {
         (values.len() == n).then_some(values)
     }
 
+    /// Whether `other` holds this tensor's type, shape and payload, bit for
+    /// bit and encoded alike (raw bytes, or the same typed field: 0 is not
+    /// -0, and no integer is read through a float). A tensor in external
+    /// data or in segments is no other's.
+    pub fn same_content(&self, other: &TensorProto) -> bool {
+        let floats = |t: &TensorProto| -> Vec<u32> { t.float_data.iter().map(|v| v.to_bits()).collect() };
+        let doubles = |t: &TensorProto| -> Vec<u64> { t.double_data.iter().map(|v| v.to_bits()).collect() };
+        let whole = |t: &TensorProto| !t.is_external() && t.segment.is_none();
+        whole(self)
+            && whole(other)
+            && self.data_type == other.data_type
+            && self.dims == other.dims
+            && self.raw_data == other.raw_data
+            && self.int32_data == other.int32_data
+            && self.int64_data == other.int64_data
+            && self.uint64_data == other.uint64_data
+            && self.string_data == other.string_data
+            && floats(self) == floats(other)
+            && doubles(self) == doubles(other)
+    }
+
     /// The values of a small integer tensor (axes, indices, shapes).
     pub fn ints(&self) -> Option<Vec<i64>> {
         if !matches!(self.data_type(), INT64) && self.data_type() != DataType::Int32 as i32 {
