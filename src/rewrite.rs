@@ -14,7 +14,7 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 pub use crate::graph::Portable;
-use crate::graph::{free_values, values_read_by, Check, Graph, Miss, Scope, Stop, Target};
+use crate::graph::{free_values, values_read_by, Check, ExternalValues, Graph, Miss, Scope, Stop, Target};
 use crate::onnx::{
     display_name, AttributeProto, FunctionProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto,
     StringStringEntryProto, TensorProto, FLOAT, FUSED_KEY, INT64, MICROSOFT,
@@ -737,11 +737,24 @@ pub fn run_for(model: &mut ModelProto, passes: &[&Pass], target: Target) -> Outc
 /// names the original nodes of the exported model; an adapted node keeps
 /// its name and stands for its original).
 pub fn run_upgraded(model: &mut ModelProto, passes: &[&Pass], target: Target, added: HashSet<String>) -> Outcome {
+    run_reading(model, passes, target, added, &ExternalValues::default())
+}
+
+/// `run_upgraded` where `external` holds the values of the model's small
+/// tensors in external data, read where it was loaded
+/// (`io::small_external_values`), for the proofs that read values.
+pub fn run_reading(
+    model: &mut ModelProto,
+    passes: &[&Pass],
+    target: Target,
+    added: HashSet<String>,
+    external: &ExternalValues,
+) -> Outcome {
     let opset = model.default_opset();
     let mut outcome = Outcome { functions: model.functions.clone(), unexported: added, ..Default::default() };
     let context = Context { opset, opset_implied: model.imported_default_opset().is_none(), target };
     if let Some(graph) = model.graph.as_mut() {
-        run_graph(graph, context, &Scope::default(), passes, "main", &mut outcome);
+        run_graph(graph, context, &Scope::reading(external.clone()), passes, "main", &mut outcome);
         // A model nothing was fused in is written back as it was.
         if !outcome.fused.is_empty() || !outcome.absorbed.is_empty() {
             declare_types(graph, context, &Scope::default(), &HashSet::new());

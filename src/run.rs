@@ -147,14 +147,17 @@ fn fuse_loaded(
     progress(format!("fusing {}", input.display()));
     // For portable, what an upgrade would add is counted on this model.
     let unfused = (settings.target == crate::graph::Target::Portable).then(|| loaded.model.clone());
-    let (outcome, upgrade) = match kernel_upgrade(&loaded.model, settings, upgrade.is_some()) {
+    // What the proofs may read of small tensors in external data.
+    let held = crate::graph::ExternalValues::new(io::small_external_values(&loaded));
+    let (outcome, upgrade) = match kernel_upgrade(&loaded.model, settings, upgrade.is_some(), &held) {
         Some(KernelTrial::Taken(model, kernel_upgrade, outcome)) => {
             loaded.model = model;
             (outcome, Some(kernel_upgrade))
         }
         trial => {
             let added = upgrade.as_ref().map(|u| u.added.clone()).unwrap_or_default();
-            let mut outcome = rewrite::run_upgraded(&mut loaded.model, &settings.pipeline, settings.target, added);
+            let mut outcome =
+                rewrite::run_reading(&mut loaded.model, &settings.pipeline, settings.target, added, &held);
             if let Some(KernelTrial::Declined(tried)) = &trial {
                 noted_from_trial(&mut outcome, tried, loaded.model.default_opset());
             }
@@ -181,7 +184,7 @@ fn fuse_loaded(
     report.upgrade = upgrade;
     report.cleanup = cleanup;
     if let (Some(opset), Some(model)) = (needed, unfused) {
-        report.needs_opset = with_opset(model, opset, settings, report.fused.len());
+        report.needs_opset = with_opset(model, opset, settings, report.fused.len(), &held);
     }
     report.ops = report::op_changes(&before, &report::op_counts(&loaded.model));
     report.expectations = expectations.iter().map(|e| e.check(&report.passes, report.total)).collect();
@@ -232,7 +235,12 @@ enum KernelTrial {
     Declined(rewrite::Outcome),
 }
 
-fn kernel_upgrade(model: &crate::onnx::ModelProto, settings: &Settings, upgraded: bool) -> Option<KernelTrial> {
+fn kernel_upgrade(
+    model: &crate::onnx::ModelProto,
+    settings: &Settings,
+    upgraded: bool,
+    held: &crate::graph::ExternalValues,
+) -> Option<KernelTrial> {
     let from = model.default_opset();
     let wanted = settings.target == crate::graph::Target::Ort
         && !upgraded
@@ -243,7 +251,7 @@ fn kernel_upgrade(model: &crate::onnx::ModelProto, settings: &Settings, upgraded
         return None;
     }
     let (mut model, upgrade) = crate::upgrade::upgrade(model, KERNEL_OPSET).ok()?;
-    let outcome = rewrite::run_upgraded(&mut model, &settings.pipeline, settings.target, upgrade.added.clone());
+    let outcome = rewrite::run_reading(&mut model, &settings.pipeline, settings.target, upgrade.added.clone(), held);
     let needs = outcome.fused.iter().any(|f| f.opset.is_some_and(|o| o > from));
     Some(if needs { KernelTrial::Taken(model, upgrade, outcome) } else { KernelTrial::Declined(outcome) })
 }
@@ -272,12 +280,14 @@ fn with_opset(
     opset: i64,
     settings: &Settings,
     fused: usize,
+    held: &crate::graph::ExternalValues,
 ) -> Option<report::NeedsOpset> {
     match crate::upgrade::upgrade(&model, opset) {
         Ok((upgraded, _)) => {
             model = upgraded;
-            let more =
-                rewrite::run_for(&mut model, &settings.pipeline, settings.target).fused.len().saturating_sub(fused);
+            let added = std::collections::HashSet::new();
+            let outcome = rewrite::run_reading(&mut model, &settings.pipeline, settings.target, added, held);
+            let more = outcome.fused.len().saturating_sub(fused);
             (more > 0).then_some(report::NeedsOpset { opset, candidates: more, refused: None })
         }
         Err(why) => Some(report::NeedsOpset { opset, candidates: 0, refused: Some(why.to_string()) }),

@@ -561,3 +561,63 @@ fn an_interleaved_rotary_whose_cos_table_is_a_reshaped_constant_declines() {
     assert!(!stderr(&r).contains("internal error"), "{}", stderr(&r));
     assert!(String::from_utf8_lossy(&r.stdout).contains(why), "{}", String::from_utf8_lossy(&r.stdout));
 }
+
+/// `model` with its `[1, 1, 3, 8]` constant tables moved into external
+/// data, `tables.bin` beside `model.onnx` in `dir` (as torch's dynamo
+/// exporter writes a static export's tables): the model's path.
+fn with_tables_apart(model: &ModelProto, dir: &std::path::Path) -> std::path::PathBuf {
+    use onnx_fuse::onnx::{proto::tensor_proto::DataLocation, StringStringEntryProto};
+    let mut model = model.clone();
+    let graph = model.graph.as_mut().unwrap();
+    let mut data = Vec::new();
+    let tables: Vec<usize> = (0..graph.node.len())
+        .filter(|&i| {
+            graph.node[i].op_type() == "Constant" && graph.node[i].attribute[0].t.as_ref().unwrap().dims.len() == 4
+        })
+        .collect();
+    for &i in tables.iter().rev() {
+        let node = graph.node.remove(i);
+        let mut t = node.attribute[0].t.clone().unwrap();
+        let bytes = t.raw_data.take().unwrap();
+        let entry = |key: &str, value: String| StringStringEntryProto { key: Some(key.into()), value: Some(value) };
+        t.external_data = vec![
+            entry("location", "tables.bin".into()),
+            entry("offset", data.len().to_string()),
+            entry("length", bytes.len().to_string()),
+        ];
+        t.data_location = Some(DataLocation::External as i32);
+        t.name = Some(node.output[0].clone());
+        data.extend_from_slice(&bytes);
+        graph.initializer.push(t);
+    }
+    assert_eq!(tables.len(), 2, "cos and sin");
+    std::fs::write(dir.join("tables.bin"), &data).unwrap();
+    let path = dir.join("model.onnx");
+    std::fs::write(&path, prost::Message::encode_to_vec(&model)).unwrap();
+    path
+}
+
+/// A static dynamo export keeps its constant tables in external data
+/// (torch writes every initializer there): the proof reads the small ones
+/// once, where the model is loaded, and the kernel reads the tables where
+/// they are. Their halves differing, the rotary is declined as for tables
+/// inside the model.
+#[test]
+fn constant_tables_in_external_data_are_read_for_the_proof() {
+    for (broken, fused) in [(Break::Constant, 1), (Break::ConstantHalves, 0)] {
+        let dir = tempdir();
+        let input = with_tables_apart(&rotary_model(broken), dir.path());
+        let out = dir.path().join("fused.onnx");
+        let args = [input.to_str().unwrap(), "-o", out.to_str().unwrap(), "--explain", "--verify"];
+        let r = run(&args);
+        assert!(r.status.success(), "{}", stderr(&r));
+        let model = onnx_fuse::io::load(&out, Default::default()).unwrap().model;
+        assert_eq!(count_op(&model, "RotaryEmbedding"), fused);
+        let said = String::from_utf8_lossy(&r.stdout);
+        if fused == 0 {
+            assert!(said.contains("the two halves of the cos table are not proved equal\n"), "{said}");
+        }
+        let tables = model.graph.unwrap().initializer.into_iter().filter(|t| t.dims.len() == 4);
+        assert!(tables.into_iter().all(|t| t.is_external()), "the tables stay in external data");
+    }
+}

@@ -175,6 +175,25 @@ pub struct Scope {
     /// How many views of If branches deep shape derivation is
     /// (`shapes::Shapes::if_output`): it stops at a bound.
     shape_depth: usize,
+    /// Small tensors' values kept in external data (`Graph::values_of`).
+    external: ExternalValues,
+}
+
+/// The values of small tensors a model keeps in external data, by where
+/// they are (location, offset, length): read once where the model was
+/// loaded (`io::small_external_values`), for the proofs that read values
+/// (`Graph::values_of`). No pass copies or writes them.
+#[derive(Default, Clone)]
+pub struct ExternalValues(std::sync::Arc<HashMap<[String; 3], Vec<f64>>>);
+
+impl ExternalValues {
+    pub fn new(values: HashMap<[String; 3], Vec<f64>>) -> Self {
+        ExternalValues(std::sync::Arc::new(values))
+    }
+
+    fn get(&self, t: &TensorProto) -> Option<Vec<f64>> {
+        t.is_external().then(|| self.0.get(&t.external_span()?).cloned()).flatten()
+    }
 }
 
 pub struct Graph<'a> {
@@ -214,6 +233,12 @@ pub struct Graph<'a> {
 }
 
 impl Scope {
+    /// The scope of a model's main graph, whose small tensors in external
+    /// data hold `external`.
+    pub fn reading(external: ExternalValues) -> Scope {
+        Scope { external, ..Scope::default() }
+    }
+
     /// Sets the names the next body cannot see.
     pub fn hide(&mut self, hidden: HashSet<String>) {
         self.hidden = hidden;
@@ -648,6 +673,12 @@ impl<'a> Graph<'a> {
 
     /// True for a name defined twice (in this graph and an enclosing one,
     /// or twice in this graph): which value a reader gets is not defined.
+    /// The values of the constant `t`, also where they are in external data
+    /// and small (`ExternalValues`).
+    pub fn values_of(&self, t: &TensorProto) -> Option<Vec<f64>> {
+        t.values().or_else(|| self.outer.external.get(t))
+    }
+
     /// The constant named `value` where it holds one value (a scale, a
     /// fill, a step's factor).
     pub fn one_value(&self, value: &str) -> Option<&TensorProto> {

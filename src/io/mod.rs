@@ -9,7 +9,7 @@
 //! External data files are never read: they are referenced where they are,
 //! or cloned beside the output.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -325,13 +325,19 @@ fn same_file(a: &Path, b: &Path) -> bool {
 /// Every distinct `location` of externally stored tensors, in all graphs.
 pub fn external_locations(model: &ModelProto) -> BTreeSet<String> {
     let mut found = BTreeSet::new();
-    let mut visit = |t: &TensorProto| {
+    each_tensor(model, &mut |t: &TensorProto| {
         if t.is_external() {
             if let Some(e) = t.external_data.iter().find(|e| e.key() == "location") {
                 found.insert(e.value().to_string());
             }
         }
-    };
+    });
+    found
+}
+
+/// Calls `visit` with every tensor `model` holds: initializers, sparse
+/// ones, attributes', in every graph and body.
+fn each_tensor(model: &ModelProto, visit: &mut dyn FnMut(&TensorProto)) {
     fn graph(g: &GraphProto, visit: &mut dyn FnMut(&TensorProto)) {
         g.initializer.iter().for_each(&mut *visit);
         for s in &g.sparse_initializer {
@@ -345,12 +351,53 @@ pub fn external_locations(model: &ModelProto) -> BTreeSet<String> {
         }
     }
     if let Some(g) = &model.graph {
-        graph(g, &mut visit);
+        graph(g, visit);
     }
     for t in &model.training_info {
-        t.initialization.iter().chain(t.algorithm.iter()).for_each(|g| graph(g, &mut visit));
+        t.initialization.iter().chain(t.algorithm.iter()).for_each(|g| graph(g, visit));
     }
-    found
+}
+
+/// The largest tensor in external data whose values the passes' proofs
+/// may read, and the most read in all (`small_external_values`).
+const SMALL_EXTERNAL: u64 = 64 << 10;
+const SMALL_EXTERNAL_IN_ALL: u64 = 16 << 20;
+
+/// The values of the small tensors `loaded` keeps in external data (64
+/// KiB each at most, 16 MiB in all, in the model's order), read once for
+/// the proofs that read values (a static export's rotary table beside the
+/// model), by `TensorProto::external_span` (`graph::ExternalValues`).
+/// The payloads themselves stay where they are; a file that cannot be read
+/// leaves its tensors unread.
+pub fn small_external_values(loaded: &Loaded) -> HashMap<[String; 3], Vec<f64>> {
+    use std::os::unix::fs::FileExt;
+    let dir = parent(&loaded.path);
+    let mut values = HashMap::new();
+    let mut read = 0u64;
+    each_tensor(&loaded.model, &mut |t: &TensorProto| {
+        let Some(key) = t.external_span().filter(|_| t.is_external()) else { return };
+        let (Ok(offset), Ok(length)) = (key[1].parse::<u64>(), key[2].parse::<u64>()) else { return };
+        if length > SMALL_EXTERNAL || read + length > SMALL_EXTERNAL_IN_ALL || values.contains_key(&key) {
+            return;
+        }
+        let Ok(path) = paths::resolve_location(&dir, &key[0]) else { return };
+        // A regular file only: a FIFO or a device is never opened.
+        if !std::fs::metadata(&path).is_ok_and(|m| m.is_file()) {
+            return;
+        }
+        let mut bytes = vec![0u8; length as usize];
+        let Ok(file) = File::open(&path) else { return };
+        if file.read_exact_at(&mut bytes, offset).is_err() {
+            return;
+        }
+        let inline =
+            TensorProto { raw_data: Some(bytes.into()), external_data: vec![], data_location: None, ..t.clone() };
+        if let Some(v) = inline.values() {
+            read += length;
+            values.insert(key, v);
+        }
+    });
+    values
 }
 
 /// Places a copy of `src` at `dst` atomically, as external data is placed

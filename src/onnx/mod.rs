@@ -228,6 +228,14 @@ impl TensorProto {
         self.dims.iter().try_fold(1u64, |n, &d| u64::try_from(d).ok().and_then(|d| n.checked_mul(d)))
     }
 
+    /// Where a tensor's bytes in external data are: its location, offset
+    /// (0 where not given) and length; None where it gives no location or
+    /// no length.
+    pub fn external_span(&self) -> Option<[String; 3]> {
+        let entry = |key: &str| self.external_data.iter().find(|e| e.key() == key).map(|e| e.value().to_string());
+        Some([entry("location")?, entry("offset").unwrap_or_else(|| "0".into()), entry("length")?])
+    }
+
     pub fn is_external(&self) -> bool {
         self.data_location == Some(proto::tensor_proto::DataLocation::External as i32)
     }

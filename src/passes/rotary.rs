@@ -300,7 +300,7 @@ fn repeated_table(g: &Graph, v: &str, what: &str, sx: &[Dim], d: i64) -> Check<T
         let one = without_heads(st, true, heads).and_then(|r| rows_fit(&r, sx, heads, d));
         let one =
             one.ok_or_else(|| miss(&format!("the {what} table is not proved [b or 1, 1, s, d] or [b or 1, s, 1, d]")))?;
-        let pairs = rows_alike(t, |row| row.chunks(2).all(|pair| pair[0] == pair[1]));
+        let pairs = rows_alike(g, t, |row| row.chunks(2).all(|pair| pair[0] == pair[1]));
         require!(pairs, "the {what} table is not proved a repeat of each value twice on the last axis{}", unread(g, v));
         return Ok(Table { rows: v.to_string(), one, heads, squeezed: true, every_second: true });
     }
@@ -369,11 +369,13 @@ fn without_heads(shape: Option<Vec<Dim>>, squeezed: bool, heads: usize) -> Optio
     one_at_heads.then_some(rows)
 }
 
-/// Why a constant table's values were not read, where they were not.
+/// Why a constant table's values were not read, where they were not: in
+/// external data, and not among the small tensors read there
+/// (`Graph::values_of`).
 fn unread(g: &Graph, table: &str) -> &'static str {
-    match g.constant(table).is_some_and(TensorProto::is_external) {
-        true => " (a constant in external data, which passes do not read)",
-        false => "",
+    match g.constant(table).filter(|t| t.is_external() && g.values_of(t).is_none()) {
+        Some(_) => " (a constant in external data, too large to read for the proof or not readable)",
+        None => "",
     }
 }
 
@@ -513,7 +515,7 @@ fn cut(g: &Graph, slice: usize, from: i64, to: i64, d: i64, step: i64) -> Check<
 /// or a constant whose rows are so (a static export's table).
 fn halves_equal(g: &Graph, value: &str, depth: usize) -> bool {
     if let Some(t) = g.constant(value) {
-        return rows_alike(t, |row| row[..row.len() / 2] == row[row.len() / 2..]);
+        return rows_alike(g, t, |row| row[..row.len() / 2] == row[row.len() / 2..]);
     }
     let Some(p) = g.producer(value) else { return false };
     let node = g.node(p);
@@ -561,10 +563,10 @@ fn halves_equal(g: &Graph, value: &str, depth: usize) -> bool {
 
 /// Whether every row (last axis, of even length) of a small constant is
 /// `alike`, on its values' bits.
-fn rows_alike(t: &TensorProto, alike: impl Fn(&[u64]) -> bool) -> bool {
+fn rows_alike(g: &Graph, t: &TensorProto, alike: impl Fn(&[u64]) -> bool) -> bool {
     let Some(&last) = t.dims.last() else { return false };
     let small = t.numel().is_some_and(|n| n <= 1 << 20);
-    let Some(values) = t.values().filter(|_| small && last > 0 && last % 2 == 0) else { return false };
+    let Some(values) = g.values_of(t).filter(|_| small && last > 0 && last % 2 == 0) else { return false };
     let bits: Vec<u64> = values.iter().map(|v| v.to_bits()).collect();
     bits.chunks(last as usize).all(alike)
 }
