@@ -184,15 +184,17 @@ pub struct Scope {
 /// loaded (`io::small_external_values`), for the proofs that read values
 /// (`Graph::values_of`). No pass copies or writes them.
 #[derive(Default, Clone)]
-pub struct ExternalValues(std::sync::Arc<HashMap<[String; 3], Vec<f64>>>);
+pub struct ExternalValues(std::sync::Arc<HashMap<[String; 3], TensorProto>>);
 
 impl ExternalValues {
-    pub fn new(values: HashMap<[String; 3], Vec<f64>>) -> Self {
-        ExternalValues(std::sync::Arc::new(values))
+    /// `tensors`: each small external tensor with its payload inline, by
+    /// `TensorProto::external_span`.
+    pub fn new(tensors: HashMap<[String; 3], TensorProto>) -> Self {
+        ExternalValues(std::sync::Arc::new(tensors))
     }
 
     fn get(&self, t: &TensorProto) -> Option<Vec<f64>> {
-        t.is_external().then(|| self.0.get(&t.external_span()?).cloned()).flatten()
+        self.0.get(&t.external_span().filter(|_| t.is_external())?)?.values()
     }
 }
 

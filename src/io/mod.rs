@@ -363,41 +363,43 @@ fn each_tensor(model: &ModelProto, visit: &mut dyn FnMut(&TensorProto)) {
 const SMALL_EXTERNAL: u64 = 64 << 10;
 const SMALL_EXTERNAL_IN_ALL: u64 = 16 << 20;
 
-/// The values of the small tensors `loaded` keeps in external data (64
-/// KiB each at most, 16 MiB in all, in the model's order), read once for
-/// the proofs that read values (a static export's rotary table beside the
-/// model), by `TensorProto::external_span` (`graph::ExternalValues`).
+/// The small tensors `loaded` keeps in external data (64 KiB each at
+/// most, 16 MiB in all, in the model's order), each with its payload read
+/// once into it, by `TensorProto::external_span`, for the proofs that read
+/// values (a static export's rotary table beside the model:
+/// `graph::ExternalValues`).
 /// The payloads themselves stay where they are; a file that cannot be read
 /// leaves its tensors unread.
-pub fn small_external_values(loaded: &Loaded) -> HashMap<[String; 3], Vec<f64>> {
+pub fn small_external_values(loaded: &Loaded) -> HashMap<[String; 3], TensorProto> {
     use std::os::unix::fs::FileExt;
     let dir = parent(&loaded.path);
-    let mut values = HashMap::new();
+    let (mut tensors, mut files) = (HashMap::new(), HashMap::<String, Option<File>>::new());
     let mut read = 0u64;
     each_tensor(&loaded.model, &mut |t: &TensorProto| {
         let Some(key) = t.external_span().filter(|_| t.is_external()) else { return };
         let (Ok(offset), Ok(length)) = (key[1].parse::<u64>(), key[2].parse::<u64>()) else { return };
-        if length > SMALL_EXTERNAL || read + length > SMALL_EXTERNAL_IN_ALL || values.contains_key(&key) {
+        if length > SMALL_EXTERNAL || read + length > SMALL_EXTERNAL_IN_ALL || tensors.contains_key(&key) {
             return;
         }
-        let Ok(path) = paths::resolve_location(&dir, &key[0]) else { return };
-        // A regular file only: a FIFO or a device is never opened.
-        if !std::fs::metadata(&path).is_ok_and(|m| m.is_file()) {
-            return;
-        }
+        // Each file opened once, and read only where it is a regular file
+        // (opened without blocking on a FIFO).
+        let file = files.entry(key[0].clone()).or_insert_with(|| {
+            use std::os::unix::fs::OpenOptionsExt;
+            let path = paths::resolve_location(&dir, &key[0]).ok()?;
+            let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path).ok()?;
+            file.metadata().is_ok_and(|m| m.is_file()).then_some(file)
+        });
+        let Some(file) = file else { return };
         let mut bytes = vec![0u8; length as usize];
-        let Ok(file) = File::open(&path) else { return };
         if file.read_exact_at(&mut bytes, offset).is_err() {
             return;
         }
+        read += length;
         let inline =
             TensorProto { raw_data: Some(bytes.into()), external_data: vec![], data_location: None, ..t.clone() };
-        if let Some(v) = inline.values() {
-            read += length;
-            values.insert(key, v);
-        }
+        tensors.insert(key, inline);
     });
-    values
+    tensors
 }
 
 /// Places a copy of `src` at `dst` atomically, as external data is placed
