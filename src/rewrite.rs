@@ -742,7 +742,7 @@ pub fn run_upgraded(model: &mut ModelProto, passes: &[&Pass], target: Target, ad
 
 /// `run_upgraded` where `external` holds the values of the model's small
 /// tensors in external data, read where it was loaded
-/// (`io::small_external_values`), for the proofs that read values.
+/// (`io::external_reader`), for the proofs that read values.
 pub fn run_reading(
     model: &mut ModelProto,
     passes: &[&Pass],

@@ -148,7 +148,7 @@ fn fuse_loaded(
     // For portable, what an upgrade would add is counted on this model.
     let unfused = (settings.target == crate::graph::Target::Portable).then(|| loaded.model.clone());
     // What the proofs may read of small tensors in external data.
-    let held = crate::graph::ExternalValues::new(io::small_external_values(&loaded));
+    let held = crate::graph::ExternalValues::new(io::external_reader(&loaded));
     let (outcome, upgrade) = match kernel_upgrade(&loaded.model, settings, upgrade.is_some(), &held) {
         Some(KernelTrial::Taken(model, kernel_upgrade, outcome)) => {
             loaded.model = model;

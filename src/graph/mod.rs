@@ -179,22 +179,20 @@ pub struct Scope {
     external: ExternalValues,
 }
 
-/// The values of small tensors a model keeps in external data, by where
-/// they are (location, offset, length): read once where the model was
-/// loaded (`io::small_external_values`), for the proofs that read values
-/// (`Graph::values_of`). No pass copies or writes them.
+/// How the proofs read the values of a small tensor the model keeps in
+/// external data: a reader made where the model was loaded
+/// (`io::external_reader`), which reads each once, when a proof first
+/// asks (`Graph::values_of`). No pass copies or writes such a payload.
 #[derive(Default, Clone)]
-pub struct ExternalValues(std::sync::Arc<HashMap<[String; 3], TensorProto>>);
+pub struct ExternalValues(Option<std::sync::Arc<dyn Fn(&TensorProto) -> Option<Vec<f64>> + Send + Sync>>);
 
 impl ExternalValues {
-    /// `tensors`: each small external tensor with its payload inline, by
-    /// `TensorProto::external_span`.
-    pub fn new(tensors: HashMap<[String; 3], TensorProto>) -> Self {
-        ExternalValues(std::sync::Arc::new(tensors))
+    pub fn new(read: impl Fn(&TensorProto) -> Option<Vec<f64>> + Send + Sync + 'static) -> Self {
+        ExternalValues(Some(std::sync::Arc::new(read)))
     }
 
     fn get(&self, t: &TensorProto) -> Option<Vec<f64>> {
-        self.0.get(&t.external_span().filter(|_| t.is_external())?)?.values()
+        self.0.as_ref().filter(|_| t.is_external()).and_then(|read| read(t))
     }
 }
 

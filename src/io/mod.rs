@@ -359,47 +359,51 @@ fn each_tensor(model: &ModelProto, visit: &mut dyn FnMut(&TensorProto)) {
 }
 
 /// The largest tensor in external data whose values the passes' proofs
-/// may read, and the most read in all (`small_external_values`).
+/// may read, and the most read in all (`external_reader`).
 const SMALL_EXTERNAL: u64 = 64 << 10;
 const SMALL_EXTERNAL_IN_ALL: u64 = 16 << 20;
 
-/// The small tensors `loaded` keeps in external data (64 KiB each at
-/// most, 16 MiB in all, in the model's order), each with its payload read
-/// once into it, by `TensorProto::external_span`, for the proofs that read
-/// values (a static export's rotary table beside the model:
-/// `graph::ExternalValues`).
-/// The payloads themselves stay where they are; a file that cannot be read
-/// leaves its tensors unread.
-pub fn small_external_values(loaded: &Loaded) -> HashMap<[String; 3], TensorProto> {
-    use std::os::unix::fs::FileExt;
+/// Reads the values of a small tensor `loaded` keeps in external data (64
+/// KiB at most, 16 MiB in all), each once, when a proof first asks for it
+/// (a static export's rotary table beside the model: `graph::ExternalValues`);
+/// None for any other tensor, and where its file cannot be read. Each data
+/// file is opened once, without blocking on a FIFO, and read only where it
+/// is a regular file in the model's folder. The payloads themselves stay
+/// where they are.
+pub fn external_reader(loaded: &Loaded) -> impl Fn(&TensorProto) -> Option<Vec<f64>> + Send + Sync + 'static {
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    #[derive(Default)]
+    struct Read {
+        files: HashMap<String, Option<File>>,
+        payloads: HashMap<[String; 3], Option<Bytes>>,
+        bytes: u64,
+    }
     let dir = parent(&loaded.path);
-    let (mut tensors, mut files) = (HashMap::new(), HashMap::<String, Option<File>>::new());
-    let mut read = 0u64;
-    each_tensor(&loaded.model, &mut |t: &TensorProto| {
-        let Some(key) = t.external_span().filter(|_| t.is_external()) else { return };
-        let (Ok(offset), Ok(length)) = (key[1].parse::<u64>(), key[2].parse::<u64>()) else { return };
-        if length > SMALL_EXTERNAL || read + length > SMALL_EXTERNAL_IN_ALL || tensors.contains_key(&key) {
-            return;
-        }
-        // Each file opened once, and read only where it is a regular file
-        // (opened without blocking on a FIFO).
-        let file = files.entry(key[0].clone()).or_insert_with(|| {
-            use std::os::unix::fs::OpenOptionsExt;
-            let path = paths::resolve_location(&dir, &key[0]).ok()?;
-            let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path).ok()?;
-            file.metadata().is_ok_and(|m| m.is_file()).then_some(file)
-        });
-        let Some(file) = file else { return };
-        let mut bytes = vec![0u8; length as usize];
-        if file.read_exact_at(&mut bytes, offset).is_err() {
-            return;
-        }
-        read += length;
-        let inline =
-            TensorProto { raw_data: Some(bytes.into()), external_data: vec![], data_location: None, ..t.clone() };
-        tensors.insert(key, inline);
-    });
-    tensors
+    let state = std::sync::Mutex::new(Read::default());
+    move |t: &TensorProto| {
+        let key = t.external_span().filter(|_| t.is_external())?;
+        let (offset, length) = (key[1].parse::<u64>().ok()?, key[2].parse::<u64>().ok()?);
+        let mut state = state.lock().ok()?;
+        let Read { files, payloads, bytes } = &mut *state;
+        let payload = match payloads.get(&key) {
+            Some(payload) => payload.clone(),
+            None if length > SMALL_EXTERNAL || *bytes + length > SMALL_EXTERNAL_IN_ALL => None,
+            None => {
+                let file = files.entry(key[0].clone()).or_insert_with(|| {
+                    let path = paths::resolve_location(&dir, &key[0]).ok()?;
+                    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path).ok()?;
+                    file.metadata().is_ok_and(|m| m.is_file()).then_some(file)
+                });
+                let mut read = vec![0u8; length as usize];
+                let payload =
+                    file.as_ref().and_then(|f| f.read_exact_at(&mut read, offset).ok()).map(|_| Bytes::from(read));
+                *bytes += length;
+                payloads.insert(key, payload.clone());
+                payload
+            }
+        };
+        TensorProto { raw_data: Some(payload?), external_data: vec![], data_location: None, ..t.clone() }.values()
+    }
 }
 
 /// Places a copy of `src` at `dst` atomically, as external data is placed
