@@ -270,11 +270,7 @@ fn halves_table(g: &Graph, v: &str, what: &str, sx: &[Dim], d: i64) -> Check<Tab
     });
     let (rows, heads, squeezed) = match unsqueezed {
         Some((t, heads)) => (t, heads, false),
-        None => {
-            let fits =
-                |h: usize| without_heads(shapes.shape(v), true, h).is_some_and(|r| rows_fit(&r, sx, h, d).is_some());
-            (v, [1, 2].into_iter().find(|&h| fits(h)).unwrap_or(1), true)
-        }
+        None => (v, heads_of(shapes.shape(v), sx, d).map_or(1, |(heads, _)| heads), true),
     };
     let one = without_heads(shapes.shape(rows), squeezed, heads).and_then(|rows| rows_fit(&rows, sx, heads, d));
     let one = one.ok_or_else(|| miss(&format!("the {what} table is not proved [b or 1, s, d] of x's b, s and d")))?;
@@ -296,10 +292,8 @@ fn repeated_table(g: &Graph, v: &str, what: &str, sx: &[Dim], d: i64) -> Check<T
     // twice in place: its rows are every second value.
     if let Some(t) = g.constant(v) {
         let st = Some(t.dims.iter().map(|&n| Dim::known(n)).collect());
-        let heads = [1, 2].into_iter().find(|&h| without_heads(st.clone(), true, h).is_some()).unwrap_or(1);
-        let one = without_heads(st, true, heads).and_then(|r| rows_fit(&r, sx, heads, d));
-        let one =
-            one.ok_or_else(|| miss(&format!("the {what} table is not proved [b or 1, 1, s, d] or [b or 1, s, 1, d]")))?;
+        let (heads, one) = heads_of(st, sx, d)
+            .ok_or_else(|| miss(&format!("the {what} table is not proved [b or 1, 1, s, d] or [b or 1, s, 1, d]")))?;
         let pairs = rows_alike(g, t, |row| row.chunks(2).all(|pair| pair[0] == pair[1]));
         require!(pairs, "the {what} table is not proved a repeat of each value twice on the last axis{}", unread(g, v));
         return Ok(Table { rows: v.to_string(), one, heads, squeezed: true, every_second: true });
@@ -367,6 +361,13 @@ fn without_heads(shape: Option<Vec<Dim>>, squeezed: bool, heads: usize) -> Optio
     let mut rows = shape?;
     let one_at_heads = !squeezed || (rows.len() == 4 && rows.remove(heads).value() == Some(1));
     one_at_heads.then_some(rows)
+}
+
+/// The heads axis (1, else 2) at which a 4-D table of `shape` has a one
+/// and rows that fit x's (`rows_fit`, their last axis `k`), and whether
+/// it has one batch row.
+fn heads_of(shape: Option<Vec<Dim>>, sx: &[Dim], k: i64) -> Option<(usize, bool)> {
+    [1, 2].into_iter().find_map(|h| Some((h, rows_fit(&without_heads(shape.clone(), true, h)?, sx, h, k)?)))
 }
 
 /// Why a constant table's values were not read, where they were not: in
