@@ -192,6 +192,22 @@ enum Extra {
     NegativeDivisor,
     /// q times 0.5 and the transposed key times 0.25 before the MatMul (SDPA exports).
     ScaledQK,
+    /// The key and value heads each repeated in place to q's heads
+    /// (torch's `repeat_kv`: Unsqueeze, Expand, Reshape) before the products.
+    Grouped,
+    /// A constant mask `[1, 1, s, t]` whatever the scores' rank.
+    ConstantMask4D,
+}
+
+/// `x` `[b, kv, t, d]` with each head repeated `n` times in place (torch's
+/// `repeat_kv`): `Reshape(Expand(Unsqueeze(x, 2), [b, kv, n, t, d]), [b, kv·n, t, d])`.
+fn repeated(b: &mut Builder, x: &str, d: &[i64], n: i64) -> String {
+    let axes = b.init(&format!("{x}_at_2"), tensor(INT64, &[1], &[2.0]));
+    let u = b.node("Unsqueeze", &[x, &axes], vec![]);
+    let spread = b.init(&format!("{x}_spread"), tensor(INT64, &[5], &[d[0], d[1], n, d[2], d[3]].map(|x| x as f64)));
+    let e = b.node("Expand", &[&u, &spread], vec![]);
+    let heads = b.init(&format!("{x}_heads"), tensor(INT64, &[4], &[d[0], d[1] * n, d[2], d[3]].map(|x| x as f64)));
+    b.node("Reshape", &[&e, &heads], vec![])
 }
 
 fn attention_model(opset: i64, elem: i32, [q, key, v]: [&[i64]; 3], extra: Extra) -> ModelProto {
@@ -204,11 +220,17 @@ fn attention_model(opset: i64, elem: i32, [q, key, v]: [&[i64]; 3], extra: Extra
     let k = if extra == Extra::KeyAlreadyTransposed {
         b.input("k", elem, Some(&dims(&swapped)))
     } else {
-        let key_in = b.input("key", elem, Some(&dims(key)));
+        let mut key_in = b.input("key", elem, Some(&dims(key)));
+        if extra == Extra::Grouped {
+            key_in = repeated(&mut b, &key_in, key, q[1] / key[1]);
+        }
         let perm: Vec<i64> = (0..rank as i64 - 2).chain([rank as i64 - 1, rank as i64 - 2]).collect();
         b.node("Transpose", &[&key_in], vec![attr_ints("perm", &perm)])
     };
-    let v_in = b.input("v", elem, Some(&dims(v)));
+    let mut v_in = b.input("v", elem, Some(&dims(v)));
+    if extra == Extra::Grouped {
+        v_in = repeated(&mut b, &v_in, v, q[1] / v[1]);
+    }
     let (q_in, k) = if extra == Extra::ScaledQK {
         let (half, quarter) =
             (b.init("half", tensor(elem, &[], &[0.5])), b.init("quarter", tensor(elem, &[], &[0.25])));
@@ -241,6 +263,11 @@ fn attention_model(opset: i64, elem: i32, [q, key, v]: [&[i64]; 3], extra: Extra
         let mask = b.init("bias_mask", tensor(elem, &[2, 1, sq, t], &values));
         s = b.node("Add", &[&s, &mask], vec![]);
     }
+    if extra == Extra::ConstantMask4D {
+        let values: Vec<f64> = (0..sq * t).map(|i| -0.25 * (i % t) as f64).collect();
+        let mask = b.init("bias_mask", tensor(elem, &[1, 1, sq, t], &values));
+        s = b.node("Add", &[&s, &mask], vec![]);
+    }
     if extra == Extra::ConstantMaskRow {
         let mask = constant_mask(&mut b, 1, -1e9);
         s = b.node("Add", &[&s, &mask], vec![]);
@@ -266,7 +293,7 @@ fn attention_model(opset: i64, elem: i32, [q, key, v]: [&[i64]; 3], extra: Extra
 #[test]
 fn attention_is_onnx_attention_from_opset_23() {
     // (q, key, v) shapes: heads in axis 1, folded into the batch (3-D), one shared key/value head.
-    let cases: [(&str, [&[i64]; 3], Extra); 7] = [
+    let cases: [(&str, [&[i64]; 3], Extra); 8] = [
         ("4-D", [&[2, 4, 5, 8], &[2, 4, 6, 8], &[2, 4, 6, 8]], Extra::Nothing),
         ("constant finite mask", [&[2, 4, 5, 8], &[2, 4, 6, 8], &[2, 4, 6, 8]], Extra::ConstantMask(-1e9)),
         ("constant mask, fill -1e4", [&[2, 4, 5, 8], &[2, 4, 6, 8], &[2, 4, 6, 8]], Extra::ConstantMask(-1e4)),
@@ -274,6 +301,8 @@ fn attention_is_onnx_attention_from_opset_23() {
         ("3-D", [&[8, 5, 8], &[8, 6, 8], &[8, 6, 8]], Extra::Nothing),
         ("one key/value head", [&[2, 4, 5, 8], &[2, 1, 6, 8], &[2, 1, 6, 3]], Extra::Nothing),
         ("key read elsewhere", [&[2, 4, 5, 8], &[2, 4, 6, 8], &[2, 4, 6, 8]], Extra::KeyReadElsewhere),
+        // Attention reads the heads before their repeat: grouped heads.
+        ("grouped heads", [&[2, 4, 5, 8], &[2, 2, 6, 8], &[2, 2, 6, 8]], Extra::Grouped),
     ];
     for (what, shapes, extra) in cases {
         let original = attention_model(23, FLOAT, shapes, extra);
@@ -290,7 +319,8 @@ fn attention_is_onnx_attention_from_opset_23() {
         assert_eq!(heads, if shapes[0].len() == 3 { (Some(1), Some(1)) } else { (None, None) }, "{what}");
         let transpose_kept = extra == Extra::KeyReadElsewhere;
         assert_eq!(count_op(&fused, "Transpose"), usize::from(transpose_kept), "{what}");
-        let removed = if transpose_kept { 4 } else { 5 } + usize::from(inputs.len() == 4);
+        let repeats = if extra == Extra::Grouped { 6 } else { 0 };
+        let removed = if transpose_kept { 4 } else { 5 } + usize::from(inputs.len() == 4) + repeats;
         assert_eq!(fused_list(node).len(), removed, "{what}: {:?}", fused_list(node));
         assert!(fused.functions.is_empty());
         verify_here(&original, &fused);
@@ -303,7 +333,7 @@ type NearMiss<'a> = (&'a str, i64, i32, [&'a [i64]; 3], Extra, &'a str);
 #[test]
 fn attention_that_onnx_attention_does_not_compute_stays_for_portable() {
     let four: [&[i64]; 3] = [&[2, 4, 5, 8], &[2, 4, 6, 8], &[2, 4, 6, 8]];
-    let cases: [NearMiss; 15] = [
+    let cases: [NearMiss; 16] = [
         ("negative scale", 23, FLOAT, four, Extra::NegativeDivisor, "the scale -0.125 is no positive normal f32"),
         ("opset 22", 22, FLOAT, four, Extra::Nothing, "needs opset 23 for Attention (the model imports opset 22)"),
         ("additive mask", 23, FLOAT, four, Extra::Mask, "a masked core: its mask is computed at run time"),
@@ -328,6 +358,15 @@ fn attention_that_onnx_attention_does_not_compute_stays_for_portable() {
             "the mask's shape [2, 1, 5, 6]",
         ),
         ("bool keep", 23, FLOAT, four, Extra::Where, "a masked core"),
+        // The sum of 3-D scores and a 4-D mask is 4-D: Attention's 3-D output is not.
+        (
+            "4-D mask on 3-D scores",
+            23,
+            FLOAT,
+            [&[8, 5, 8], &[8, 6, 8], &[8, 6, 8]],
+            Extra::ConstantMask4D,
+            "the mask's shape [1, 1, 5, 6]",
+        ),
         ("divisor computed", 23, FLOAT, four, Extra::Divisor, "the divisor d is computed at run time"),
         ("key already transposed", 23, FLOAT, four, Extra::KeyAlreadyTransposed, "the key k is not a Transpose"),
         ("bf16", 23, BFLOAT16, four, Extra::Nothing, "f32, f16 and f64 only"),

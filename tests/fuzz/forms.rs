@@ -1932,7 +1932,8 @@ pub fn decoder_attention(rng: &mut Rng) -> Case {
                 }
             }
         };
-        // (ONNX's Attention reads the repeated key and value too.)
+        // (ONNX's Attention reads the key and value before the repeat, as
+        // grouped heads, for both targets.)
         c.note("grouped heads repeated in place");
         key = repeat(&mut b, &mut c, rng, &key, n);
         value = repeat(&mut b, &mut c, rng, &value, n);
@@ -1997,7 +1998,8 @@ pub fn decoder_attention(rng: &mut Rng) -> Case {
         let k3 = fold(&mut b, &key);
         b.node("Transpose", &[&k3], vec![attr_ints("perm", &[0, 2, 1])])
     } else if let Some(e) = spread {
-        c.ort_only("the repeated key folded into the batch, transposed and viewed back (SDPA's decomposition)");
+        // (Both targets read the key before its repeat: one translator.)
+        c.note("the repeated key folded into the batch, transposed and viewed back (SDPA's decomposition)");
         let shape = b.node("Shape", &[&key], vec![]);
         let at: Vec<String> = (0..5).map(|i| b.ints(&[i])).collect();
         let axis = |b: &mut Builder, i: usize| b.node("Slice", &[&shape, &at[i], &at[i + 1]], vec![]);

@@ -43,10 +43,10 @@
 
 use std::collections::HashMap;
 
-use super::runtimes::ORT_CPU as SPEED;
+use super::runtimes::{Speed, ORT_CPU as SPEED, PORTABLE as ANY_RUNTIME};
 use super::{Scores, Step, PORTABLE};
 use crate::graph::fold::{fold, values_held};
-use crate::graph::{known, Check, Graph, Miss, Stop};
+use crate::graph::{Check, Graph, Miss, Stop};
 use crate::onnx::{type_text, AttributeProto, GraphProto, NodeProto, TensorProto, DOUBLE, FLOAT, FLOAT16, INT64};
 use crate::rewrite::{branch, guard, node, original_ops, reading_instead, writing, Kept, Match, Nodes, Rewrite};
 use crate::shapes::{proved_broadcast, Dim, Shapes};
@@ -203,7 +203,7 @@ pub(super) fn ort(
     }
     let mut masks: Vec<Step> = call.masks.into_iter().map(|(m, _)| m).collect();
     let (elem, scale, nan_guard) = (call.elem, call.scale, call.nan_guard);
-    let ops = operands(g, shapes, (anchor, merge), [call.q, call.k, v], call.key_scaled_at_run_time, views)?;
+    let ops = operands(g, shapes, (anchor, merge), [call.q, call.k, v], call.key_scaled_at_run_time, views, &SPEED)?;
 
     let a = &g.node(ops.anchor).output[0];
     let (mut prelude, mut then) = (Nodes::new(format!("{a}/")), Nodes::new(format!("{a}/")));
@@ -220,10 +220,8 @@ pub(super) fn ort(
     let mut conditions: Vec<String> = nonempty(shapes, &ops, &mut prelude).into_iter().collect();
 
     let kernel_key = match &ops.key_perm {
-        Some(key_perm) if ops.merged.is_none() => {
-            then.op("key", "Transpose", &[ops.key], vec![AttributeProto::ints("perm", key_perm)])
-        }
-        _ => ops.key.to_string(),
+        Some(key_perm) => then.op("key", "Transpose", &[ops.key], vec![AttributeProto::ints("perm", key_perm)]),
+        None => ops.key.to_string(),
     };
     let mut inputs = vec![ops.q.clone(), kernel_key, ops.value.to_string()];
     // What the match passes through on the way to what the kernel reads
@@ -355,6 +353,9 @@ struct Operands<'a> {
     sq: Vec<Dim>,
     sk: Vec<Dim>,
     sv: Vec<Dim>,
+    /// The scores' rank: 3 where the core's heads are folded into its
+    /// batch and never split (one head of the kernel's 3-D form), else 4.
+    rank: usize,
 }
 
 impl Operands<'_> {
@@ -369,15 +370,18 @@ impl Operands<'_> {
 }
 
 /// What the kernel reads in place of q, the transposed key `k` (as `read`
-/// gives them) and v, proved on shapes to be `[b, h, s, d]`,
-/// `[b, h/n, t, d]` and `[b, h/n, t, dv]`. `k = Transpose(x, perm)`, the
-/// key `[b, h, d, t]`: Attention reads `[b, h, t, d]`, x itself where the
-/// perm only swaps the last two axes. With the heads folded into the batch
-/// (a view of the scores, `views`), q, the key and the value are `[b·h, s,
-/// d]` merged from `[b, h, s, d]` heads, which the kernel reads, and the
-/// 3-D output is split back into them. A key and value repeated n times
-/// per head in place are grouped heads. `merge`: the Reshapes past the
-/// product the rule is at.
+/// gives them) and v, for either target (`row`: its runtime's measured
+/// facts), proved on shapes to be `[b, h, s, d]`, `[b, h/n, t, d]` and
+/// `[b, h/n, t, dv]`. `k = Transpose(x, perm)`, the key `[b, h, d, t]`:
+/// Attention reads `[b, h, t, d]`, x itself where the perm only swaps the
+/// last two axes. With the heads folded into the batch (a view of the
+/// scores, `views`), q, the key and the value are `[b·h, s, d]` merged from
+/// `[b, h, s, d]` heads, which the kernel reads, and the 3-D output is
+/// split back into them; else a 3-D core is one head of the kernel's 3-D
+/// form (`[b, 1, s, d]` in the shapes), where the row takes it. A key and value
+/// repeated n times per head in place are grouped heads. `merge`: the
+/// Reshapes past the product the rule is at.
+#[allow(clippy::too_many_arguments)]
 fn operands<'a>(
     g: &Graph<'a>,
     shapes: &Shapes,
@@ -385,9 +389,29 @@ fn operands<'a>(
     [q, k, v]: [&'a str; 3],
     key_scaled_at_run_time: bool,
     views: &[usize],
+    row: &Speed,
 ) -> Check<Operands<'a>> {
     let q = q.to_string();
     let folded = views.first().map(|&view| &g.node(view).output[0]);
+    // (Folded heads with a view of the scores are split where the row
+    // does not take the 3-D core as it is.)
+    if shapes.rank(&q) == Some(3) && (folded.is_none() || row.batch_heads) {
+        require!(
+            row.batch_heads,
+            "heads folded into the batch and never split ([b·h, s, d]): {} is not measured against the MatMuls \
+             it replaces here",
+            row.runtime
+        );
+        let (key, key_perm) = key_before_transpose(g, k, 3)?;
+        let (Some(sq), Some(sx), Some(sv)) = (shapes.shape(&q), shapes.shape(key), shapes.shape(v)) else {
+            decline!("the shapes of q, the key and the value are not proved");
+        };
+        require!(sx.len() == 3 && sv.len() == 3, "q, the key and the value are not all 3-D");
+        let one = |s: Vec<Dim>| [&s[..1], &[Dim::known(1)], &s[1..]].concat();
+        let [sq, sk, sv] = [sq, permuted(&sx, key_perm.as_deref()), sv].map(one);
+        proved_heads(&sq, &sk, &sv, 1)?;
+        return Ok(Operands { q, key, key_perm, value: v, anchor, n: 1, merged: Some(1), sq, sk, sv, rank: 3 });
+    }
     let (q, x, key_perm, v, anchor, repeats) = match folded {
         None => match folded_repeated_key(g, shapes, k) {
             Some((x, n)) => (q, x, None, v, anchor, Some(n)),
@@ -441,10 +465,10 @@ fn operands<'a>(
                 && one_head(value, None) =>
         {
             require!(
-                SPEED.broadcast_heads,
+                row.broadcast_heads,
                 "one key and value head that the products broadcast over q's {h} heads (multi-query attention): {} is \
                  slower than the MatMuls it replaces here",
-                SPEED.runtime
+                row.runtime
             );
             (h, h)
         }
@@ -461,16 +485,16 @@ fn operands<'a>(
     // or on 4-D heads where the runtime's row says so.
     let merged = if n > 1 || (kept_whole(g, key) && kept_whole(g, value)) {
         require!(
-            n > 1 || key_scaled_at_run_time || SPEED.plain_cache,
+            n > 1 || key_scaled_at_run_time || row.plain_cache,
             "a cache without grouped heads whose key the export only transposes, or scales by a constant (ONNX \
              Runtime folds both into its MatMul): {} is slower than the MatMuls it replaces here",
-            SPEED.runtime
+            row.runtime
         );
         None
     } else {
         match merged_heads(g, shapes, (anchor, merge.merge), &q, x, key_perm.as_deref(), v) {
             Ok(merged) => Some(merged),
-            Err(_) if SPEED.four_d_heads => None,
+            Err(_) if row.four_d_heads => None,
             Err(miss) => {
                 let why = match miss {
                     Miss::Declined(why) => why,
@@ -480,7 +504,7 @@ fn operands<'a>(
                     "neither a KV cache nor grouped heads (no Concat(past, new) on axis 2 or graph input read whole, \
                      no heads proved repeated), and {why}: {} on 4-D heads is slower than the MatMuls it \
                      replaces here",
-                    SPEED.runtime
+                    row.runtime
                 )
             }
         }
@@ -490,32 +514,59 @@ fn operands<'a>(
         decline!("the shapes of q, the key and the value are not proved");
     };
     require!(sq.len() == 4 && sx.len() == 4 && sv.len() == 4, "q, the key and the value are not all 4-D");
-    let sk: Vec<Dim> = match &key_perm {
-        Some(p) => p.iter().map(|&p| sx[p as usize].clone()).collect(),
-        None => sx.clone(),
-    };
-    let heads = sk[1].mul(&Dim::known(n));
-    require!(
-        sq[0] == sk[0] && sk[0] == sv[0] && Some(&sq[1]) == heads.as_ref() && sk[1] == sv[1] && sk[2] == sv[2],
-        "q, the key and the value are not proved to be [b, h, s, d], [b, h/{n}, t, d], [b, h/{n}, t, dv] \
-         ({}, {}, {})",
-        dims(&sq),
-        dims(&sk),
-        dims(&sv)
-    );
-    require!(sq[3] == sk[3], "q's and the key's head sizes are not proved equal ({}, {})", sq[3], sk[3]);
+    let sk = permuted(&sx, key_perm.as_deref());
+    proved_heads(&sq, &sk, &sv, n)?;
     if let Some(view) = folded {
         let scores = [sq[0].clone(), sq[1].clone(), sq[2].clone(), sk[2].clone()];
         let shape = shapes.shape(view).unwrap_or_default();
         require!(shape == scores, "the scores' view ({}) is not [b, h, s, t] of q and the key", dims(&shape));
     }
 
-    // The 3-D form reads the merged values and writes the merged output.
-    let (anchor, q, key, value, merged) = match merged {
-        Some(m) => (m.anchor, m.q.to_string(), m.key, m.value, Some(m.heads)),
-        None => (anchor, q, key, value, None),
+    // The 3-D form reads the merged values and writes the merged output
+    // (the key's Transpose taken into its split).
+    let (anchor, q, key, key_perm, value, merged) = match merged {
+        Some(m) => (m.anchor, m.q.to_string(), m.key, None, m.value, Some(m.heads)),
+        None => (anchor, q, key, key_perm, value, None),
     };
-    Ok(Operands { q, key, key_perm, value, anchor, n, merged, sq, sk, sv })
+    Ok(Operands { q, key, key_perm, value, anchor, n, merged, sq, sk, sv, rank: 4 })
+}
+
+/// `shape` permuted by `perm`, where there is one.
+fn permuted(shape: &[Dim], perm: Option<&[i64]>) -> Vec<Dim> {
+    match perm {
+        Some(p) => p.iter().filter_map(|&p| shape.get(usize::try_from(p).ok()?).cloned()).collect(),
+        None => shape.to_vec(),
+    }
+}
+
+/// That q, the key and the value are `[b, h, s, d]`, `[b, h/n, t, d]` and
+/// `[b, h/n, t, dv]` (the kernel broadcasts nothing but grouped heads).
+fn proved_heads(sq: &[Dim], sk: &[Dim], sv: &[Dim], n: i64) -> Check<()> {
+    require!(sk.len() == 4, "the key's Transpose does not keep its rank");
+    require!(
+        sq[0] == sk[0] && sk[0] == sv[0],
+        "the batch of q, key and v is not proved equal ({}, {}, {})",
+        sq[0],
+        sk[0],
+        sv[0]
+    );
+    let heads = sk[1].mul(&Dim::known(n));
+    require!(
+        Some(&sq[1]) == heads.as_ref() && sk[1] == sv[1],
+        "the heads of q, key and v ({}, {}, {}) are not proved h, h/{n} and h/{n}",
+        sq[1],
+        sk[1],
+        sv[1]
+    );
+    require!(
+        sk[2] == sv[2],
+        "q, the key and the value are not proved to be [b, h, s, d], [b, h/{n}, t, d], [b, h/{n}, t, dv] ({}, {}, {})",
+        dims(sq),
+        dims(sk),
+        dims(sv)
+    );
+    require!(sq[3] == sk[3], "q's and the key's head sizes are not proved equal ({}, {})", sq[3], sk[3]);
+    Ok(())
 }
 
 /// The guard's condition that the kernel reads no empty batch, query, key
@@ -691,12 +742,7 @@ fn attention_mask(
         let keys = prelude.op("key_length", "Shape", &[key], vec![int("start", at), int("end", at + 1)]);
         conditions.push(prelude.op("mask_length_is_keys", "Equal", &[&length, &keys], vec![]));
     }
-    let leading_fit = match r {
-        4 => fits(&sm[0], &sq[0]) && fits(&sm[1], &sq[1]),
-        3 => fits(&sm[0], &sq[1]),
-        _ => true,
-    };
-    require!(leading_fit, "the mask's leading axes ({}) are not 1, the batch or the heads", dims(&sm));
+    require!(leading_fit(&sm, ops), "the mask's leading axes ({}) are not 1, the batch or the heads", dims(&sm));
     if &sm[r - 2] == s {
         return Ok((mask, lifted));
     }
@@ -728,13 +774,14 @@ pub(super) fn portable(
     g: &Graph,
     shapes: &Shapes,
     mut m: Match,
-    out: &NodeProto,
     [q, k, v]: [&str; 3],
     form: &Scores,
     steps: &[Step],
+    views: &[usize],
 ) -> Check<Rewrite> {
-    let Call { elem, q, k, scale, masks, nan_guard, softcap, .. } =
-        read(g, shapes, out, [q, k], form, steps, PORTABLE_ELEMS)?;
+    let anchor = m.anchor();
+    let Call { elem, q: call_q, k: call_k, key_scaled_at_run_time, scale, masks, nan_guard, softcap } =
+        read(g, shapes, g.node(anchor), [q, k], form, steps, PORTABLE_ELEMS)?;
     require!(!nan_guard, "a NaN guard: Attention does not zero NaN rows");
     require!(softcap.is_none(), "a soft-cap: not handed to Attention's softcap (not measured to round alike)");
     let mut mask = None;
@@ -747,77 +794,40 @@ pub(super) fn portable(
         require!(*viewed == 0, "the mask is added to reshaped scores");
         mask = Some(handed_over_mask(g, value, elem)?);
     }
-
-    // k = Transpose(key) over the last two axes; the 4-D form is
-    // (batch, heads, seq, head size), the 3-D one has the heads in the batch.
-    let rank = shapes.rank(q);
-    require!(matches!(rank, Some(3 | 4)), "q is not proved to have rank 3 or 4 (rank {})", known(rank));
-    let rank = rank.unwrap_or_default();
-    // Attention reads the key [.., t, d]: before its Transpose, transposed
-    // anew where that Transpose also moved other axes.
-    let (x, key_perm) = key_before_transpose(g, k, rank)?;
-    let sx = shapes.shape(x);
-    let (key, sk) = match key_perm {
-        None => (x.to_string(), sx),
-        Some(key_perm) => {
-            let key = format!("{}/key", g.node(m.anchor()).output[0]);
-            m.before([writing(&key, node("Transpose", &[x], vec![AttributeProto::ints("perm", &key_perm)]))]);
-            let sk = sx.and_then(|sx| key_perm.iter().map(|&p| sx.get(usize::try_from(p).ok()?).cloned()).collect());
-            (key, sk)
+    let merge = Merge::default();
+    let ops = operands(g, shapes, (anchor, merge), [call_q, call_k, v], key_scaled_at_run_time, views, &ANY_RUNTIME)?;
+    let key = match &ops.key_perm {
+        // Attention reads the key before its Transpose, transposed anew
+        // where that Transpose also moved other axes.
+        Some(perm) => {
+            let key = format!("{}/key", g.node(anchor).output[0]);
+            m.before([writing(&key, node("Transpose", &[ops.key], vec![AttributeProto::ints("perm", perm)]))]);
+            key
         }
+        None => ops.key.to_string(),
     };
-    let key = key.as_str();
-    // The key's Transpose stays where something else reads it too.
-    m.keep(Kept::Shared(k.to_string()));
-
-    // Attention broadcasts nothing but key/value heads (GQA, repeated): the
-    // MatMuls' broadcasting must be exactly that.
-    let (Some(sq), Some(sk), Some(sv)) = (shapes.shape(q), sk, shapes.shape(v)) else {
-        decline!("the shapes of q, key and v are not proved");
-    };
-    require!(sk.len() == rank && sv.len() == rank, "q, key and v differ in rank");
-    require!(
-        sq[0] == sk[0] && sk[0] == sv[0],
-        "the batch of q, key and v is not proved equal ({}, {}, {})",
-        sq[0],
-        sk[0],
-        sv[0]
-    );
-    let mut attributes = vec![AttributeProto::float("scale", scale as f32)];
-    if rank == 4 {
-        let (hq, hk, hv) = (&sq[1], &sk[1], &sv[1]);
-        require!(
-            hk == hv && (hk == hq || hk.value() == Some(1)),
-            "the heads of q, key and v ({hq}, {hk}, {hv}) are not proved equal (or one shared key/value head)"
-        );
-    } else {
-        attributes.extend([AttributeProto::int("q_num_heads", 1), AttributeProto::int("kv_num_heads", 1)]);
+    // What the match passes through on the way to what Attention reads
+    // stays where something else reads it too.
+    for (from, to) in [q, k, v].into_iter().zip([ops.q.as_str(), ops.key, ops.value]) {
+        between(g, from, to).into_iter().for_each(|value| m.keep(Kept::Shared(value)));
     }
-    let mut inputs = vec![q, key, v];
+    let mut attributes = vec![AttributeProto::float("scale", scale as f32)];
+    if let Some(heads) = ops.merged {
+        attributes.extend([int("q_num_heads", heads), int("kv_num_heads", heads)]);
+    }
+    let mut inputs = vec![ops.q.as_str(), &key, ops.value];
     if let Some((value, dims)) = mask {
-        // Attention takes a mask of the scores' last two axes exactly, and
-        // before them one of 1 or the heads, then 1 or the batch (the heads
-        // are the batch of the 3-D form).
-        let (seq, total) = (&sq[rank - 2], &sk[rank - 2]);
-        let leading: Vec<&crate::shapes::Dim> = if rank == 4 { vec![&sq[1], &sq[0]] } else { vec![] };
-        let n = dims.len();
-        let fits = n >= 2
-            && n <= 2 + leading.len().max(1)
-            && seq.value() == Some(dims[n - 2])
-            && total.value() == Some(dims[n - 1])
-            && dims[..n - 2]
-                .iter()
-                .rev()
-                .enumerate()
-                .all(|(i, &d)| d == 1 || leading.get(i).and_then(|l| l.value()) == Some(d));
+        // Attention takes a mask of the scores' last two axes exactly.
+        let (sm, (s, t)): (Vec<Dim>, _) = (dims.iter().map(|&d| Dim::known(d)).collect(), (&ops.sq[2], &ops.sk[2]));
+        let fits = sm.len() >= 2 && sm[sm.len() - 2..] == [s.clone(), t.clone()] && leading_fit(&sm, &ops);
         require!(
             fits,
-            "the mask's shape {dims:?} is not the scores' last two axes ({seq}, {total}) with leading axes of 1 or theirs"
+            "the mask's shape {dims:?} is not the scores' last two axes ({s}, {t}) with leading axes of 1 or theirs"
         );
         inputs.push(value);
     }
     g.require_portable(PORTABLE)?;
-    Ok(m.replace_with(crate::rewrite::node("Attention", &inputs, attributes)))
+    Ok(grouped(m.replace_with(node("Attention", &inputs, attributes)), ops.n))
 }
 
 /// What a kernel reads as the key, `[.., t, d]`, where the scores read
@@ -1736,6 +1746,18 @@ fn every_row_keeps(t: &TensorProto, hides: bool) -> bool {
 /// the scores' own.
 fn fits(axis: &Dim, scores: &Dim) -> bool {
     axis.value() == Some(1) || axis == scores
+}
+
+/// Whether a mask of shape `sm` (2-D at least) broadcasts over the scores'
+/// leading axes as Attention reads it: each of its axes before the last
+/// two is 1 or the scores' (the heads, then the batch), and it has no
+/// more axes than the scores.
+fn leading_fit(sm: &[Dim], ops: &Operands) -> bool {
+    match sm {
+        [b, h, _, _] => ops.rank == 4 && fits(b, &ops.sq[0]) && fits(h, &ops.sq[1]),
+        [h, _, _] => fits(h, &ops.sq[1]),
+        other => other.len() == 2,
+    }
 }
 
 /// Whether every row (last axis) of a constant mask has a value above its

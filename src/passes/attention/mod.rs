@@ -426,7 +426,7 @@ fn lower(g: &Graph, shapes: &Shapes, core: Core, merge: kernel::Merge) -> Check<
                 Err(_) => core,
             })
         }
-        Target::Portable => kernel::portable(g, shapes, m, out, [q, k, v], &form, &steps),
+        Target::Portable => kernel::portable(g, shapes, m, [q, k, v], &form, &steps, &views),
     }
 }
 

@@ -36,6 +36,11 @@ pub(super) struct Speed {
     /// took 2.1–2.8× their time for one token at a past of 128 to 4,096
     /// (16 heads of 64; "Multi-query attention on the kernel").
     pub broadcast_heads: bool,
+    /// The kernel gains on a core whose heads are folded into its batch
+    /// and never split (`[b·h, s, d]` throughout, no view of the scores),
+    /// read as one head of the kernel's 3-D form. Not measured on ONNX
+    /// Runtime, where such a core stays `AttentionCore` as before.
+    pub batch_heads: bool,
     /// The query length from which a call runs the kernel over pieces of
     /// its queries, each reading only the keys its rows see, and how many
     /// pieces ("Rows hidden whole, lifted, and a long prompt in pieces";
@@ -51,6 +56,20 @@ pub(super) const ORT_CPU: Speed = Speed {
     four_d_heads: false,
     replayed_masks: false,
     broadcast_heads: false,
+    batch_heads: false,
     long_queries: 1024,
     query_pieces: 8,
+};
+
+/// `--target portable`: no runtime's speed is known, and `Attention` is
+/// written wherever it computes the core without a guard (`kernel.rs`).
+pub(super) const PORTABLE: Speed = Speed {
+    runtime: "ONNX's Attention",
+    plain_cache: true,
+    four_d_heads: true,
+    replayed_masks: true,
+    broadcast_heads: true,
+    batch_heads: true,
+    long_queries: i64::MAX,
+    query_pieces: 1,
 };
