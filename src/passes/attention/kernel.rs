@@ -398,8 +398,8 @@ fn operands<'a>(
     if shapes.rank(&q) == Some(3) && (folded.is_none() || row.batch_heads) {
         require!(
             row.batch_heads,
-            "heads folded into the batch and never split ([b·h, s, d]): {} is not measured against the MatMuls \
-             it replaces here",
+            "heads folded into the batch and never split ([b·h, s, d]): {} is no faster than the MatMuls it \
+             replaces here",
             row.runtime
         );
         let (key, key_perm) = key_before_transpose(g, k, 3)?;
