@@ -285,6 +285,35 @@ def export_feature_map_norms(name, *, opset):
            dtype="float32")
 
 
+class MultiheadEncoder(torch.nn.Module):
+    """torch's nn.MultiheadAttention as encoders use it (DETR, CLIP): two
+    pre-norm layers, with need_weights (its default), whose export keeps
+    the heads folded into the batch, [b·h, s, d], with no view of the
+    scores. TorchScript traces its sizes: exported with static shapes."""
+
+    def __init__(self):
+        super().__init__()
+        self.norms = torch.nn.ModuleList(torch.nn.LayerNorm(32) for _ in range(2))
+        self.attn = torch.nn.ModuleList(torch.nn.MultiheadAttention(32, 4, batch_first=True) for _ in range(2))
+
+    def forward(self, x):
+        for norm, attn in zip(self.norms, self.attn):
+            h = norm(x)
+            y, _ = attn(h, h, h)
+            x = x + y
+        return x
+
+
+def export_multihead_encoder(name, *, opset):
+    torch.manual_seed(0)
+    model = MultiheadEncoder().eval()
+    path = os.path.join(OUT, name)
+    torch.onnx.export(model, (torch.randn(2, 7, 32),), path, input_names=["x"], output_names=["out"],
+                      opset_version=opset, dynamo=False)
+    record(name, model="MultiheadEncoder (scripts/gen_testdata.py: torch.nn.MultiheadAttention)",
+           exporter="torch.onnx TorchScript", opset=opset, dtype="float32", shapes="static")
+
+
 class Seq2Seq(torch.nn.Module):
     """Encoder and decoder in one graph (cross-attention included)."""
 
@@ -971,6 +1000,7 @@ def main():
         ("gemma2_ts_op18.onnx", lambda n: export_torch(n, "gemma2", opset=18)),
         ("deberta_ts_op14.onnx", lambda n: export_torch(n, "deberta", opset=14)),
         ("ln_axes_ts_op14.onnx", lambda n: export_feature_map_norms(n, opset=14)),
+        ("mha_ts_op17.onnx", lambda n: export_multihead_encoder(n, opset=17)),
         ("xlnet_ts_op14.onnx", lambda n: export_torch(n, "xlnet", opset=14)),
         ("sew_ts_op17.onnx", lambda n: export_torch(n, "sew", opset=17)),
         ("hubert_ts_op17.onnx", lambda n: export_torch(n, "hubert", opset=17)),

@@ -121,6 +121,8 @@ pub const EXPORTS: &[(&str, &[(&str, usize)], f32)] = &[
     ("swin_hw_ts_op14.onnx", &[("layer-norm", 7), ("attention", 2)], 1e-5),
     // LayerNorms over a feature map's (H, W) and over (C, H, W), without weights.
     ("ln_axes_ts_op14.onnx", &[("layer-norm", 2)], 1e-5),
+    // torch's nn.MultiheadAttention: heads folded into the batch, never split.
+    ("mha_ts_op17.onnx", &[("attention", 2)], 1e-5),
     // Optimum's merged decoder: both branches read the If's output names.
     ("gpt2_optimum_merged_folder/decoder_model_merged.onnx", &[("attention", 4)], 1e-5),
 ];

@@ -452,6 +452,21 @@ fn unmasked_opset_23_exports_get_onnx_attention() {
         assert_eq!(swapped(&fused) + 2, swapped(&original), "{name}: each key's Transpose went with its core");
         assert_equivalent(&original, &fused, name);
     }
+    // torch's nn.MultiheadAttention keeps its heads folded into the batch
+    // ([b·h, s, d], no view of the scores): one head of the 3-D form.
+    let (original, _) = onnx_fuse::upgrade::upgrade(&load("mha_ts_op17.onnx"), 23).unwrap();
+    let (fused, outcome) = fuse_for(&original, Target::Portable);
+    let attentions: Vec<&NodeProto> = nodes(&fused).filter(|n| n.op_type() == "Attention").collect();
+    assert_eq!((attentions.len(), outcome.fused.len()), (2, 2), "{:?}", outcome.declined);
+    for a in attentions {
+        assert_eq!((a.attr_int("q_num_heads"), a.attr_int("kv_num_heads")), (Some(1), Some(1)));
+    }
+    assert_equivalent(&original, &fused, "mha_ts_op17.onnx");
+    // ONNX Runtime's row does not take that form (runtimes.rs, batch_heads): the core stays, saying why.
+    let (fused, outcome) = fuse_for(&original, Target::Ort);
+    assert_eq!((count_op(&fused, "AttentionCore"), count_op(&fused, "Attention")), (2, 0));
+    let why = "heads folded into the batch and never split";
+    assert!(outcome.fused.iter().all(|f| f.note.as_deref().is_some_and(|n| n.contains(why))), "{:?}", outcome.fused);
     // Masked cores stay as they are, saying why.
     for name in ["llama_dynamo_op23.onnx", "gpt2_dynamo_op23.onnx"] {
         let (fused, outcome) = fuse_for(&load(name), Target::Portable);
