@@ -671,8 +671,6 @@ impl<'a> Graph<'a> {
         self.defined.contains(name) || self.consts.contains_key(name) || self.outer.names.contains(name)
     }
 
-    /// True for a name defined twice (in this graph and an enclosing one,
-    /// or twice in this graph): which value a reader gets is not defined.
     /// The values of the constant `t`, also where they are in external data
     /// and small (`ExternalValues`).
     pub fn values_of(&self, t: &TensorProto) -> Option<Vec<f64>> {
@@ -685,6 +683,8 @@ impl<'a> Graph<'a> {
         self.constant(value).filter(|t| t.numel() == Some(1))
     }
 
+    /// True for a name defined twice (in this graph and an enclosing one,
+    /// or twice in this graph): which value a reader gets is not defined.
     pub fn is_ambiguous(&self, value: &str) -> bool {
         self.ambiguous.contains(value)
     }

@@ -177,14 +177,13 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     // repeated over x's batch where it has one row of sequences (ONNX
     // Runtime's kernel takes caches of x's batch).
     let cache = |prelude: &mut Vec<NodeProto>, t: &Table| -> String {
-        let rows = match t.squeezed {
-            true => {
-                let (axes, rows) = (format!("{}/heads_axis", t.rows), format!("{}/rows", t.rows));
-                prelude.push(ints_constant(&axes, &[t.heads as i64]));
-                prelude.push(writing(&rows, node("Squeeze", &[&t.rows, &axes], vec![])));
-                rows
-            }
-            false => t.rows.clone(),
+        let rows = if t.squeezed {
+            let (axes, rows) = (format!("{}/heads_axis", t.rows), format!("{}/rows", t.rows));
+            prelude.push(ints_constant(&axes, &[t.heads as i64]));
+            prelude.push(writing(&rows, node("Squeeze", &[&t.rows, &axes], vec![])));
+            rows
+        } else {
+            t.rows.clone()
         };
         // The first of the last axis's halves, or every second value:
         // `{rows}/{what}`.

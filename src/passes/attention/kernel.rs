@@ -403,10 +403,7 @@ fn operands<'a>(
             row.runtime
         );
         let (key, key_perm) = key_before_transpose(g, k, 3)?;
-        let (Some(sq), Some(sx), Some(sv)) = (shapes.shape(&q), shapes.shape(key), shapes.shape(v)) else {
-            decline!("the shapes of q, the key and the value are not proved");
-        };
-        require!(sx.len() == 3 && sv.len() == 3, "q, the key and the value are not all 3-D");
+        let [sq, sx, sv] = shapes_of(shapes, [&q, key, v], 3)?;
         let one = |s: Vec<Dim>| [&s[..1], &[Dim::known(1)], &s[1..]].concat();
         let [sq, sk, sv] = [sq, permuted(&sx, key_perm.as_deref()), sv].map(one);
         proved_heads(&sq, &sk, &sv, 1)?;
@@ -510,10 +507,7 @@ fn operands<'a>(
         }
     };
 
-    let (Some(sq), Some(sx), Some(sv)) = (shapes.shape(&q), shapes.shape(key), shapes.shape(value)) else {
-        decline!("the shapes of q, the key and the value are not proved");
-    };
-    require!(sq.len() == 4 && sx.len() == 4 && sv.len() == 4, "q, the key and the value are not all 4-D");
+    let [sq, sx, sv] = shapes_of(shapes, [&q, key, value], 4)?;
     let sk = permuted(&sx, key_perm.as_deref());
     proved_heads(&sq, &sk, &sv, n)?;
     if let Some(view) = folded {
@@ -529,6 +523,16 @@ fn operands<'a>(
         None => (anchor, q, key, key_perm, value, None),
     };
     Ok(Operands { q, key, key_perm, value, anchor, n, merged, sq, sk, sv, rank: 4 })
+}
+
+/// The shapes of q, the key (before its transpose) and the value, each
+/// proved of `rank` axes.
+fn shapes_of(shapes: &Shapes, values: [&str; 3], rank: usize) -> Check<[Vec<Dim>; 3]> {
+    let [Some(sq), Some(sx), Some(sv)] = values.map(|x| shapes.shape(x)) else {
+        decline!("the shapes of q, the key and the value are not proved");
+    };
+    require!(sq.len() == rank && sx.len() == rank && sv.len() == rank, "q, the key and the value are not all {rank}-D");
+    Ok([sq, sx, sv])
 }
 
 /// `shape` permuted by `perm`, where there is one.
