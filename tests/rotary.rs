@@ -255,11 +255,17 @@ fn fuse(model: &ModelProto) -> (ModelProto, rewrite::Outcome) {
     (fused, outcome)
 }
 
+/// `model` fused, where the pass fuses exactly one rotary in it.
+fn fused_once(model: &ModelProto) -> ModelProto {
+    let (fused, outcome) = fuse(model);
+    assert_eq!(outcome.fused.len(), 1, "{:?}", outcome.declined);
+    fused
+}
+
 #[test]
 fn a_rotate_half_rotary_is_one_rotary_embedding() {
     let model = rotary_model(Break::None);
-    let (fused, outcome) = fuse(&model);
-    assert_eq!(outcome.fused.len(), 1);
+    let fused = fused_once(&model);
     let node = all_nodes(&fused).into_iter().find(|n| n.op_type() == "RotaryEmbedding").expect("the op");
     assert_eq!(node.domain(), "", "ONNX's own op");
     assert_eq!(node.input[0], "x");
@@ -286,8 +292,7 @@ fn a_rotate_half_rotary_is_one_rotary_embedding() {
 #[test]
 fn a_rotate_half_rotary_of_heads_third_is_a_3d_rotary_embedding() {
     let model = rotary_model(Break::HeadsThird);
-    let (fused, outcome) = fuse(&model);
-    assert_eq!(outcome.fused.len(), 1, "{:?}", outcome.declined);
+    let fused = fused_once(&model);
     let nodes = all_nodes(&fused);
     let rotary = nodes.iter().find(|n| n.op_type() == "RotaryEmbedding").expect("the op");
     let attrs: Vec<(&str, i64)> = rotary.attribute.iter().map(|a| (a.name(), a.i())).collect();
@@ -309,8 +314,7 @@ fn operands_in_either_order_fuse() {
             n.input.reverse();
         }
     }
-    let (fused, outcome) = fuse(&swapped);
-    assert_eq!(outcome.fused.len(), 1, "{:?}", outcome.declined);
+    let fused = fused_once(&swapped);
     assert_eq!(all_nodes(&fused).into_iter().find(|n| n.op_type() == "RotaryEmbedding").unwrap().input[0], "x");
     assert_equivalent(&swapped, &fused, "rotary, operands swapped");
 }
@@ -321,8 +325,7 @@ fn operands_in_either_order_fuse() {
 fn a_rotate_half_of_a_split_into_halves_is_one_rotary_embedding() {
     for broken in [Break::Split, Break::SplitInTwo] {
         let model = rotary_model(broken);
-        let (fused, outcome) = fuse(&model);
-        assert_eq!(outcome.fused.len(), 1, "{:?}", outcome.declined);
+        let fused = fused_once(&model);
         let node = all_nodes(&fused).into_iter().find(|n| n.op_type() == "RotaryEmbedding").expect("the op");
         assert_eq!((node.input[0].as_str(), node.output[0].as_str()), ("x", "y"));
         assert!(node.attribute.is_empty(), "rotate-half, the whole head");
@@ -340,8 +343,7 @@ fn a_rotate_half_of_a_split_into_halves_is_one_rotary_embedding() {
 #[test]
 fn a_rotary_of_4d_tables_reads_their_rows_squeezed() {
     let model = rotary_model(Break::Cached);
-    let (fused, outcome) = fuse(&model);
-    assert_eq!(outcome.fused.len(), 1, "{:?}", outcome.declined);
+    let fused = fused_once(&model);
     let nodes = all_nodes(&fused);
     let rotary = nodes.iter().find(|n| n.op_type() == "RotaryEmbedding").expect("the op");
     assert_eq!((rotary.input[0].as_str(), rotary.output[0].as_str()), ("x", "y"));
@@ -356,8 +358,7 @@ fn a_rotary_of_4d_tables_reads_their_rows_squeezed() {
 #[test]
 fn a_rotary_of_constant_tables_whose_halves_are_equal_fuses() {
     let model = rotary_model(Break::Constant);
-    let (fused, outcome) = fuse(&model);
-    assert_eq!(outcome.fused.len(), 1, "{:?}", outcome.declined);
+    let fused = fused_once(&model);
     assert_eq!(count_op(&fused, "Squeeze"), 2, "cos and sin squeezed at the heads axis");
     assert_equivalent(&model, &fused, "rotary of constant tables");
 }
@@ -369,8 +370,7 @@ fn a_rotary_of_constant_tables_whose_halves_are_equal_fuses() {
 #[test]
 fn a_rotary_of_x_widened_before_its_products_reads_x_widened() {
     let model = rotary_model(Break::Widened);
-    let (fused, outcome) = fuse(&model);
-    assert_eq!(outcome.fused.len(), 1, "{:?}", outcome.declined);
+    let fused = fused_once(&model);
     let nodes = all_nodes(&fused);
     let node = nodes.iter().find(|n| n.op_type() == "RotaryEmbedding").expect("the op");
     let cast = nodes.iter().find(|n| n.output[0] == node.input[0]).expect("what it reads");
@@ -421,8 +421,7 @@ fn exports_rotaries_become_rotary_embeddings_and_compute_the_same() {
 #[test]
 fn an_interleaved_rotary_of_heads_before_their_transpose_is_a_3d_rotary_embedding() {
     let model = interleaved_model(Pairs::None);
-    let (fused, outcome) = fuse(&model);
-    assert_eq!(outcome.fused.len(), 1, "{:?}", outcome.declined);
+    let fused = fused_once(&model);
     let nodes = all_nodes(&fused);
     let rotary = nodes.iter().find(|n| n.op_type() == "RotaryEmbedding").expect("the op");
     let attrs: Vec<(&str, i64)> = rotary.attribute.iter().map(|a| (a.name(), a.i())).collect();
@@ -454,8 +453,7 @@ fn an_interleaved_rotary_of_heads_before_their_transpose_is_a_3d_rotary_embeddin
 #[test]
 fn an_interleaved_rotary_of_rows_stacked_with_themselves_fuses() {
     let model = interleaved_model(Pairs::Stacked);
-    let (fused, outcome) = fuse(&model);
-    assert_eq!(outcome.fused.len(), 1, "{:?}", outcome.declined);
+    let fused = fused_once(&model);
     let nodes = all_nodes(&fused);
     let rotary = nodes.iter().find(|n| n.op_type() == "RotaryEmbedding").expect("the op");
     let attrs: Vec<(&str, i64)> = rotary.attribute.iter().map(|a| (a.name(), a.i())).collect();
@@ -470,8 +468,7 @@ fn an_interleaved_rotary_of_rows_stacked_with_themselves_fuses() {
 #[test]
 fn an_interleaved_rotary_of_constant_tables_reads_every_second_value() {
     let model = interleaved_model(Pairs::Constant);
-    let (fused, outcome) = fuse(&model);
-    assert_eq!(outcome.fused.len(), 1, "{:?}", outcome.declined);
+    let fused = fused_once(&model);
     let nodes = all_nodes(&fused);
     let steps =
         nodes.iter().filter(|n| n.op_type() == "Slice" && n.input.len() == 5 && n.output[0].ends_with("/pairs"));
@@ -483,8 +480,7 @@ fn an_interleaved_rotary_of_constant_tables_reads_every_second_value() {
 #[test]
 fn an_interleaved_rotary_of_heads_second_reads_x_itself() {
     let model = interleaved_model(Pairs::HeadsSecond);
-    let (fused, outcome) = fuse(&model);
-    assert_eq!(outcome.fused.len(), 1, "{:?}", outcome.declined);
+    let fused = fused_once(&model);
     let rotary = all_nodes(&fused).into_iter().find(|n| n.op_type() == "RotaryEmbedding").expect("the op");
     assert_eq!((rotary.input[0].as_str(), rotary.output[0].as_str()), ("x", "y"));
     let attrs: Vec<(&str, i64)> = rotary.attribute.iter().map(|a| (a.name(), a.i())).collect();
