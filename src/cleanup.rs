@@ -196,7 +196,9 @@ impl Run {
                 let mut plan = Plan::default();
                 if !vacuous {
                     plan.constants = constants(&g, &conditions);
-                    plan.targets = reshape_targets(&g);
+                    // A Reshape whose output is itself a constant needs no target.
+                    let folded: HashSet<usize> = plan.constants.iter().map(|(i, _)| *i).collect();
+                    plan.targets = reshape_targets(&g).into_iter().filter(|(i, ..)| !folded.contains(i)).collect();
                 }
                 if plan.constants.is_empty() && plan.targets.is_empty() {
                     plan.twins = twins(&g, !vacuous, &conditions);

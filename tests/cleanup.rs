@@ -165,6 +165,28 @@ fn a_shape_of_numbered_axes_and_its_arithmetic_fold() {
     assert_eq!(c.values(), Some(vec![16.0]));
 }
 
+/// A Reshape whose output is itself proved (`Reshape(Shape(x),
+/// Shape(Shape(x)))` of x `[2, 3]`) and whose target is proved too: the
+/// Reshape becomes one constant, and no target is written into the node
+/// that replaced it (the cleanup wrote one there and ended in an internal
+/// error).
+#[test]
+fn a_reshape_proved_constant_with_a_proved_target_is_one_constant() {
+    let mut b = Builder::default();
+    b.input("x", FLOAT, Some(&[D::N(2), D::N(3)]));
+    let shape = b.node("Shape", &["x"], vec![]);
+    let target = b.node("Shape", &[&shape], vec![]);
+    let r = b.node("Reshape", &[&shape, &target], vec![]);
+    let y = b.node("Add", &[&r, &r], vec![]);
+    b.output(&y, INT64, None);
+    let model = b.model(17);
+    let (out, done) = cleaned(&model, "cleanup_reshape_constant");
+    assert_eq!(done.count("constant"), 3, "both Shapes and the Reshape: {:?}", done.nodes);
+    assert_eq!(ops(&out), ["Constant", "Add"]);
+    let c = all_nodes(&out)[0].attr("value").unwrap().t.clone().unwrap();
+    assert_eq!(c.values(), Some(vec![2.0, 3.0]));
+}
+
 /// `x · (Shape(x)[0] in f16 <op> 3)` back in f32: ONNX Runtime's CPU
 /// computes the f16 arithmetic in f32 and drops the casts around it.
 fn half_arithmetic(op: &str) -> ModelProto {
