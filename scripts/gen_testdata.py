@@ -133,6 +133,12 @@ def configs():
         # by patches (`x[:, 0::2, 0::2]`); exported with height and width
         # dynamic (`swin_hw_ts_op14.onnx`).
         "swin": t.SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 4], window_size=4),
+        # Interleaved rotary whose tables torch's general repeat_interleave
+        # writes (a mask's NonZero indices, GatherND): after cos and sin
+        # (Cohere, its LayerNorm without bias), or on tables cut to the
+        # rotary half of each head (GLM).
+        "cohere": t.CohereConfig(**SMALL, num_key_value_heads=2),
+        "glm": t.GlmConfig(**SMALL, num_key_value_heads=2, head_dim=8, pad_token_id=0),
         # Soft-capped attention scores (and logits), sliding-window layers.
         "gemma2": t.Gemma2Config(**SMALL, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6,
                                  attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
@@ -1010,6 +1016,8 @@ def main():
         # GPT-J with its cache: the present key Cast to float, the causal
         # mask sized by the attention mask and sliced at the key's length.
         ("gptj_optimum_past.onnx", lambda n: export_optimum(n, "gptj", "text-generation-with-past")),
+        ("cohere_optimum_past.onnx", lambda n: export_optimum(n, "cohere", "text-generation-with-past")),
+        ("glm_optimum_past.onnx", lambda n: export_optimum(n, "glm", "text-generation-with-past")),
         ("convbert_ts_op14.onnx", lambda n: export_torch(n, "convbert", opset=14)),
         ("funnel_ts_op14.onnx", lambda n: export_torch(n, "funnel", opset=14)),
         ("longt5_ts_op17.onnx", lambda n: export_torch(n, "longt5", opset=17)),

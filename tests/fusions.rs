@@ -98,6 +98,10 @@ pub const EXPORTS: &[(&str, &[(&str, usize)], f32)] = &[
     // (tests/rotary.rs); the exporter writes LayerNormalization.
     ("gptj_ts_op17.onnx", &[("attention", 2)], 1e-5),
     ("gptj_optimum_past.onnx", &[("attention", 2)], 1e-5),
+    // Interleaved rotaries of tables torch's general repeat_interleave
+    // writes (tests/rotary.rs); Cohere's LayerNorm has no bias.
+    ("cohere_optimum_past.onnx", &[("layer-norm", 3), ("attention", 2)], 1e-5),
+    ("glm_optimum_past.onnx", &[("rms-norm", 5), ("attention", 2)], 1.5625e-7),
     // Relative attention, its scores a sum of three terms: the position
     // term cut from `seq + 7` relative positions (`arange(7, -seq, -1)`,
     // its bounds `pos[0]` and `pos[-1]` of `arange(seq)` cast to float):

@@ -168,6 +168,16 @@ enum Pairs {
     Constant,
     /// The same, one pair of the cos table's two values.
     ConstantPairs,
+    /// No break: the tables torch's general `repeat_interleave(rows, 2,
+    /// -1)` as its TorchScript export writes it (Cohere's, GLM's): the
+    /// rows' last axis moved first, unsqueezed, expanded, gathered at the
+    /// indices of a mask `arange(2) < repeats` every element of which is
+    /// true, and moved back last; unsqueezed at the heads axis.
+    Gathered,
+    /// The same, repeats `[2, 2, 1, 3]` (as many values, not pairs).
+    GatheredUneven,
+    /// The same, the expanded rows a Concat of the rows and their negation.
+    GatheredOther,
 }
 
 /// GPT-J's rotary as its TorchScript export writes it: x `[b, s, 4, 8]`
@@ -214,6 +224,45 @@ fn interleaved_model(broken: Pairs) -> ModelProto {
             return b.node("Reshape", &[&stacked, &shape], vec![]);
         }
         let rows = b.input(name, FLOAT, Some(&[D::N(1), sym("s"), D::N(4)]));
+        if matches!(broken, Pairs::Gathered | Pairs::GatheredUneven | Pairs::GatheredOther) {
+            let first = b.node("Transpose", &[&rows], vec![attr_ints("perm", &[2, 1, 0])]);
+            let one = b.ints(&[1]);
+            let u = b.node("Unsqueeze", &[&first, &one], vec![]);
+            let data = match broken {
+                Pairs::GatheredOther => {
+                    let other = b.node("Neg", &[&first], vec![]);
+                    let one_again = b.ints(&[1]);
+                    let v = b.node("Unsqueeze", &[&other, &one_again], vec![]);
+                    b.node("Concat", &[&u, &v], vec![attr_int("axis", 1)])
+                }
+                _ => {
+                    let to = b.ints(&[1, 2, 1, 1]);
+                    b.node("Expand", &[&u, &to], vec![])
+                }
+            };
+            // The repeats: a ConstantOfShape of the rows' last axis (or
+            // uneven ones), their largest, and the mask.
+            let repeats = match broken {
+                Pairs::GatheredUneven => b.ints(&[2, 2, 1, 3]),
+                _ => {
+                    let shape = b.node("Shape", &[&rows], vec![attr_int("start", 2)]);
+                    let two = tensor(INT64, &[1], &[2.0]);
+                    b.node("ConstantOfShape", &[&shape], vec![attr_tensor("value", two)])
+                }
+            };
+            let most = b.node("ReduceMax", &[&repeats], vec![attr_int("keepdims", 0)]);
+            let (zero, step) = (b.constant(tensor(INT64, &[], &[0.0])), b.constant(tensor(INT64, &[], &[1.0])));
+            let range = b.node("Range", &[&zero, &most, &step], vec![]);
+            let one_more = b.ints(&[1]);
+            let column = b.node("Unsqueeze", &[&repeats, &one_more], vec![]);
+            let mask = b.node("Less", &[&range, &column], vec![]);
+            let indices = b.node("NonZero", &[&mask], vec![]);
+            let listed = b.node("Transpose", &[&indices], vec![attr_ints("perm", &[1, 0])]);
+            let gathered = b.node("GatherND", &[&data, &listed], vec![]);
+            let back = b.node("Transpose", &[&gathered], vec![attr_ints("perm", &[2, 1, 0])]);
+            let heads_axis = b.ints(&[heads]);
+            return b.node("Unsqueeze", &[&back, &heads_axis], vec![]);
+        }
         let (axes, reps) =
             if broken == Pairs::Whole { ([heads, 3], [1, 1, 1, 2, 1]) } else { ([heads, 4], [1, 1, 1, 1, 2]) };
         let axes = b.ints(&axes);
@@ -489,6 +538,24 @@ fn an_interleaved_rotary_of_heads_second_reads_x_itself() {
     assert_equivalent(&model, &fused, "interleaved rotary, heads second");
 }
 
+/// Cohere's and GLM's tables: torch's general `repeat_interleave` of the
+/// rows (`Pairs::Gathered`). The kernel reads every second value of the
+/// gathered table.
+#[test]
+fn an_interleaved_rotary_of_tables_torch_repeats_by_gathering_fuses() {
+    let model = interleaved_model(Pairs::Gathered);
+    let fused = fused_once(&model);
+    let nodes = all_nodes(&fused);
+    let rotary = nodes.iter().find(|n| n.op_type() == "RotaryEmbedding").expect("the op");
+    let attrs: Vec<(&str, i64)> = rotary.attribute.iter().map(|a| (a.name(), a.i())).collect();
+    assert_eq!(attrs, [("interleaved", 1), ("num_heads", 4)]);
+    let steps =
+        nodes.iter().filter(|n| n.op_type() == "Slice" && n.input.len() == 5 && n.output[0].ends_with("/pairs"));
+    assert_eq!(steps.count(), 2, "every second value of cos and sin");
+    assert_eq!(count_op(&fused, "GatherND"), 2, "the tables stay as they are computed");
+    assert_equivalent(&model, &fused, "interleaved rotary of gathered tables");
+}
+
 #[test]
 fn interleaved_near_misses_do_not_fuse_and_say_why() {
     for (broken, why) in [
@@ -501,6 +568,10 @@ fn interleaved_near_misses_do_not_fuse_and_say_why() {
             "the cos table is repeated by Concat, not Tile or Expand (nor a Concat of one value twice)",
         ),
         (Pairs::ConstantPairs, "the cos table is not proved a repeat of each value twice on the last axis"),
+        // As many values, but the mask holds zeros: its indices are not
+        // proved, nor the table's last axis.
+        (Pairs::GatheredUneven, "the cos table is not proved [b or 1, s, d] of x's b, s and d"),
+        (Pairs::GatheredOther, "the cos table is not proved a repeat of each value twice on the last axis"),
     ] {
         let model = interleaved_model(broken);
         let (fused, outcome) = fuse(&model);
@@ -529,6 +600,28 @@ fn gptjs_interleaved_rotaries_become_rotary_embeddings_and_compute_the_same() {
         // Tiles that gather the positions stay.
         let tiles = (count_op(&original, "Tile"), count_op(&model, "Tile"));
         assert_eq!(tiles.1, tiles.0 - 2, "{name}: each table's repeat goes with its last rotary");
+        assert_equivalent(&original, &model, name);
+    }
+}
+
+/// Cohere's and GLM's Optimum exports with the cache: tables torch's
+/// general `repeat_interleave` writes (`Pairs::Gathered`), after cos and
+/// sin (Cohere's) or of the rotary half of each head, whose x is cut at
+/// the table's length (GLM's): q's and k's rotary of both layers, heads
+/// second.
+#[test]
+fn cohere_and_glm_rotaries_of_gathered_tables_become_rotary_embeddings() {
+    for name in ["cohere_optimum_past.onnx", "glm_optimum_past.onnx"] {
+        let original = load(name);
+        let (mut model, upgrade) = onnx_fuse::upgrade::upgrade(&original, 23).unwrap();
+        let outcome = rewrite::run_upgraded(&mut model, &[&rotary::PASS], Default::default(), upgrade.added);
+        assert_eq!(outcome.fused.len(), 4, "{name}: q and k of both layers: {:?}", outcome.declined);
+        for rotary in all_nodes(&model).into_iter().filter(|n| n.op_type() == "RotaryEmbedding") {
+            let attrs: Vec<(&str, i64)> = rotary.attribute.iter().map(|a| (a.name(), a.i())).collect();
+            assert_eq!(attrs, [("interleaved", 1)], "{name}: {}", rotary.name());
+        }
+        let pairs = all_nodes(&model).into_iter().filter(|n| n.op_type() == "Slice" && n.output[0].ends_with("/pairs"));
+        assert_eq!(pairs.count(), 2, "{name}: every second value of cos and sin, cut once for every layer");
         assert_equivalent(&original, &model, name);
     }
 }

@@ -358,7 +358,9 @@ pub fn slice_arguments(g: &Graph, shapes: &dyn ShapeFacts, node: &crate::onnx::N
 /// that only move or repeat elements make of such a value, or a Cast that
 /// keeps them (to its own type; 0 and 1 to any); all of a Concat's
 /// (GPT-2's causal mask sliced from its `bias` table, SDPA's masks of 0
-/// and -inf).
+/// and -inf); a ConstantOfShape's fill, of any size; a comparison's
+/// results of every pair of its inputs' values (torch's repeat_interleave
+/// compares `arange(r)` with repeats all r: every element true).
 pub fn values_held(g: &Graph, shapes: &dyn ShapeFacts, value: &str) -> Option<Vec<f64>> {
     values_held_at(g, shapes, value, 16)
 }
@@ -395,6 +397,25 @@ fn values_held_at(g: &Graph, shapes: &dyn ShapeFacts, value: &str, depth: usize)
             kept.then_some(values)
         }
         "Concat" => distinct((0..node.input.len()).map(input).collect::<Option<Vec<_>>>()?.concat()),
+        "ConstantOfShape" => match node.attr("value").and_then(|a| a.t.as_ref()) {
+            Some(t) => distinct(t.values().filter(|v| v.len() == 1)?),
+            None => Some(vec![0.0]),
+        },
+        "Less" | "LessOrEqual" | "Greater" | "GreaterOrEqual" | "Equal" if node.input.len() == 2 => {
+            let (a, b) = (input(0)?, input(1)?);
+            // Integers beyond 2^53 are not held exactly as f64.
+            let exact = matches!(g.elem_type(&node.input[0]), Some(FLOAT | DOUBLE | FLOAT16 | BFLOAT16))
+                || a.iter().chain(&b).all(|v| v.abs() < 2f64.powi(53));
+            (exact && a.len() * b.len() <= SMALL * SMALL).then_some(())?;
+            let compare = |x: f64, y: f64| match node.op_type() {
+                "Less" => x < y,
+                "LessOrEqual" => x <= y,
+                "Greater" => x > y,
+                "GreaterOrEqual" => x >= y,
+                _ => x == y,
+            };
+            distinct(a.iter().flat_map(|&x| b.iter().map(move |&y| f64::from(u8::from(compare(x, y))))).collect())
+        }
         op if MOVES.contains(&op) => input(0),
         _ => None,
     }

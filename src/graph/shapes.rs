@@ -882,7 +882,7 @@ impl<'g, 'a> Shapes<'g, 'a> {
             }
             "Size" => vec![],
             "Range" => vec![self.range_length(node).unwrap_or_else(|| Dim::atom(format!("{value}#0")))],
-            "NonZero" => opaque(2),
+            "NonZero" => self.every_index(node).unwrap_or_else(|| opaque(2)),
             "Einsum" => self.einsum(node, value)?,
             "Tile" => {
                 let x = input(0)?;
@@ -1295,6 +1295,21 @@ impl<'g, 'a> Shapes<'g, 'a> {
         }
     }
 
+    /// `NonZero(x)` of an x of rank 1 or more proved to hold no zero
+    /// (`values_held`): the index of every element, `[rank, numel]`
+    /// (torch's `repeat_interleave` lists the indices of a mask every
+    /// element of which is true).
+    fn every_index(&self, node: &crate::onnx::NodeProto) -> Option<Vec<Dim>> {
+        let x = node.input.first()?;
+        let shape = self.shape(x).filter(|s| !s.is_empty())?;
+        let held = super::fold::values_held(self.g, self, x)?;
+        if held.iter().any(|&v| v == 0.0) {
+            return None;
+        }
+        let numel = shape.iter().try_fold(Dim::known(1), |n, d| n.mul(d))?;
+        Some(vec![Dim::known(shape.len() as i64), numel])
+    }
+
     /// The length of `Range(start, limit, delta)`, max(limit - start, 0)
     /// for a step of 1 or -1: `limit` for the common `Range(0, n, 1)`, `seq`
     /// for a cache's positions `Range(past, past + seq, 1)`; else computed
@@ -1643,6 +1658,23 @@ impl<'g, 'a> Shapes<'g, 'a> {
                     None => 0,
                 };
                 Some(vec![Some(Dim::known(fill)); n])
+            }
+            // Of integers: `start + i·delta` for each i below its length.
+            "Range" if g.elem_type(value).is_some_and(crate::onnx::is_integer) => {
+                let (start, delta) = (self.scalar(node.input.first()?)?.value()?, g.scalar(node.input.get(2)?)?);
+                let n = tracked(self.range_length(node)?.value()?)?;
+                let delta = Some(delta as i64).filter(|&d| d as f64 == delta && d != 0)?;
+                (0..n as i64).map(|i| Some(start.checked_add(i.checked_mul(delta)?).map(Dim::known))).collect()
+            }
+            // Of every element (no axes, or a vector's one), where there is one.
+            "ReduceMax" | "ReduceMin" => {
+                let all = node.input.get(1).is_none_or(String::is_empty)
+                    && node.attr_ints("axes").is_none()
+                    && node.attr_int("noop_with_empty_axes").unwrap_or(0) == 0;
+                let known = arg(0)?.into_iter().map(|d| d?.value()).collect::<Option<Vec<i64>>>();
+                let known = known.filter(|_| all || of_rank(&node.input[0]).is_some_and(|r| r <= 1))?;
+                let reduced = if node.is("ReduceMax") { known.into_iter().max() } else { known.into_iter().min() };
+                Some(vec![Some(Dim::known(reduced?))])
             }
             // Of a bool known as 0 or 1.
             "Not" => elementwise(&[arg(0)?], |e| match e[0].as_ref()?.value()? {

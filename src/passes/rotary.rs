@@ -20,6 +20,9 @@
 //!                                           `repeat_interleave(cos, 2)`: c[…, 2i + j] = cos[…, i]
 //!        | Reshape(Concat(u, u, axis −1))   RoFormer's `stack([cos, cos], −1)`
 //!        | a constant of each value twice   cos = every second value
+//!        | Unsqueeze(g(p), heads axis)      p each value twice (a repeat above, or torch's
+//!                                           general repeat_interleave: `gathered_in_pairs`),
+//!                                           cos = every second value of g(p)
 //!   → RotaryEmbedding(x, cos, sin, interleaved = 1)
 //! ```
 //!
@@ -33,6 +36,7 @@
 //! is replaced; the tables' Unsqueezes and repeats stay while another
 //! rotary reads them.
 
+use crate::graph::fold::values_held;
 use crate::graph::shapes::Dim;
 use crate::graph::{Check, Graph, IntsArgument};
 use crate::onnx::{type_text, AttributeProto, NodeProto, TensorProto, BFLOAT16, FLOAT, FLOAT16};
@@ -139,7 +143,7 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     }
     let table = |v: &str, what: &str| -> Check<Table> {
         let t = match form {
-            Turn::Halves => halves_table(g, v, what, &sx, d)?,
+            Turn::Halves => proved_table(g, v, what, &sx, d, form)?,
             Turn::Pairs => repeated_table(g, v, what, &sx, d)?,
         };
         require!(g.elem_type(&t.rows) == elem, "the {what} table is not of x's type");
@@ -253,12 +257,14 @@ fn rows_fit(rows: &[Dim], sx: &[Dim], heads: usize, k: i64) -> Option<bool> {
     (batch && *s == sx[sequence_axis(heads)] && last.value() == Some(k)).then_some(*b != sx[0])
 }
 
-/// A rotate-half table whose halves are proved equal: `Unsqueeze(t,
+/// A table whose rows are proved alike as `form` turns x (`rows_proved`:
+/// each half the other, or each value twice in place): `Unsqueeze(t,
 /// heads axis)` with t `[b or 1, s, d]`, its rows t; or any other 4-D
 /// table `[b or 1, 1, s, d]` or `[b or 1, s, 1, d]` (ESM slices its cached
 /// `[1, 1, max, d]` to the sequence), its rows the table with the one
-/// squeezed out.
-fn halves_table(g: &Graph, v: &str, what: &str, sx: &[Dim], d: i64) -> Check<Table> {
+/// squeezed out. The kernel reads the first half of rows of halves, every
+/// second value of rows of pairs.
+fn proved_table(g: &Graph, v: &str, what: &str, sx: &[Dim], d: i64, form: Turn) -> Check<Table> {
     let shapes = g.shapes();
     let unsqueezed = g.produced_by(v, "Unsqueeze").ok().and_then(|u| {
         let heads = match g.ints_argument(g.node(u), "axes", 1, 13) {
@@ -273,8 +279,14 @@ fn halves_table(g: &Graph, v: &str, what: &str, sx: &[Dim], d: i64) -> Check<Tab
     };
     let one = without_heads(shapes.shape(rows), squeezed, heads).and_then(|rows| rows_fit(&rows, sx, heads, d));
     let one = one.ok_or_else(|| miss(&format!("the {what} table is not proved [b or 1, s, d] of x's b, s and d")))?;
-    require!(halves_equal(g, rows, 16), "the two halves of the {what} table are not proved equal{}", unread(g, rows));
-    Ok(Table { rows: rows.to_string(), one, heads, squeezed, every_second: false })
+    let (proved, unread) = (rows_proved(g, rows, form, 16), unread(g, rows));
+    match form {
+        Turn::Halves => require!(proved, "the two halves of the {what} table are not proved equal{unread}"),
+        Turn::Pairs => {
+            require!(proved, "the {what} table is not proved a repeat of each value twice on the last axis{unread}")
+        }
+    }
+    Ok(Table { rows: rows.to_string(), one, heads, squeezed, every_second: form == Turn::Pairs })
 }
 
 /// An interleaved table: `repeat_interleave(rows, 2)` on the last axis,
@@ -297,9 +309,16 @@ fn repeated_table(g: &Graph, v: &str, what: &str, sx: &[Dim], d: i64) -> Check<T
         require!(pairs, "the {what} table is not proved a repeat of each value twice on the last axis{}", unread(g, v));
         return Ok(Table { rows: v.to_string(), one, heads, squeezed: true, every_second: true });
     }
-    let reshape = g.node(g.produced_by(v, "Reshape")?);
-    let repeated = reshape.input[0].as_str();
-    let step = g.node(g.computing(repeated)?);
+    // Otherwise than a Reshape of a repeat, the rows are proved alike
+    // through whatever computes them (`rows_proved`).
+    let repeat = g.produced_by(v, "Reshape").ok().and_then(|r| Some((r, g.computing(&g.node(r).input[0]).ok()?)));
+    let Some((reshape, step)) =
+        repeat.filter(|&(_, step)| ["Tile", "Expand", "Concat"].contains(&g.node(step).op_type()))
+    else {
+        return proved_table(g, v, what, sx, d, Turn::Pairs);
+    };
+    let repeated = g.node(reshape).input[0].as_str();
+    let step = g.node(step);
     // Tiled, expanded, or stacked with themselves (RoFormer's `stack([t,
     // t], -1)`); its op first: another producer may read nothing (a
     // constant table, `Reshape(Constant)`).
@@ -509,13 +528,20 @@ fn cut(g: &Graph, slice: usize, from: i64, to: i64, d: i64, step: i64) -> Check<
     Ok(())
 }
 
-/// Whether each half of the last axis of `value` is the other: a Concat of
-/// a value with itself on the last axis, through elementwise ops (and
-/// products with one value) and ops that keep rows whole (`keeps_rows`),
-/// or a constant whose rows are so (a static export's table).
-fn halves_equal(g: &Graph, value: &str, depth: usize) -> bool {
+/// Whether the rows (the last axis) of `value` are alike as `form` turns
+/// x: each half the other, or each value twice in place. Each half the
+/// other: a Concat of a value with itself on the last axis. Each value
+/// twice: a repeat merged back (`repeated_in_place`), or torch's general
+/// `repeat_interleave` (`gathered_in_pairs`). Either through elementwise
+/// ops (and products with one value) and ops that keep rows whole
+/// (`keeps_rows`), or a constant whose rows are so (a static export's
+/// table).
+fn rows_proved(g: &Graph, value: &str, form: Turn, depth: usize) -> bool {
     if let Some(t) = g.constant(value) {
-        return rows_alike(g, t, |row| row[..row.len() / 2] == row[row.len() / 2..]);
+        return match form {
+            Turn::Halves => rows_alike(g, t, |row| row[..row.len() / 2] == row[row.len() / 2..]),
+            Turn::Pairs => rows_alike(g, t, |row| row.chunks(2).all(|pair| pair[0] == pair[1])),
+        };
     }
     let Some(p) = g.producer(value) else { return false };
     let node = g.node(p);
@@ -541,24 +567,81 @@ fn halves_equal(g: &Graph, value: &str, depth: usize) -> bool {
         "Sign",
     ];
     if let Some(x) = g.identity_input(p) {
-        return halves_equal(g, x, depth - 1);
+        return rows_proved(g, x, form, depth - 1);
     }
-    match node.op_type() {
-        op if UNARY.contains(&op) && node.input.len() == 1 => halves_equal(g, &node.input[0], depth - 1),
-        "Mul" | "Div" | "Add" | "Sub" if node.input.len() == 2 => {
+    match (node.op_type(), form) {
+        (op, _) if UNARY.contains(&op) && node.input.len() == 1 => rows_proved(g, &node.input[0], form, depth - 1),
+        ("Mul" | "Div" | "Add" | "Sub", _) if node.input.len() == 2 => {
             let one_value = |v: &str| g.one_value(v).is_some();
-            (one_value(&node.input[1]) && halves_equal(g, &node.input[0], depth - 1))
+            (one_value(&node.input[1]) && rows_proved(g, &node.input[0], form, depth - 1))
                 || (node.is("Mul") || node.is("Add"))
                     && one_value(&node.input[0])
-                    && halves_equal(g, &node.input[1], depth - 1)
+                    && rows_proved(g, &node.input[1], form, depth - 1)
         }
-        "Concat" if node.input.len() == 2 => {
+        ("Concat", Turn::Halves) if node.input.len() == 2 => {
             on_last_axis(g, node.attr_int("axis").unwrap_or(0), value)
                 && g.same_value(&node.input[0], &node.input[1]).is_some()
         }
-        _ if keeps_rows(g, p) => halves_equal(g, &node.input[0], depth - 1),
+        _ if keeps_rows(g, p) => rows_proved(g, &node.input[0], form, depth - 1),
+        ("Reshape" | "Flatten", Turn::Pairs) => repeated_in_place(g, node),
+        ("Transpose", Turn::Pairs) => gathered_in_pairs(g, node),
         _ => false,
     }
+}
+
+/// `Reshape(r)` (or a Flatten) to a last axis of even length, of r whose
+/// last axis holds each value twice: r `[…, 2]` a Tile or an Expand of
+/// u `[…, 1]`, or `Concat(u, u)` on that axis. The reshape keeps the
+/// elements' order, so each pair of its rows is one value of u.
+fn repeated_in_place(g: &Graph, reshape: &NodeProto) -> bool {
+    let shapes = g.shapes();
+    let last = |v: &str| shapes.shape(v).and_then(|s| s.last()?.value());
+    let Some(step) = reshape.input.first().and_then(|r| g.computing(r).ok()).map(|p| g.node(p)) else { return false };
+    let Some(u) = step.input.first() else { return false };
+    let twice = match step.op_type() {
+        "Tile" | "Expand" => true,
+        "Concat" => {
+            step.input.len() == 2
+                && on_last_axis(g, step.attr_int("axis").unwrap_or(0), u)
+                && g.same_value(&step.input[0], &step.input[1]).is_some()
+        }
+        _ => false,
+    };
+    twice
+        && last(u) == Some(1)
+        && last(&reshape.input[0]) == Some(2)
+        && last(&reshape.output[0]).is_some_and(|n| n % 2 == 0)
+}
+
+/// torch's general `repeat_interleave(t, 2, dim)`, as its TorchScript
+/// export writes it: `Transpose(GatherND(Expand(Unsqueeze(t′, 1)),
+/// Transpose(NonZero(m))), perm)`, t′ t with `dim` moved first, m `[n, 2]`
+/// (`arange(2) < repeats`) proved to hold no zero. NonZero lists every
+/// index of m in row-major order, (i, j) as row 2i + j, and the gathered
+/// row 2i + j is t′'s row i (the Expand only repeats the Unsqueeze's one):
+/// rows 2i and 2i + 1 are alike, and the Transpose, whose `perm` ends in
+/// 0, makes them the pairs of the last axis.
+fn gathered_in_pairs(g: &Graph, transpose: &NodeProto) -> bool {
+    let shapes = g.shapes();
+    let first_last = transpose.attr_ints("perm").is_none_or(|p| p.last() == Some(&0));
+    let Ok(gather) = g.produced_by(&transpose.input[0], "GatherND").map(|p| g.node(p)) else { return false };
+    let (data, indices) = (gather.input[0].as_str(), gather.input.get(1).map_or("", String::as_str));
+    let listed = g
+        .produced_by(indices, "Transpose")
+        .ok()
+        .map(|t| g.node(t))
+        .filter(|t| t.attr_ints("perm").is_none_or(|p| p == [1, 0]) && shapes.rank(&t.input[0]) == Some(2));
+    let mask = listed.and_then(|t| Some(g.node(g.produced_by(&t.input[0], "NonZero").ok()?).input[0].as_str()));
+    let every_pair = mask.is_some_and(|m| {
+        let pairs = shapes.shape(m).is_some_and(|s| s.len() == 2 && s[1].value() == Some(2));
+        pairs && values_held(g, &shapes, m).is_some_and(|held| held.iter().all(|&v| v != 0.0))
+    });
+    let expanded = g.produced_by(data, "Expand").map_or(data, |e| g.node(e).input[0].as_str());
+    let one_at_1 = g
+        .produced_by(expanded, "Unsqueeze")
+        .is_ok_and(|u| matches!(g.ints_argument(g.node(u), "axes", 1, 13), IntsArgument::Known(axes) if axes == [1]));
+    let same_rank = shapes.rank(expanded).is_some() && shapes.rank(expanded) == shapes.rank(data);
+    first_last && gather.attr_int("batch_dims").unwrap_or(0) == 0 && every_pair && one_at_1 && same_rank
 }
 
 /// Whether every row (last axis, of even length) of a small constant is
