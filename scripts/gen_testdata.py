@@ -1030,6 +1030,9 @@ def main():
             "pixel_values": {0: "batch", 1: "channels", 2: "height", 3: "width"}})),
         # 3-D scores viewed as 4-D once, against a 4-D v.
         ("bloom_dynamo_op18.onnx", lambda n: export_torch(n, "bloom", opset=18, dynamo=True)),
+        # SDPA as torch's dynamo exporter decomposes it: the key's transpose
+        # folded into the batch and viewed back.
+        ("bert_sdpa_dynamo_op18.onnx", lambda n: export_torch(n, "bert", opset=18, dynamo=True, attn="sdpa")),
         ("opt_optimum.onnx", lambda n: export_optimum(n, "opt", "text-generation", opset=14)),
         ("bloom_optimum.onnx", lambda n: export_optimum(n, "bloom", "text-generation", opset=14)),
         # BLOOM with its cache: ALiBi sized from the attention mask, whose

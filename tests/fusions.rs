@@ -64,6 +64,8 @@ pub const EXPORTS: &[(&str, &[(&str, usize)], f32)] = &[
     ("bloom_optimum_past.onnx", &[("layer-norm", 6), ("attention", 2)], 1e-5),
     // dynamo: one Reshape of the 3-D scores to 4-D; the exporter writes LayerNormalization.
     ("bloom_dynamo_op18.onnx", &[("attention", 2)], 1e-5),
+    // SDPA decomposed by dynamo: the key's transpose folded into the batch.
+    ("bert_sdpa_dynamo_op18.onnx", &[("attention", 2)], 1e-12),
     // A relative position bias, then the mask.
     ("mpnet_ts_op14.onnx", &[("layer-norm", 5), ("attention", 2)], 1e-12),
     // LayerNorms without bias; MPT also masks with masked_fill.

@@ -1322,6 +1322,29 @@ fn a_key_repeated_folded_and_viewed_back_is_read_before_its_repeat() {
     assert!(v.passed, "{}", v.text());
 }
 
+/// torch's dynamo decomposition of SDPA transposes any 4-D key folded into
+/// the batch and viewed back (`Reshape(Transpose(Reshape(k, [-1, t, d]),
+/// [0, 2, 1]), [b, h, d, t])`): BERT's encoder cores are the kernel,
+/// reading the key before its fold, and compute the export on a
+/// left-padded row (the export's shapes are static, `[1, 7]`).
+#[test]
+fn a_key_folded_transposed_and_viewed_back_is_read_before_its_fold() {
+    let (original, fused) = fused_at_23("bert_sdpa_dynamo_op18.onnx", "attention");
+    let kernels = kernels(&fused);
+    assert_eq!(kernels.len(), 2);
+    let nodes = &original.graph.as_ref().unwrap().node;
+    for k in &kernels {
+        let key = nodes.iter().find(|n| n.output.first() == Some(&k.input[1])).expect("the key's producer");
+        assert!(key.op_type() != "Reshape", "the key before its fold: {:?} of {}", k.input[1], key.op_type());
+    }
+    let dir = tempdir();
+    let inputs = dir.path().join("left_padded.npz");
+    let ids: Vec<i64> = (0..7).map(|i| (i * 7 + 3) % 64).collect();
+    npz(&inputs, &[], &[("input_ids", vec![1, 7], ids), ("attention_mask", vec![1, 7], vec![0, 0, 1, 1, 1, 1, 1])]);
+    let v = compare(&original, &fused, &inputs).unwrap();
+    assert!(v.passed, "{}", v.text());
+}
+
 /// The one fact of ONNX Runtime's `Pow` the folding rests on
 /// (`graph/fold.rs`): `Pow(x, 0.5)` in f32 is the square root exactly where
 /// x is the square of an integer of at most 4096 (DINOv2's position grid,
@@ -1606,9 +1629,8 @@ fn every_export_computes_a_left_padded_batch_as_the_export() {
         // every value the same where all are graph outputs, the output
         // 2.4e-4 apart where not); within the type's tolerance there.
         let half = |c: &verify::Compared| c.elem_type == "float16" || c.elem_type == "bfloat16";
-        let exact = |v: &verify::Verification| {
-            v.passed && v.outputs.iter().all(|c| c.passed && (c.max_abs == 0.0 || half(c)))
-        };
+        let exact =
+            |v: &verify::Verification| v.passed && v.outputs.iter().all(|c| c.passed && (c.max_abs == 0.0 || half(c)));
         // Both as plain models (no node marked fused): their outputs decide.
         let plain = |m: &onnx_fuse::onnx::ModelProto| {
             let mut m = m.clone();

@@ -197,6 +197,16 @@ enum Extra {
     Grouped,
     /// A constant mask `[1, 1, s, t]` whatever the scores' rank.
     ConstantMask4D,
+    /// The key's transpose as torch's SDPA decomposition (dynamo) writes
+    /// it: folded into the batch, transposed and viewed back,
+    /// `Reshape(Transpose(Reshape(key, [-1, t, d]), [0, 2, 1]), [b, h, d, t])`.
+    FoldedKey,
+    /// The same of the key's heads repeated to q's (`Grouped`): SDPA's
+    /// `enable_gqa`.
+    FoldedGroupedKey,
+    /// Folded and viewed back as `[b, h, d, t]`, but not transposed: the
+    /// view reads the key's values in another order.
+    FoldedKeyNotTransposed,
 }
 
 /// `x` `[b, kv, t, d]` with each head repeated `n` times in place (torch's
@@ -221,14 +231,24 @@ fn attention_model(opset: i64, elem: i32, [q, key, v]: [&[i64]; 3], extra: Extra
         b.input("k", elem, Some(&dims(&swapped)))
     } else {
         let mut key_in = b.input("key", elem, Some(&dims(key)));
-        if extra == Extra::Grouped {
+        if matches!(extra, Extra::Grouped | Extra::FoldedGroupedKey) {
             key_in = repeated(&mut b, &key_in, key, q[1] / key[1]);
         }
-        let perm: Vec<i64> = (0..rank as i64 - 2).chain([rank as i64 - 1, rank as i64 - 2]).collect();
-        b.node("Transpose", &[&key_in], vec![attr_ints("perm", &perm)])
+        if matches!(extra, Extra::FoldedKey | Extra::FoldedGroupedKey | Extra::FoldedKeyNotTransposed) {
+            let (t, d) = (key[2] as f64, key[3] as f64);
+            let folded = b.init("key_folded", tensor(INT64, &[3], &[-1.0, t, d]));
+            let x3 = b.node("Reshape", &[&key_in, &folded], vec![]);
+            let perm: &[i64] = if extra == Extra::FoldedKeyNotTransposed { &[0, 1, 2] } else { &[0, 2, 1] };
+            let turned = b.node("Transpose", &[&x3], vec![attr_ints("perm", perm)]);
+            let viewed = b.init("key_viewed", tensor(INT64, &[4], &[key[0] as f64, q[1] as f64, d, t]));
+            b.node("Reshape", &[&turned, &viewed], vec![])
+        } else {
+            let perm: Vec<i64> = (0..rank as i64 - 2).chain([rank as i64 - 1, rank as i64 - 2]).collect();
+            b.node("Transpose", &[&key_in], vec![attr_ints("perm", &perm)])
+        }
     };
     let mut v_in = b.input("v", elem, Some(&dims(v)));
-    if extra == Extra::Grouped {
+    if matches!(extra, Extra::Grouped | Extra::FoldedGroupedKey) {
         v_in = repeated(&mut b, &v_in, v, q[1] / v[1]);
     }
     let (q_in, k) = if extra == Extra::ScaledQK {
@@ -293,7 +313,7 @@ fn attention_model(opset: i64, elem: i32, [q, key, v]: [&[i64]; 3], extra: Extra
 #[test]
 fn attention_is_onnx_attention_from_opset_23() {
     // (q, key, v) shapes: heads in axis 1, folded into the batch (3-D), one shared key/value head.
-    let cases: [(&str, [&[i64]; 3], Extra); 8] = [
+    let cases: [(&str, [&[i64]; 3], Extra); 10] = [
         ("4-D", [&[2, 4, 5, 8], &[2, 4, 6, 8], &[2, 4, 6, 8]], Extra::Nothing),
         ("constant finite mask", [&[2, 4, 5, 8], &[2, 4, 6, 8], &[2, 4, 6, 8]], Extra::ConstantMask(-1e9)),
         ("constant mask, fill -1e4", [&[2, 4, 5, 8], &[2, 4, 6, 8], &[2, 4, 6, 8]], Extra::ConstantMask(-1e4)),
@@ -303,6 +323,12 @@ fn attention_is_onnx_attention_from_opset_23() {
         ("key read elsewhere", [&[2, 4, 5, 8], &[2, 4, 6, 8], &[2, 4, 6, 8]], Extra::KeyReadElsewhere),
         // Attention reads the heads before their repeat: grouped heads.
         ("grouped heads", [&[2, 4, 5, 8], &[2, 2, 6, 8], &[2, 2, 6, 8]], Extra::Grouped),
+        ("key folded, transposed, viewed back", [&[2, 4, 5, 8], &[2, 4, 6, 8], &[2, 4, 6, 8]], Extra::FoldedKey),
+        (
+            "grouped key folded, transposed, viewed back",
+            [&[2, 4, 5, 8], &[2, 2, 6, 8], &[2, 2, 6, 8]],
+            Extra::FoldedGroupedKey,
+        ),
     ];
     for (what, shapes, extra) in cases {
         let original = attention_model(23, FLOAT, shapes, extra);
@@ -319,12 +345,29 @@ fn attention_is_onnx_attention_from_opset_23() {
         assert_eq!(heads, if shapes[0].len() == 3 { (Some(1), Some(1)) } else { (None, None) }, "{what}");
         let transpose_kept = extra == Extra::KeyReadElsewhere;
         assert_eq!(count_op(&fused, "Transpose"), usize::from(transpose_kept), "{what}");
-        let repeats = if extra == Extra::Grouped { 6 } else { 0 };
-        let removed = if transpose_kept { 4 } else { 5 } + usize::from(inputs.len() == 4) + repeats;
+        let repeats = if matches!(extra, Extra::Grouped | Extra::FoldedGroupedKey) { 6 } else { 0 };
+        let folds = if matches!(extra, Extra::FoldedKey | Extra::FoldedGroupedKey) { 2 } else { 0 };
+        let removed = if transpose_kept { 4 } else { 5 } + usize::from(inputs.len() == 4) + repeats + folds;
         assert_eq!(fused_list(node).len(), removed, "{what}: {:?}", fused_list(node));
         assert!(fused.functions.is_empty());
         verify_here(&original, &fused);
     }
+}
+
+/// SDPA's `enable_gqa` as torch's dynamo decomposition writes it: the
+/// key's heads repeated, folded into the batch, transposed and viewed
+/// back. For ONNX Runtime too the kernel reads the key before its repeat
+/// and its fold, with 2 query heads per key head (the row takes grouped
+/// heads), and computes the original.
+#[test]
+fn a_grouped_key_folded_and_viewed_back_is_the_kernel_for_onnx_runtime() {
+    let original = attention_model(23, FLOAT, [&[2, 4, 5, 8], &[2, 2, 6, 8], &[2, 2, 6, 8]], Extra::FoldedGroupedKey);
+    let (fused, outcome) = fuse_for(&original, Target::Ort);
+    assert_eq!(outcome.fused.len(), 1, "{:?}", outcome.declined);
+    let kernel = all_nodes(&fused).into_iter().find(|n| n.op_type() == "Attention").expect("Attention");
+    assert_eq!(kernel.input[..3], ["q", "key", "v"], "the key and value before their repeats");
+    assert_eq!(count_op(&fused, "Expand"), 0, "the repeats go with the core");
+    verify_here(&original, &fused);
 }
 
 /// (what, opset, element type, shapes of q, key and v, extra, the reason given)
@@ -333,7 +376,7 @@ type NearMiss<'a> = (&'a str, i64, i32, [&'a [i64]; 3], Extra, &'a str);
 #[test]
 fn attention_that_onnx_attention_does_not_compute_stays_for_portable() {
     let four: [&[i64]; 3] = [&[2, 4, 5, 8], &[2, 4, 6, 8], &[2, 4, 6, 8]];
-    let cases: [NearMiss; 16] = [
+    let cases: [NearMiss; 17] = [
         ("negative scale", 23, FLOAT, four, Extra::NegativeDivisor, "the scale -0.125 is no positive normal f32"),
         ("opset 22", 22, FLOAT, four, Extra::Nothing, "needs opset 23 for Attention (the model imports opset 22)"),
         ("additive mask", 23, FLOAT, four, Extra::Mask, "a masked core: its mask is computed at run time"),
@@ -369,6 +412,7 @@ fn attention_that_onnx_attention_does_not_compute_stays_for_portable() {
         ),
         ("divisor computed", 23, FLOAT, four, Extra::Divisor, "the divisor d is computed at run time"),
         ("key already transposed", 23, FLOAT, four, Extra::KeyAlreadyTransposed, "the key k is not a Transpose"),
+        ("key folded, not transposed", 23, FLOAT, four, Extra::FoldedKeyNotTransposed, "is not a Transpose"),
         ("bf16", 23, BFLOAT16, four, Extra::Nothing, "f32, f16 and f64 only"),
         // MatMul broadcasts one q head over four key heads; Attention cannot.
         (

@@ -1992,6 +1992,20 @@ pub fn decoder_attention(rng: &mut Rng) -> Case {
             b.graph.node.iter().find(|r| r.op_type() == "Reshape" && r.output[0] == key).map(|r| r.input[0].clone())
         })
         .flatten();
+    // The same of the 4-D key, repeated or not (SDPA's decomposition of
+    // any 4-D key, and of `enable_gqa`'s repeat).
+    let spread = match spread {
+        None if !folded && !key_split_transposed && rng.chance(0.15) => {
+            c.note("the 4-D key folded into the batch, transposed and viewed back (SDPA's decomposition)");
+            Some(key.clone())
+        }
+        spread => {
+            if spread.is_some() {
+                c.note("the repeated key folded into the batch, transposed and viewed back (SDPA's decomposition)");
+            }
+            spread
+        }
+    };
     let mut k = if key_split_transposed {
         key.clone()
     } else if folded {
@@ -1999,7 +2013,6 @@ pub fn decoder_attention(rng: &mut Rng) -> Case {
         b.node("Transpose", &[&k3], vec![attr_ints("perm", &[0, 2, 1])])
     } else if let Some(e) = spread {
         // (Both targets read the key before its repeat: one translator.)
-        c.note("the repeated key folded into the batch, transposed and viewed back (SDPA's decomposition)");
         let shape = b.node("Shape", &[&key], vec![]);
         let at: Vec<String> = (0..5).map(|i| b.ints(&[i])).collect();
         let axis = |b: &mut Builder, i: usize| b.node("Slice", &[&shape, &at[i], &at[i + 1]], vec![]);

@@ -410,8 +410,8 @@ fn operands<'a>(
         return Ok(Operands { q, key, key_perm, value: v, anchor, n: 1, merged: Some(1), sq, sk, sv, rank: 3 });
     }
     let (q, x, key_perm, v, anchor, repeats) = match folded {
-        None => match folded_repeated_key(g, shapes, k) {
-            Some((x, n)) => (q, x, None, v, anchor, Some(n)),
+        None => match folded_key(g, shapes, k) {
+            Some((x, n)) => (q, x, None, v, anchor, n),
             None => {
                 let (x, key_perm) = key_before_transpose(g, k, 4)?;
                 (q, x, key_perm, v, anchor, None)
@@ -1285,22 +1285,36 @@ fn split_heads<'a>(g: &Graph<'a>, shapes: &Shapes, x4: &str) -> Option<(&'a str,
     split.then_some((x, h, d))
 }
 
-/// The key as torch's SDPA decomposition writes grouped heads (dynamo):
+/// The key as torch's SDPA decomposition (dynamo) writes its transpose:
 /// `k = Reshape(Transpose(x3, [0, 2, 1]), [b, h, d, t])`, with `x3` `[b·h,
-/// t, d]` the key's kv heads repeated n times in place and folded into the
-/// batch (`repeated` of rank 3), h = kv·n: the key `[b, kv, t, d]` and n.
-fn folded_repeated_key<'a>(g: &Graph<'a>, shapes: &Shapes, k: &str) -> Option<(&'a str, i64)> {
+/// t, d]` the key's heads folded into the batch: its kv heads repeated n
+/// times in place (`repeated` of rank 3), or a 4-D key `[b, h, t, d]`
+/// reshaped (element (b, h, t, d) is x3's (b·h + h, t, d), so k is that
+/// key with its last two axes swapped). The key before its transpose, and
+/// n where the fold repeats it (where it does not, the caller reads a
+/// repeat of the key as for any other).
+fn folded_key<'a>(g: &Graph<'a>, shapes: &Shapes, k: &str) -> Option<(&'a str, Option<i64>)> {
     let view = g.node(g.produced_by(g.unchanged(k), "Reshape").ok()?);
     let t = g.node(g.produced_by(g.unchanged(&view.input[0]), "Transpose").ok()?);
     require_some(t.attr_ints("perm") == Some(&[0, 2, 1][..]))?;
     let x3 = t.input.first()?.as_str();
-    let (x, n) = repeated(g, shapes, x3, 3)?;
-    let (sk, s3, sx) = (shapes.shape(k)?, shapes.shape(x3)?, shapes.shape(x)?);
-    // The view splits b·h back into the repeat's [b, kv·n].
+    let (sk, s3) = (shapes.shape(k)?, shapes.shape(x3)?);
+    let (x, n) = match repeated(g, shapes, x3, 3) {
+        Some((x, n)) => (x, Some(n)),
+        None => {
+            let x = g.node(g.produced_by(g.unchanged(x3), "Reshape").ok()?).input.first()?.as_str();
+            let sx = shapes.shape(x).filter(|sx| sx.len() == 4)?;
+            let folded = s3.len() == 3 && sx[0].mul(&sx[1]).as_ref() == Some(&s3[0]) && s3[1..] == sx[2..];
+            (folded.then_some(x)?, None)
+        }
+    };
+    let sx = shapes.shape(x)?;
+    let heads = sx[1].mul(&Dim::known(n.unwrap_or(1)));
+    // The view splits b·h back into [b, h].
     let split = sk.len() == 4
         && s3.len() == 3
         && sk[0] == sx[0]
-        && Some(&sk[1]) == sx[1].mul(&Dim::known(n)).as_ref()
+        && Some(&sk[1]) == heads.as_ref()
         && sk[2] == s3[2]
         && sk[3] == s3[1];
     split.then_some((x, n))
