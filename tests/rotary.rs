@@ -224,44 +224,16 @@ fn interleaved_model(broken: Pairs) -> ModelProto {
             return b.node("Reshape", &[&stacked, &shape], vec![]);
         }
         let rows = b.input(name, FLOAT, Some(&[D::N(1), sym("s"), D::N(4)]));
-        if matches!(broken, Pairs::Gathered | Pairs::GatheredUneven | Pairs::GatheredOther) {
-            let first = b.node("Transpose", &[&rows], vec![attr_ints("perm", &[2, 1, 0])]);
-            let one = b.ints(&[1]);
-            let u = b.node("Unsqueeze", &[&first, &one], vec![]);
-            let data = match broken {
-                Pairs::GatheredOther => {
-                    let other = b.node("Neg", &[&first], vec![]);
-                    let one_again = b.ints(&[1]);
-                    let v = b.node("Unsqueeze", &[&other, &one_again], vec![]);
-                    b.node("Concat", &[&u, &v], vec![attr_int("axis", 1)])
-                }
-                _ => {
-                    let to = b.ints(&[1, 2, 1, 1]);
-                    b.node("Expand", &[&u, &to], vec![])
-                }
-            };
-            // The repeats: a ConstantOfShape of the rows' last axis (or
-            // uneven ones), their largest, and the mask.
-            let repeats = match broken {
-                Pairs::GatheredUneven => b.ints(&[2, 2, 1, 3]),
-                _ => {
-                    let shape = b.node("Shape", &[&rows], vec![attr_int("start", 2)]);
-                    let two = tensor(INT64, &[1], &[2.0]);
-                    b.node("ConstantOfShape", &[&shape], vec![attr_tensor("value", two)])
-                }
-            };
-            let most = b.node("ReduceMax", &[&repeats], vec![attr_int("keepdims", 0)]);
-            let (zero, step) = (b.constant(tensor(INT64, &[], &[0.0])), b.constant(tensor(INT64, &[], &[1.0])));
-            let range = b.node("Range", &[&zero, &most, &step], vec![]);
-            let one_more = b.ints(&[1]);
-            let column = b.node("Unsqueeze", &[&repeats, &one_more], vec![]);
-            let mask = b.node("Less", &[&range, &column], vec![]);
-            let indices = b.node("NonZero", &[&mask], vec![]);
-            let listed = b.node("Transpose", &[&indices], vec![attr_ints("perm", &[1, 0])]);
-            let gathered = b.node("GatherND", &[&data, &listed], vec![]);
-            let back = b.node("Transpose", &[&gathered], vec![attr_ints("perm", &[2, 1, 0])]);
+        let gathered = match broken {
+            Pairs::Gathered => Some(Gathered::Pairs),
+            Pairs::GatheredUneven => Some(Gathered::Uneven),
+            Pairs::GatheredOther => Some(Gathered::Negated),
+            _ => None,
+        };
+        if let Some(how) = gathered {
+            let table = gathered_pairs(b, &rows, 4, how);
             let heads_axis = b.ints(&[heads]);
-            return b.node("Unsqueeze", &[&back, &heads_axis], vec![]);
+            return b.node("Unsqueeze", &[&table, &heads_axis], vec![]);
         }
         let (axes, reps) =
             if broken == Pairs::Whole { ([heads, 3], [1, 1, 1, 2, 1]) } else { ([heads, 4], [1, 1, 1, 1, 2]) };
@@ -296,6 +268,22 @@ fn interleaved_model(broken: Pairs) -> ModelProto {
     b.node_to("Add", &[&plain, &rotated], &["y"], vec![]);
     b.output("y", FLOAT, None);
     b.model(23)
+}
+
+/// Export `name` upgraded to opset 23 and its rotaries fused, where the
+/// pass fuses 4 (q's and k's of both layers): (original, fused).
+fn four_rotaries(name: &str) -> (ModelProto, ModelProto) {
+    let original = load(name);
+    let (mut model, upgrade) = onnx_fuse::upgrade::upgrade(&original, 23).unwrap();
+    let outcome = rewrite::run_upgraded(&mut model, &[&rotary::PASS], Default::default(), upgrade.added);
+    assert_eq!(outcome.fused.len(), 4, "{name}: q and k of both layers: {:?}", outcome.declined);
+    (original, model)
+}
+
+/// Each `RotaryEmbedding` of `model`: its name and its integer attributes.
+fn rotary_attributes(model: &ModelProto) -> Vec<(&str, Vec<(&str, i64)>)> {
+    let rotaries = all_nodes(model).into_iter().filter(|n| n.op_type() == "RotaryEmbedding");
+    rotaries.map(|n| (n.name(), n.attribute.iter().map(|a| (a.name(), a.i())).collect())).collect()
 }
 
 fn fuse(model: &ModelProto) -> (ModelProto, rewrite::Outcome) {
@@ -452,10 +440,7 @@ fn near_misses_do_not_fuse_and_say_why() {
 #[test]
 fn exports_rotaries_become_rotary_embeddings_and_compute_the_same() {
     for name in ["llama_optimum_past.onnx", "llama_ts_op14.onnx", "qwen2_ts_op14.onnx", "gemma2_ts_op18.onnx"] {
-        let original = load(name);
-        let (mut model, upgrade) = onnx_fuse::upgrade::upgrade(&original, 23).unwrap();
-        let outcome = rewrite::run_upgraded(&mut model, &[&rotary::PASS], Default::default(), upgrade.added);
-        assert_eq!(outcome.fused.len(), 4, "{name}: q and k of both layers");
+        let (original, model) = four_rotaries(name);
         assert_eq!(count_op(&model, "RotaryEmbedding"), 4, "{name}");
         // One half-table slice per table, shared by every rotary.
         let slices = all_nodes(&model).into_iter().filter(|n| n.op_type() == "Slice" && n.output[0].ends_with("/half"));
@@ -587,13 +572,9 @@ fn interleaved_near_misses_do_not_fuse_and_say_why() {
 #[test]
 fn gptjs_interleaved_rotaries_become_rotary_embeddings_and_compute_the_same() {
     for name in ["gptj_ts_op17.onnx", "gptj_optimum_past.onnx"] {
-        let original = load(name);
-        let (mut model, upgrade) = onnx_fuse::upgrade::upgrade(&original, 23).unwrap();
-        let outcome = rewrite::run_upgraded(&mut model, &[&rotary::PASS], Default::default(), upgrade.added);
-        assert_eq!(outcome.fused.len(), 4, "{name}: q and k of both layers: {:?}", outcome.declined);
-        for rotary in all_nodes(&model).into_iter().filter(|n| n.op_type() == "RotaryEmbedding") {
-            let attrs: Vec<(&str, i64)> = rotary.attribute.iter().map(|a| (a.name(), a.i())).collect();
-            assert_eq!(attrs, [("interleaved", 1), ("num_heads", 4)], "{name}: {}", rotary.name());
+        let (original, model) = four_rotaries(name);
+        for (rotary, attrs) in rotary_attributes(&model) {
+            assert_eq!(attrs, [("interleaved", 1), ("num_heads", 4)], "{name}: {rotary}");
         }
         // The exports compute the tables once for every layer: the repeats
         // of cos and sin go with the last rotary reading them, and the
@@ -612,13 +593,9 @@ fn gptjs_interleaved_rotaries_become_rotary_embeddings_and_compute_the_same() {
 #[test]
 fn cohere_and_glm_rotaries_of_gathered_tables_become_rotary_embeddings() {
     for name in ["cohere_optimum_past.onnx", "glm_optimum_past.onnx"] {
-        let original = load(name);
-        let (mut model, upgrade) = onnx_fuse::upgrade::upgrade(&original, 23).unwrap();
-        let outcome = rewrite::run_upgraded(&mut model, &[&rotary::PASS], Default::default(), upgrade.added);
-        assert_eq!(outcome.fused.len(), 4, "{name}: q and k of both layers: {:?}", outcome.declined);
-        for rotary in all_nodes(&model).into_iter().filter(|n| n.op_type() == "RotaryEmbedding") {
-            let attrs: Vec<(&str, i64)> = rotary.attribute.iter().map(|a| (a.name(), a.i())).collect();
-            assert_eq!(attrs, [("interleaved", 1)], "{name}: {}", rotary.name());
+        let (original, model) = four_rotaries(name);
+        for (rotary, attrs) in rotary_attributes(&model) {
+            assert_eq!(attrs, [("interleaved", 1)], "{name}: {rotary}");
         }
         let pairs = all_nodes(&model).into_iter().filter(|n| n.op_type() == "Slice" && n.output[0].ends_with("/pairs"));
         assert_eq!(pairs.count(), 2, "{name}: every second value of cos and sin, cut once for every layer");

@@ -196,3 +196,55 @@ pub fn rms_norm(b: &mut Builder, x: &str, elem: i32, weight: &[f64]) -> String {
     let w = b.init(&format!("{x}_weight"), tensor(elem, &[weight.len() as i64], weight));
     b.node("Mul", &[&n, &w], vec![])
 }
+
+/// How `gathered_pairs` repeats: every value twice (torch's
+/// `repeat_interleave(rows, 2, -1)`), or the near-misses: uneven repeats
+/// (as many values, not pairs), or pairs of a value and its negation.
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub enum Gathered {
+    Pairs,
+    Uneven,
+    Negated,
+}
+
+/// torch's general `repeat_interleave(rows, 2, -1)` of rows `[b, s, n]` as
+/// its TorchScript export writes it (Cohere's and GLM's rotary tables):
+/// the last axis moved first, unsqueezed, expanded to the most repeats,
+/// gathered at the indices (NonZero) of the mask `arange(max(repeats)) <
+/// repeats` and moved back last, `[b, s, 2n]`. The repeats are a
+/// ConstantOfShape of 2 over the rows' last axis; `Uneven`: `[1, 3, 2, 2]`
+/// cut to n (as many values); `Negated`: the expanded rows a Concat of the
+/// rows and their negation.
+pub fn gathered_pairs(b: &mut Builder, rows: &str, n: usize, how: Gathered) -> String {
+    use onnx_fuse::onnx::INT64;
+    let repeats = match how {
+        Gathered::Uneven => b.ints(&[1, 3, 2, 2][..n]),
+        _ => {
+            let shape = b.node("Shape", &[rows], vec![attr_int("start", 2)]);
+            let two = tensor(INT64, &[1], &[2.0]);
+            b.node("ConstantOfShape", &[&shape], vec![attr_tensor("value", two)])
+        }
+    };
+    let first = b.node("Transpose", &[rows], vec![attr_ints("perm", &[2, 1, 0])]);
+    let one = b.ints(&[1]);
+    let u = b.node("Unsqueeze", &[&first, &one], vec![]);
+    let data = if how == Gathered::Negated {
+        let negated = b.node("Neg", &[&first], vec![]);
+        let one_again = b.ints(&[1]);
+        let v = b.node("Unsqueeze", &[&negated, &one_again], vec![]);
+        b.node("Concat", &[&u, &v], vec![attr_int("axis", 1)])
+    } else {
+        let to = b.ints(&[1, if how == Gathered::Uneven { 3 } else { 2 }, 1, 1]);
+        b.node("Expand", &[&u, &to], vec![])
+    };
+    let most = b.node("ReduceMax", &[&repeats], vec![attr_int("keepdims", 0)]);
+    let (zero, step) = (b.constant(tensor(INT64, &[], &[0.0])), b.constant(tensor(INT64, &[], &[1.0])));
+    let range = b.node("Range", &[&zero, &most, &step], vec![]);
+    let last = b.ints(&[1]);
+    let column = b.node("Unsqueeze", &[&repeats, &last], vec![]);
+    let mask = b.node("Less", &[&range, &column], vec![]);
+    let indices = b.node("NonZero", &[&mask], vec![]);
+    let listed = b.node("Transpose", &[&indices], vec![attr_ints("perm", &[1, 0])]);
+    let gathered = b.node("GatherND", &[&data, &listed], vec![]);
+    b.node("Transpose", &[&gathered], vec![attr_ints("perm", &[2, 1, 0])])
+}

@@ -5,7 +5,8 @@
 use onnx_fuse::onnx::{ModelProto, BFLOAT16, BOOL, DOUBLE, FLOAT, FLOAT16, INT64};
 
 use crate::common::build::{
-    attr_float, attr_graph, attr_int, attr_ints, attr_string, attr_tensor, sym, tensor, value_info, Builder, D,
+    attr_float, attr_graph, attr_int, attr_ints, attr_string, gathered_pairs, sym, tensor, value_info, Builder,
+    Gathered, D,
 };
 
 /// What the mutations make of the rewrite.
@@ -2265,7 +2266,7 @@ pub fn interleaved_rotary(rng: &mut Rng) -> Case {
     let table = |b: &mut Builder, c: &mut Ctx, rng: &mut Rng, name: &str| -> String {
         let rows = b.input(name, elem, Some(&[batch.clone(), sym("s"), D::N(d / 2)]));
         if !whole && rng.chance(0.2) {
-            return gathered_pairs(b, c, rng, &rows, name, heads, d);
+            return gathered_table(b, c, rng, &rows, name, heads, d);
         }
         let new_axis = if whole { 3 } else { 4 };
         let unsqueezed = |b: &mut Builder| {
@@ -2329,48 +2330,23 @@ pub fn interleaved_rotary(rng: &mut Rng) -> Case {
     rotary_sum(rng, c, b, [&x, &cos, &turned, &sin], before, opset, elem)
 }
 
-/// torch's general `repeat_interleave(rows, 2, -1)` as its TorchScript
-/// export writes it (Cohere's and GLM's tables): the rows' last axis moved
-/// first, unsqueezed, expanded, gathered at the indices of the mask
-/// `arange(max(repeats)) < repeats` and moved back last; unsqueezed at the
-/// heads axis. Broken: uneven repeats (as many values), or pairs of a
-/// value and its negation.
-fn gathered_pairs(b: &mut Builder, c: &mut Ctx, rng: &mut Rng, rows: &str, name: &str, heads: i64, d: i64) -> String {
+/// The rows repeated by torch's general `repeat_interleave` (Cohere's and
+/// GLM's tables, `gathered_pairs`), unsqueezed at the heads axis; broken:
+/// uneven repeats (as many values), or pairs of a value and its negation.
+fn gathered_table(b: &mut Builder, c: &mut Ctx, rng: &mut Rng, rows: &str, name: &str, heads: i64, d: i64) -> String {
     c.note(format!("the {name} rows repeated by gathering (torch's general repeat_interleave)"));
-    let uneven = rng.chance(0.08);
-    let repeats = if uneven {
+    let how = if rng.chance(0.08) {
         c.breaks(format!("the {name} rows repeated unevenly (as many values)"));
-        b.ints(&[[1, 3], [2, 2]].concat()[..(d / 2) as usize].to_vec().as_slice())
-    } else {
-        let shape = b.node("Shape", &[rows], vec![attr_int("start", 2)]);
-        let two = tensor(INT64, &[1], &[2.0]);
-        b.node("ConstantOfShape", &[&shape], vec![attr_tensor("value", two)])
-    };
-    let first = b.node("Transpose", &[rows], vec![attr_ints("perm", &[2, 1, 0])]);
-    let one = b.ints(&[1]);
-    let u = b.node("Unsqueeze", &[&first, &one], vec![]);
-    let data = if !uneven && rng.chance(0.08) {
+        Gathered::Uneven
+    } else if rng.chance(0.08) {
         c.breaks(format!("the {name} rows gathered in pairs of a value and its negation"));
-        let negated = b.node("Neg", &[&first], vec![]);
-        let one_again = b.ints(&[1]);
-        let v = b.node("Unsqueeze", &[&negated, &one_again], vec![]);
-        b.node("Concat", &[&u, &v], vec![attr_int("axis", 1)])
+        Gathered::Negated
     } else {
-        let to = b.ints(&[1, if uneven { 3 } else { 2 }, 1, 1]);
-        b.node("Expand", &[&u, &to], vec![])
+        Gathered::Pairs
     };
-    let most = b.node("ReduceMax", &[&repeats], vec![attr_int("keepdims", 0)]);
-    let (zero, step) = (b.constant(tensor(INT64, &[], &[0.0])), b.constant(tensor(INT64, &[], &[1.0])));
-    let range = b.node("Range", &[&zero, &most, &step], vec![]);
-    let last = b.ints(&[1]);
-    let column = b.node("Unsqueeze", &[&repeats, &last], vec![]);
-    let mask = b.node("Less", &[&range, &column], vec![]);
-    let indices = b.node("NonZero", &[&mask], vec![]);
-    let listed = b.node("Transpose", &[&indices], vec![attr_ints("perm", &[1, 0])]);
-    let gathered = b.node("GatherND", &[&data, &listed], vec![]);
-    let back = b.node("Transpose", &[&gathered], vec![attr_ints("perm", &[2, 1, 0])]);
+    let table = gathered_pairs(b, rows, (d / 2) as usize, how);
     let heads_axis = b.ints(&[heads]);
-    b.node("Unsqueeze", &[&back, &heads_axis], vec![])
+    b.node("Unsqueeze", &[&table, &heads_axis], vec![])
 }
 
 /// `x·cos + turned·sin`, every operand either order, as the case's output;
