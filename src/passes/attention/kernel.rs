@@ -1289,8 +1289,8 @@ fn split_heads<'a>(g: &Graph<'a>, shapes: &Shapes, x4: &str) -> Option<(&'a str,
 /// `k = Reshape(Transpose(x3, [0, 2, 1]), [b, h, d, t])`, with `x3` `[b·h,
 /// t, d]` the key's heads folded into the batch: its kv heads repeated n
 /// times in place (`repeated` of rank 3), or a 4-D key `[b, h, t, d]`
-/// reshaped (element (b, h, t, d) is x3's (b·h + h, t, d), so k is that
-/// key with its last two axes swapped). The key before its transpose, and
+/// reshaped (of H heads, its element (i, j, t, d) is x3's (i·H + j, t, d),
+/// so k is that key with its last two axes swapped). The key before its transpose, and
 /// n where the fold repeats it (where it does not, the caller reads a
 /// repeat of the key as for any other).
 fn folded_key<'a>(g: &Graph<'a>, shapes: &Shapes, k: &str) -> Option<(&'a str, Option<i64>)> {
