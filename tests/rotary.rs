@@ -6,7 +6,7 @@ mod common;
 
 use common::build::*;
 use common::*;
-use onnx_fuse::onnx::{ModelProto, FLOAT, FLOAT16, INT64};
+use onnx_fuse::onnx::{ModelProto, NodeProto, FLOAT, FLOAT16, INT64};
 use onnx_fuse::passes::rotary;
 use onnx_fuse::rewrite;
 
@@ -283,7 +283,12 @@ fn four_rotaries(name: &str) -> (ModelProto, ModelProto) {
 /// Each `RotaryEmbedding` of `model`: its name and its integer attributes.
 fn rotary_attributes(model: &ModelProto) -> Vec<(&str, Vec<(&str, i64)>)> {
     let rotaries = all_nodes(model).into_iter().filter(|n| n.op_type() == "RotaryEmbedding");
-    rotaries.map(|n| (n.name(), n.attribute.iter().map(|a| (a.name(), a.i())).collect())).collect()
+    rotaries.map(|n| (n.name(), integers(n))).collect()
+}
+
+/// A node's attributes, each by name with its integer value.
+fn integers(node: &NodeProto) -> Vec<(&str, i64)> {
+    node.attribute.iter().map(|a| (a.name(), a.i())).collect()
 }
 
 fn fuse(model: &ModelProto) -> (ModelProto, rewrite::Outcome) {
@@ -332,7 +337,7 @@ fn a_rotate_half_rotary_of_heads_third_is_a_3d_rotary_embedding() {
     let fused = fused_once(&model);
     let nodes = all_nodes(&fused);
     let rotary = nodes.iter().find(|n| n.op_type() == "RotaryEmbedding").expect("the op");
-    let attrs: Vec<(&str, i64)> = rotary.attribute.iter().map(|a| (a.name(), a.i())).collect();
+    let attrs = integers(rotary);
     assert_eq!(attrs, [("num_heads", 4)]);
     let back = nodes.iter().find(|n| n.input.contains(&rotary.output[0])).expect("the view back");
     assert_eq!((back.op_type(), back.output[0].as_str()), ("Reshape", "y"));
@@ -458,7 +463,7 @@ fn an_interleaved_rotary_of_heads_before_their_transpose_is_a_3d_rotary_embeddin
     let fused = fused_once(&model);
     let nodes = all_nodes(&fused);
     let rotary = nodes.iter().find(|n| n.op_type() == "RotaryEmbedding").expect("the op");
-    let attrs: Vec<(&str, i64)> = rotary.attribute.iter().map(|a| (a.name(), a.i())).collect();
+    let attrs = integers(rotary);
     assert_eq!(attrs, [("interleaved", 1), ("num_heads", 4)]);
     let producer = |v: &str| *nodes.iter().find(|n| n.output.iter().any(|o| o == v)).unwrap();
     let constant = |v: &str| producer(v).attr("value").and_then(|a| a.t.as_ref()).unwrap().int64_data.clone();
@@ -490,7 +495,7 @@ fn an_interleaved_rotary_of_rows_stacked_with_themselves_fuses() {
     let fused = fused_once(&model);
     let nodes = all_nodes(&fused);
     let rotary = nodes.iter().find(|n| n.op_type() == "RotaryEmbedding").expect("the op");
-    let attrs: Vec<(&str, i64)> = rotary.attribute.iter().map(|a| (a.name(), a.i())).collect();
+    let attrs = integers(rotary);
     assert_eq!(attrs, [("interleaved", 1), ("num_heads", 4)]);
     let squeezed: Vec<&str> = nodes.iter().filter(|n| n.op_type() == "Squeeze").map(|n| n.input[0].as_str()).collect();
     assert_eq!(squeezed, ["cos", "sin"], "the rows, squeezed at the heads axis");
@@ -517,7 +522,7 @@ fn an_interleaved_rotary_of_heads_second_reads_x_itself() {
     let fused = fused_once(&model);
     let rotary = all_nodes(&fused).into_iter().find(|n| n.op_type() == "RotaryEmbedding").expect("the op");
     assert_eq!((rotary.input[0].as_str(), rotary.output[0].as_str()), ("x", "y"));
-    let attrs: Vec<(&str, i64)> = rotary.attribute.iter().map(|a| (a.name(), a.i())).collect();
+    let attrs = integers(rotary);
     assert_eq!(attrs, [("interleaved", 1)]);
     assert_eq!(count_op(&fused, "Reshape"), 0, "no view, and the repeats are gone");
     assert_equivalent(&model, &fused, "interleaved rotary, heads second");
@@ -532,7 +537,7 @@ fn an_interleaved_rotary_of_tables_torch_repeats_by_gathering_fuses() {
     let fused = fused_once(&model);
     let nodes = all_nodes(&fused);
     let rotary = nodes.iter().find(|n| n.op_type() == "RotaryEmbedding").expect("the op");
-    let attrs: Vec<(&str, i64)> = rotary.attribute.iter().map(|a| (a.name(), a.i())).collect();
+    let attrs = integers(rotary);
     assert_eq!(attrs, [("interleaved", 1), ("num_heads", 4)]);
     let steps =
         nodes.iter().filter(|n| n.op_type() == "Slice" && n.input.len() == 5 && n.output[0].ends_with("/pairs"));
