@@ -166,13 +166,15 @@ pub fn verify(
     // The original computes every value a fused node reads or writes.
     let computed: std::collections::HashSet<&str> =
         original.0.graph.iter().flat_map(|g| g.node.iter().flat_map(|n| n.output.iter().map(String::as_str))).collect();
+    // Each fused node with the new nodes computing its guard, what they
+    // read and the original's values they write.
+    let preludes: Vec<_> = fused.iter().map(|node| with_prelude(rewritten.0, node, &computed)).collect();
     let mut probe: Vec<String> = Vec::new();
-    for node in &fused {
+    for (node, (_, reads, outputs)) in fused.iter().zip(&preludes) {
         // What the replaced nodes read too: a failed node is run again as
         // those nodes in f64 (`exact`).
         let replaced = exact::reads(&exact::replaced(original.0, node));
-        let (_, reads, outputs) = with_prelude(rewritten.0, node, &computed);
-        for v in reads.iter().chain(&outputs).chain(&replaced) {
+        for v in reads.iter().chain(outputs).chain(&replaced) {
             let wanted = computed.contains(v.as_str()) && !constants.contains_key(v.as_str());
             if wanted && !model_inputs.contains(v.as_str()) && !probe.contains(v) {
                 probe.push(v.clone());
@@ -196,12 +198,47 @@ pub fn verify(
         let t = default_tolerance(elem_type);
         Tolerance { rtol: options.rtol.unwrap_or(t.rtol), atol: options.atol.unwrap_or(t.atol) }
     };
+    // Each fused node is judged at the tolerance of the least precise type
+    // its values pass through: what it writes, and what it and the nodes it
+    // replaced read. An f16 attention core writing f32 is computed to f16's
+    // precision, and ONNX Runtime's CPU provider runs some f16 ops in f32,
+    // casting back only where a value is fetched: the original, whose inner
+    // values are fetched here, rounds more often than the node alone
+    // (Optimum's f16 Qwen3: 8.8e-5 apart, the node the closer to exact
+    // arithmetic).
+    let passed_through: Vec<Vec<i32>> = fused
+        .iter()
+        .zip(&preludes)
+        .map(|(node, (_, reads, _))| {
+            let replaced = exact::reads(&exact::replaced(original.0, node));
+            reads.iter().chain(&replaced).filter_map(|v| a.get(v).map(|x| x.elem_type)).collect()
+        })
+        .collect();
+    let loosest = |types: &mut dyn Iterator<Item = &i32>, written: i32| {
+        types.map(|&t| tolerance_for(t)).fold(tolerance_for(written), |x, y| {
+            if (y.rtol, y.atol) > (x.rtol, x.atol) {
+                y
+            } else {
+                x
+            }
+        })
+    };
+    // A graph output computed from fused nodes carries their rounding: it
+    // is judged at the loosest of their tolerances and its own type's (an
+    // f16 norm whose result is widened to an f32 output).
     let graph_outputs: Vec<String> =
         original.0.graph.iter().flat_map(|g| g.output.iter().map(|o| o.name().to_string())).collect();
+    let body_types = if not_isolated.is_empty() { HashMap::new() } else { fused_types_in_bodies(rewritten.0) };
     let mut outputs = Vec::new();
     for name in &graph_outputs {
         let (x, y) = a.get(name).zip(b.get(name)).ok_or_else(|| anyhow!("{name} is not computed by both models"))?;
-        outputs.push(compare_values(name, None, x, y, tolerance_for(x.elem_type)));
+        let (upstream, holders) = fused_upstream(rewritten.0, name, &fused);
+        let in_bodies = holders.iter().filter_map(|i| body_types.get(i)).flatten();
+        let written: Vec<i32> =
+            upstream.iter().flat_map(|&i| &fused[i].output).filter_map(|o| a.get(o).map(|v| v.elem_type)).collect();
+        let mut types = upstream.iter().flat_map(|&i| &passed_through[i]).chain(&written).chain(in_bodies);
+        let tolerance = loosest(&mut types, x.elem_type);
+        outputs.push(compare_values(name, None, x, y, tolerance));
     }
     // An output that differs is compared with two more runs of the
     // original, in a new session (a random op's generator starts anew with
@@ -222,9 +259,8 @@ pub fn verify(
     }
     // Each fused node alone, on the original's values of its inputs.
     let mut nodes = Vec::new();
-    for node in &fused {
+    for ((node, passed_through), (isolated, reads, outs)) in fused.iter().zip(&passed_through).zip(preludes) {
         let label = crate::rewrite::provenance_entry(node);
-        let (isolated, reads, outs) = with_prelude(rewritten.0, node, &computed);
         let alone = isolate(rewritten.0, isolated, &reads, &outs, &a, &constants)?;
         let mut fed = Vec::new();
         for v in reads.iter().filter(|v| !constants.contains_key(v.as_str())) {
@@ -233,33 +269,12 @@ pub fn verify(
         }
         let got =
             run(env, &alone, rewritten.1, &format!("fused node {label} alone"), &[], feeds(&fed)?, &mut reference_ops)?;
-        // Judged at the tolerance of the least precise type its values
-        // pass through: what it writes, and what it and the nodes it
-        // replaced read. An f16 attention core writing f32 is computed to
-        // f16's precision, and ONNX Runtime's CPU provider runs some f16
-        // ops in f32, casting back only where a value is fetched: the
-        // original, whose inner values are fetched here, rounds more often
-        // than the node alone (Optimum's f16 Qwen3: 8.8e-5 apart, the node
-        // the closer to exact arithmetic).
-        let passed_through: Vec<i32> = reads
-            .iter()
-            .chain(&exact::reads(&exact::replaced(original.0, node)))
-            .filter_map(|v| a.get(v).map(|x| x.elem_type))
-            .collect();
-        let tolerance = |written: i32| {
-            passed_through.iter().chain([&written]).map(|&t| tolerance_for(t)).fold(tolerance_for(written), |x, y| {
-                if (y.rtol, y.atol) > (x.rtol, x.atol) {
-                    y
-                } else {
-                    x
-                }
-            })
-        };
         // Every output it has: a skip-norm's sum too.
         for out in &outs {
             let expected = a.get(out).ok_or_else(|| anyhow!("the original does not compute {out}"))?;
             let got = got.get(out).ok_or_else(|| anyhow!("{label} alone did not compute {out}"))?;
-            let mut c = compare_values(out, Some(label.clone()), expected, got, tolerance(expected.elem_type));
+            let tolerance = loosest(&mut passed_through.iter(), expected.elem_type);
+            let mut c = compare_values(out, Some(label.clone()), expected, got, tolerance);
             if !c.passed {
                 c.exact = Some(exact::judge(env, original, node, out, &a, got, &mut reference_ops));
             }
@@ -555,6 +570,68 @@ fn same_outside_fused(original: &ModelProto, rewritten: &ModelProto) -> bool {
     let outside = |n: &&NodeProto| n.metadata(FUSED_KEY).is_none() && !new(n) && !fused_view(n);
     b.node.iter().filter(outside).all(|n| nodes.contains(&n.encode_to_vec()))
         && b.initializer.iter().all(|t| initializers.get(t.name()).is_some_and(|o| *o == t))
+}
+
+/// The fused nodes of `fused` (main graph) that the value `out` of the
+/// main graph is computed from, by their places in `fused`, and the nodes
+/// holding bodies that it is computed from, by their places in the graph.
+fn fused_upstream(model: &ModelProto, out: &str, fused: &[&NodeProto]) -> (Vec<usize>, Vec<usize>) {
+    let Some(g) = &model.graph else { return (vec![], vec![]) };
+    let producers: HashMap<&str, usize> =
+        g.node.iter().enumerate().flat_map(|(i, n)| n.output.iter().map(move |o| (o.as_str(), i))).collect();
+    let mut seen: std::collections::HashSet<String> = std::collections::HashSet::from([out.to_string()]);
+    let (mut todo, mut found, mut holders) = (vec![out.to_string()], Vec::new(), Vec::new());
+    while let Some(v) = todo.pop() {
+        let Some(&i) = producers.get(v.as_str()) else { continue };
+        let n = &g.node[i];
+        if let Some(f) = fused.iter().position(|f| std::ptr::eq(*f, n)) {
+            found.push(f);
+        }
+        if n.subgraphs().next().is_some() {
+            holders.push(i);
+        }
+        for r in crate::graph::values_read_by(n) {
+            if seen.insert(r.clone()) {
+                todo.push(r);
+            }
+        }
+    }
+    (found, holders)
+}
+
+/// For each node of the main graph that holds bodies with fused nodes, the
+/// element types those fused nodes read and write (as far as known).
+fn fused_types_in_bodies(model: &ModelProto) -> HashMap<usize, Vec<i32>> {
+    let mut types = HashMap::new();
+    let Some(g) = &model.graph else { return types };
+    let outer = Scope::default();
+    let view = crate::graph::Graph::new(g, model.default_opset(), &outer);
+    for (i, node) in g.node.iter().enumerate().filter(|(_, n)| n.subgraphs().next().is_some()) {
+        let mut scope = view.scope_for_subgraphs();
+        scope.hide(view.hidden_from_bodies_of(i));
+        let mut found = Vec::new();
+        node.subgraphs().for_each(|body| fused_types_in(body, model.default_opset(), &scope, &mut found));
+        if !found.is_empty() {
+            types.insert(i, found);
+        }
+    }
+    types
+}
+
+/// The element types the fused nodes of `graph` and its bodies read and
+/// write, where known.
+fn fused_types_in(graph: &crate::onnx::GraphProto, opset: i64, outer: &Scope, types: &mut Vec<i32>) {
+    let view = crate::graph::Graph::new(graph, opset, outer);
+    for (i, node) in graph.node.iter().enumerate() {
+        if node.metadata(FUSED_KEY).is_some() {
+            types.extend(node.input.iter().chain(&node.output).filter_map(|v| view.elem_type(v)));
+        }
+        if node.subgraphs().next().is_some() {
+            let mut scope = view.scope_for_subgraphs();
+            scope.hide(view.hidden_from_bodies_of(i));
+            node.subgraphs().for_each(|body| fused_types_in(body, opset, &scope, types));
+        }
+    }
 }
 
 /// The fused nodes of the main graph, and the names of those in subgraph
