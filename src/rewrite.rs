@@ -19,7 +19,7 @@ use crate::onnx::{
     display_name, AttributeProto, FunctionProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto,
     StringStringEntryProto, TensorProto, FLOAT, FUSED_KEY, INT64, MICROSOFT,
 };
-use crate::pattern::Weight;
+use crate::pattern::{cast_to, Weight};
 use crate::{decline, require};
 
 /// A fusion pass: a name, what it does, and its rule.
@@ -86,11 +86,11 @@ pub struct Rewrite {
     /// (a weight given the shape the fused op takes), each named as the
     /// replacement reads it; the driver makes the names unique.
     pub constants: Vec<TensorProto>,
-    /// Chains of ops that, reading the anchor's output one after the
+    /// Chains of readers that, reading the anchor's output one after the
     /// other, continue the pattern (a norm without a scale before a Mul
     /// whose scale the pass did not prove, or a Cast read by such a Mul):
     /// where one does, the rewrite is declined rather than taken in part.
-    pub yields_to: &'static [&'static [&'static str]],
+    pub yields_to: Vec<Vec<Link>>,
     /// Nodes the replacement needs computed before it (a guard's
     /// condition), in order. The driver names them, gives their outputs
     /// names no value has, and places them before the replacement; it adds
@@ -189,9 +189,9 @@ impl Rewrite {
         self
     }
 
-    /// Declined where a chain of ops of `chains` reads the anchor's output
-    /// (see `yields_to`).
-    pub fn yielding_to(self, chains: &'static [&'static [&'static str]]) -> Self {
+    /// Declined where a chain of readers of `chains` reads the anchor's
+    /// output (see `yields_to`).
+    pub fn yielding_to(self, chains: Vec<Vec<Link>>) -> Self {
         Rewrite { yields_to: chains, ..self }
     }
 
@@ -372,7 +372,7 @@ impl Match {
             function: None,
             import: None,
             constants: self.constants,
-            yields_to: &[],
+            yields_to: Vec::new(),
             prelude: self.prelude,
             prelude_at: vec![],
             runs: None,
@@ -1537,16 +1537,34 @@ fn check_nothing_escapes(g: &Graph, rewrite: &Rewrite) -> Check<()> {
     Ok(())
 }
 
+/// A reader in a chain a rewrite yields to (`Rewrite::yields_to`): a node
+/// of an op, or a `Cast` to one of the element types that continue the
+/// pattern (a Cast to another type is no step of it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Link {
+    Op(&'static str),
+    CastTo(Vec<i32>),
+}
+
+impl Link {
+    fn is(&self, node: &NodeProto) -> bool {
+        match self {
+            Link::Op(op) => node.is(op),
+            Link::CastTo(types) => cast_to(node).is_some_and(|to| types.contains(&to)),
+        }
+    }
+}
+
 /// A rewrite that yields to a chain of ops reading its anchor's output (a
 /// weight Mul the pass did not prove, or a Cast on the way to one) is not
 /// taken in part.
 fn check_yields(g: &Graph, rewrite: &Rewrite) -> Check<()> {
-    /// The first node of a chain of `ops` that reads `value`, each op
+    /// The first node of a chain of `links` that reads `value`, each
     /// reading the one before it.
-    fn read_by<'g>(g: &'g Graph, value: &str, ops: &[&str]) -> Option<&'g NodeProto> {
-        let (first, rest) = ops.split_first()?;
+    fn read_by<'g>(g: &'g Graph, value: &str, links: &[Link]) -> Option<&'g NodeProto> {
+        let (first, rest) = links.split_first()?;
         g.consumers(value).iter().map(|&c| g.node(c)).find(|c| {
-            c.is(first)
+            first.is(c)
                 && c.input.iter().any(|i| i == value)
                 && (rest.is_empty() || read_by(g, &c.output[0], rest).is_some())
         })

@@ -399,13 +399,18 @@ fn rms_without_weight(x_dims: &[D], reader: Option<(&str, onnx_fuse::onnx::Tenso
 /// The norm of `rms_without_weight` in `b`, of input x: its output.
 fn rms_without_weight_in(b: &mut Builder, x_dims: &[D]) -> String {
     b.input("x", FLOAT, Some(x_dims));
-    let sq = b.node("Mul", &["x", "x"], vec![]);
+    rms_without_weight_of(b, "x")
+}
+
+/// The f32 norm of `rms_without_weight` of the value `x` in `b`: its output.
+fn rms_without_weight_of(b: &mut Builder, x: &str) -> String {
+    let sq = b.node("Mul", &[x, x], vec![]);
     let m = b.node("ReduceMean", &[&sq], vec![attr_ints("axes", &[-1])]);
     let eps = b.init("eps", tensor(FLOAT, &[], &[1e-6]));
     let a = b.node("Add", &[&m, &eps], vec![]);
     let r = b.node("Sqrt", &[&a], vec![]);
     let inv = b.node("Reciprocal", &[&r], vec![]);
-    b.node("Mul", &["x", &inv], vec![])
+    b.node("Mul", &[x, &inv], vec![])
 }
 
 #[test]
@@ -454,12 +459,21 @@ fn an_rms_norm_without_weight_whose_rank_is_unknown_or_whose_scale_is_not_proved
 /// A norm without weight whose result is cast to f16 and read by no Mul
 /// (onnxscript's mixed-precision RMSNorm: f16 in, f32 inside, f16 out) is
 /// no weighted norm's start: it fuses, the Cast back stays. Where the
-/// Cast is read by a Mul of an unproved weight, it is: nothing fuses.
+/// Cast is read by a Mul of an unproved weight and x was widened from f16,
+/// it is: nothing fuses. Where x is f32 itself (GLM's f16 export keeps its
+/// residual in f32), the Cast narrows, no weighted form folds it, and the
+/// core fuses alone whatever the weight: the Cast and the Mul stay.
 #[test]
 fn an_rms_norm_without_weight_cast_back_fuses_where_no_mul_reads_the_cast() {
-    let cast_back = |weight: Option<&[i64]>| {
+    let cast_back = |widened: bool, weight: Option<&[i64]>| {
         let mut b = Builder::default();
-        let n = rms_without_weight_in(&mut b, &dims(X));
+        let n = if widened {
+            b.input("x16", FLOAT16, Some(&dims(X)));
+            let x = b.node("Cast", &["x16"], vec![attr_int("to", i64::from(FLOAT))]);
+            rms_without_weight_of(&mut b, &x)
+        } else {
+            rms_without_weight_in(&mut b, &dims(X))
+        };
         let mut y = b.node("Cast", &[&n], vec![attr_int("to", i64::from(FLOAT16))]);
         if let Some(w) = weight {
             let values = ramp(w.iter().product::<i64>() as usize);
@@ -469,15 +483,31 @@ fn an_rms_norm_without_weight_cast_back_fuses_where_no_mul_reads_the_cast() {
         b.output(&y, FLOAT16, None);
         b.model(14)
     };
-    let model = cast_back(None);
-    let (fused, outcome) = fuse_model(&model, &["layer-norm", "rms-norm"]);
-    assert_eq!(count_op(&fused, "SimplifiedLayerNormalization"), 1, "{:?}", outcome.declined);
-    assert_eq!(count_op(&fused, "Cast"), 1, "the Cast back stays");
-    assert_equivalent(&model, &fused, "forms");
-    let model = cast_back(Some(&[2, 4]));
+    for widened in [false, true] {
+        let model = cast_back(widened, None);
+        let (fused, outcome) = fuse_model(&model, &["layer-norm", "rms-norm"]);
+        assert_eq!(count_op(&fused, "SimplifiedLayerNormalization"), 1, "{:?}", outcome.declined);
+        assert_eq!(count_op(&fused, "Cast"), 1 + usize::from(widened), "the Cast back stays");
+        assert_equivalent(&model, &fused, "forms");
+    }
+    let model = cast_back(true, Some(&[3, 4]));
     let (fused, outcome) = fuse_model(&model, &["layer-norm", "rms-norm"]);
     assert_eq!(count_op(&fused, "SimplifiedLayerNormalization"), 0, "{:?}", outcome.declined);
     assert!(declined(&model).iter().any(|r| r.contains("whose pattern did not match")));
+    // The f16 x widened: the weighted form folds both Casts.
+    let model = cast_back(true, Some(&[4]));
+    let fused = fused_one(&model, "SimplifiedLayerNormalization");
+    assert_eq!(count_op(&fused, "Cast") + count_op(&fused, "Mul"), 0);
+    // An f32 x: the core alone, read by the Cast to f16 and the weight's Mul.
+    for weight in [&[4][..], &[3, 4]] {
+        let model = cast_back(false, Some(weight));
+        let (fused, outcome) = fuse_model(&model, &["layer-norm", "rms-norm"]);
+        assert_eq!(count_op(&fused, "SimplifiedLayerNormalization"), 1, "{:?}", outcome.declined);
+        let norm = fused.graph.as_ref().unwrap().node.iter().find(|n| n.op_type() == "SimplifiedLayerNormalization");
+        assert_eq!(norm.unwrap().input[0], "x");
+        assert_eq!((count_op(&fused, "Cast"), count_op(&fused, "Mul")), (1, 1), "the Cast and the weight's Mul stay");
+        assert_equivalent(&model, &fused, "forms");
+    }
 }
 
 /// `softmax(steps(q·k)) · v` with `q, k, v` of shape (2, 2, 3, 3); `steps`

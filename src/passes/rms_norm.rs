@@ -19,7 +19,7 @@
 use crate::graph::{Check, Graph, Relabel, Stop, Target};
 use crate::onnx::{type_text, AttributeProto, BFLOAT16, FLOAT, FLOAT16};
 use crate::pattern::{self, cast_to, either_order, is_vector, scalar};
-use crate::rewrite::{node, Match, Pass, Portable, Rewrite};
+use crate::rewrite::{node, Link, Match, Pass, Portable, Rewrite};
 use crate::{candidate, decline, no_candidate, require};
 
 pub const PASS: Pass = Pass {
@@ -84,9 +84,11 @@ fn weighted(g: &Graph, index: usize) -> Check<Rewrite> {
 /// The core alone, `x / sqrt(mean(x²) + eps)` with no scale after it (a
 /// norm without a weight): the op gets a `[D]` weight of ones, which
 /// multiplies exactly, where D and the type are known numbers. Where a Mul
-/// (or a Cast read by one) reads it, the norm is the weighted form's to
-/// fuse whole, or to leave whole where its weight is not proved; a Cast
-/// that no Mul reads (an f16 norm without weight cast back) is no weight's.
+/// (or a Cast that `fold_casts` folds, read by one) reads it, the norm is
+/// the weighted form's to fuse whole, or to leave whole where its weight
+/// is not proved; a Cast that no Mul reads (an f16 norm without weight
+/// cast back), or one that narrows an f32 core of an f32 x (GLM's f16
+/// export keeps its residual in f32), is no weight's.
 fn without_weight(g: &Graph, index: usize) -> Check<Rewrite> {
     let last = g.node(index);
     candidate!(last.is("Div") || last.is("Mul"));
@@ -96,7 +98,16 @@ fn without_weight(g: &Graph, index: usize) -> Check<Rewrite> {
         format!("a norm without weight: the last axes of {} are no known numbers, and a scale of ones computed at run time needs its rank proved and opset 10 (bf16: 20)", core.x)
     })?;
     Ok(m.replace_with(node(op_for(g)?, &[core.x, &weight], norm_attributes(core.eps, 1)))
-        .yielding_to(&[&["Mul"], &["Cast", "Mul"]]))
+        .yielding_to(vec![vec![Link::Op("Mul")], vec![Link::CastTo(folded_casts(g, &core)), Link::Op("Mul")]]))
+}
+
+/// The types a Cast between the core and its weight may cast to where the
+/// weighted form folds it (`fold_casts`): the core's own type, and the type
+/// an f32 core's x was widened from.
+fn folded_casts(g: &Graph, core: &RmsCore) -> Vec<i32> {
+    let widened_from = g.produced_by(core.x, "Cast").ok().and_then(|c| g.elem_type(&g.node(c).input[0]));
+    let back = widened_from.filter(|&t| core.elem_type == FLOAT && matches!(t, FLOAT16 | BFLOAT16));
+    [core.elem_type].into_iter().chain(back).collect()
 }
 
 /// The op the target allows: ONNX Runtime's `SimplifiedLayerNormalization`
