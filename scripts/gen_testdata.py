@@ -1018,6 +1018,10 @@ def main():
         ("gptj_optimum_past.onnx", lambda n: export_optimum(n, "gptj", "text-generation-with-past")),
         ("cohere_optimum_past.onnx", lambda n: export_optimum(n, "cohere", "text-generation-with-past")),
         ("glm_optimum_past.onnx", lambda n: export_optimum(n, "glm", "text-generation-with-past")),
+        # Optimum's f16 export keeps the residual stream in f32: each norm
+        # computes in f32 and casts to f16 before its weight.
+        ("llama_optimum_past_fp16.onnx",
+         lambda n: export_optimum(n, "llama", "text-generation-with-past", fp16=True)),
         ("convbert_ts_op14.onnx", lambda n: export_torch(n, "convbert", opset=14)),
         ("funnel_ts_op14.onnx", lambda n: export_torch(n, "funnel", opset=14)),
         ("longt5_ts_op17.onnx", lambda n: export_torch(n, "longt5", opset=17)),

@@ -399,14 +399,15 @@ fn rms_without_weight(x_dims: &[D], reader: Option<(&str, onnx_fuse::onnx::Tenso
 /// The norm of `rms_without_weight` in `b`, of input x: its output.
 fn rms_without_weight_in(b: &mut Builder, x_dims: &[D]) -> String {
     b.input("x", FLOAT, Some(x_dims));
-    rms_without_weight_of(b, "x")
+    rms_without_weight_of(b, "x", FLOAT)
 }
 
-/// The f32 norm of `rms_without_weight` of the value `x` in `b`: its output.
-fn rms_without_weight_of(b: &mut Builder, x: &str) -> String {
+/// The norm of `rms_without_weight` of the value `x` (of type `elem`) in
+/// `b`: its output.
+fn rms_without_weight_of(b: &mut Builder, x: &str, elem: i32) -> String {
     let sq = b.node("Mul", &[x, x], vec![]);
     let m = b.node("ReduceMean", &[&sq], vec![attr_ints("axes", &[-1])]);
-    let eps = b.init("eps", tensor(FLOAT, &[], &[1e-6]));
+    let eps = b.init("eps", tensor(elem, &[], &[1e-6]));
     let a = b.node("Add", &[&m, &eps], vec![]);
     let r = b.node("Sqrt", &[&a], vec![]);
     let inv = b.node("Reciprocal", &[&r], vec![]);
@@ -470,7 +471,7 @@ fn an_rms_norm_without_weight_cast_back_fuses_where_no_mul_reads_the_cast() {
         let n = if widened {
             b.input("x16", FLOAT16, Some(&dims(X)));
             let x = b.node("Cast", &["x16"], vec![attr_int("to", i64::from(FLOAT))]);
-            rms_without_weight_of(&mut b, &x)
+            rms_without_weight_of(&mut b, &x, FLOAT)
         } else {
             rms_without_weight_in(&mut b, &dims(X))
         };
@@ -498,6 +499,24 @@ fn an_rms_norm_without_weight_cast_back_fuses_where_no_mul_reads_the_cast() {
     let model = cast_back(true, Some(&[4]));
     let fused = fused_one(&model, "SimplifiedLayerNormalization");
     assert_eq!(count_op(&fused, "Cast") + count_op(&fused, "Mul"), 0);
+    // An f32 x narrowed to an f16 core and widened back before an f32
+    // weight: no weighted norm folds those Casts (testdata/fuzz/
+    // rms_narrowing_casts.onnx), and the f16 core fuses alone.
+    let mut b = Builder::default();
+    b.input("x", FLOAT, Some(&dims(X)));
+    let h = b.node("Cast", &["x"], vec![attr_int("to", i64::from(FLOAT16))]);
+    let n = rms_without_weight_of(&mut b, &h, FLOAT16);
+    let n = b.node("Cast", &[&n], vec![attr_int("to", i64::from(FLOAT))]);
+    let w = b.init("w", tensor(FLOAT, &[4], &ramp(4)));
+    let y = b.node("Mul", &[&n, &w], vec![]);
+    b.output(&y, FLOAT, None);
+    let model = b.model(14);
+    let (fused, outcome) = fuse_model(&model, &["layer-norm", "rms-norm"]);
+    assert_eq!(count_op(&fused, "SimplifiedLayerNormalization"), 1, "{:?}", outcome.declined);
+    let norm = fused.graph.as_ref().unwrap().node.iter().find(|n| n.op_type() == "SimplifiedLayerNormalization");
+    assert_eq!(norm.unwrap().input[0], h, "the f16 core reads x narrowed");
+    assert_eq!((count_op(&fused, "Cast"), count_op(&fused, "Mul")), (2, 1));
+    assert_equivalent(&model, &fused, "forms");
     // An f32 x: the core alone, read by the Cast to f16 and the weight's Mul.
     for weight in [&[4][..], &[3, 4]] {
         let model = cast_back(false, Some(weight));

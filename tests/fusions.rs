@@ -104,6 +104,9 @@ pub const EXPORTS: &[(&str, &[(&str, usize)], f32)] = &[
     // writes (tests/rotary.rs); Cohere's LayerNorm has no bias.
     ("cohere_optimum_past.onnx", &[("layer-norm", 3), ("attention", 2)], 1e-5),
     ("glm_optimum_past.onnx", &[("rms-norm", 5), ("attention", 2)], 1.5625e-7),
+    // f16 with the residual stream in f32: each norm's f32 core alone, the
+    // Cast to f16 and the weight's Mul after it stay (tests/forms.rs).
+    ("llama_optimum_past_fp16.onnx", &[("rms-norm", 5), ("attention", 2)], 1e-6),
     // Relative attention, its scores a sum of three terms: the position
     // term cut from `seq + 7` relative positions (`arange(7, -seq, -1)`,
     // its bounds `pos[0]` and `pos[-1]` of `arange(seq)` cast to float):
