@@ -11,7 +11,7 @@
 //! minutes of a release build on two cores. `ONNX_FUSE_MUTATION_STRIDE=N`
 //! mutates every Nth node of each export only, from an offset of its own
 //! (default: 1, every node, in a release build; 1009 in a debug build, so
-//! `cargo test` stays quick; CI runs a release build at 11);
+//! `cargo test` stays quick; CI runs a release build at 23);
 //! `ONNX_FUSE_MUTATION_EXPORTS=a,b` limits the exports.
 
 mod common;
