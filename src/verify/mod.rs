@@ -169,12 +169,13 @@ pub fn verify(
     // Each fused node with the new nodes computing its guard, what they
     // read and the original's values they write.
     let preludes: Vec<_> = fused.iter().map(|node| with_prelude(rewritten.0, node, &computed)).collect();
+    // What the replaced nodes read: a failed node is run again as those
+    // nodes in f64 (`exact`).
+    let replaced: Vec<Vec<String>> =
+        fused.iter().map(|node| exact::reads(&exact::replaced(original.0, node))).collect();
     let mut probe: Vec<String> = Vec::new();
-    for (node, (_, reads, outputs)) in fused.iter().zip(&preludes) {
-        // What the replaced nodes read too: a failed node is run again as
-        // those nodes in f64 (`exact`).
-        let replaced = exact::reads(&exact::replaced(original.0, node));
-        for v in reads.iter().chain(outputs).chain(&replaced) {
+    for ((_, reads, outputs), replaced) in preludes.iter().zip(&replaced) {
+        for v in reads.iter().chain(outputs).chain(replaced) {
             let wanted = computed.contains(v.as_str()) && !constants.contains_key(v.as_str());
             if wanted && !model_inputs.contains(v.as_str()) && !probe.contains(v) {
                 probe.push(v.clone());
@@ -206,12 +207,11 @@ pub fn verify(
     // values are fetched here, rounds more often than the node alone
     // (Optimum's f16 Qwen3: 8.8e-5 apart, the node the closer to exact
     // arithmetic).
-    let passed_through: Vec<Vec<i32>> = fused
+    let passed_through: Vec<Vec<i32>> = preludes
         .iter()
-        .zip(&preludes)
-        .map(|(node, (_, reads, _))| {
-            let replaced = exact::reads(&exact::replaced(original.0, node));
-            reads.iter().chain(&replaced).filter_map(|v| a.get(v).map(|x| x.elem_type)).collect()
+        .zip(&replaced)
+        .map(|((_, reads, _), replaced)| {
+            reads.iter().chain(replaced).filter_map(|v| a.get(v).map(|x| x.elem_type)).collect()
         })
         .collect();
     let loosest = |types: &mut dyn Iterator<Item = &i32>, written: i32| {
@@ -229,10 +229,16 @@ pub fn verify(
     let graph_outputs: Vec<String> =
         original.0.graph.iter().flat_map(|g| g.output.iter().map(|o| o.name().to_string())).collect();
     let body_types = if not_isolated.is_empty() { HashMap::new() } else { fused_types_in_bodies(rewritten.0) };
+    let producers: HashMap<&str, usize> = rewritten
+        .0
+        .graph
+        .iter()
+        .flat_map(|g| g.node.iter().enumerate().flat_map(|(i, n)| n.output.iter().map(move |o| (o.as_str(), i))))
+        .collect();
     let mut outputs = Vec::new();
     for name in &graph_outputs {
         let (x, y) = a.get(name).zip(b.get(name)).ok_or_else(|| anyhow!("{name} is not computed by both models"))?;
-        let (upstream, holders) = fused_upstream(rewritten.0, name, &fused);
+        let (upstream, holders) = fused_upstream(rewritten.0, &producers, name, &fused);
         let in_bodies = holders.iter().filter_map(|i| body_types.get(i)).flatten();
         let written: Vec<i32> =
             upstream.iter().flat_map(|&i| &fused[i].output).filter_map(|o| a.get(o).map(|v| v.elem_type)).collect();
@@ -574,11 +580,15 @@ fn same_outside_fused(original: &ModelProto, rewritten: &ModelProto) -> bool {
 
 /// The fused nodes of `fused` (main graph) that the value `out` of the
 /// main graph is computed from, by their places in `fused`, and the nodes
-/// holding bodies that it is computed from, by their places in the graph.
-fn fused_upstream(model: &ModelProto, out: &str, fused: &[&NodeProto]) -> (Vec<usize>, Vec<usize>) {
+/// holding bodies that it is computed from, by their places in the graph
+/// (`producers`: the main graph's node computing each value).
+fn fused_upstream(
+    model: &ModelProto,
+    producers: &HashMap<&str, usize>,
+    out: &str,
+    fused: &[&NodeProto],
+) -> (Vec<usize>, Vec<usize>) {
     let Some(g) = &model.graph else { return (vec![], vec![]) };
-    let producers: HashMap<&str, usize> =
-        g.node.iter().enumerate().flat_map(|(i, n)| n.output.iter().map(move |o| (o.as_str(), i))).collect();
     let mut seen: std::collections::HashSet<String> = std::collections::HashSet::from([out.to_string()]);
     let (mut todo, mut found, mut holders) = (vec![out.to_string()], Vec::new(), Vec::new());
     while let Some(v) = todo.pop() {
