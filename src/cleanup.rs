@@ -19,10 +19,11 @@
 //!   proved at least 1 and no `-1` is there already.
 //! - **Twins.** Of two nodes with the same domain, op, attributes and inputs
 //!   (default domain, not random, no body) the first in dependency order
-//!   stays and readers of the second read the first; not where the second's
-//!   value is a graph output or a body reads it. So too an integer shape
-//!   value (rank 0 or 1) the shapes prove equal, element by element, to an
-//!   earlier one: every layer's `Shape(x)[0]` is the batch.
+//!   stays and readers of the second read the first (a body that reads it
+//!   too, at any depth); not where the second's value is a graph output.
+//!   So too an integer shape value (rank 0 or 1) the shapes prove equal,
+//!   element by element, to an earlier one: every layer's `Shape(x)[0]` is
+//!   the batch.
 //! - **Unread nodes** of the default domain go, as do the `Constant`s the
 //!   steps above leave unread.
 //!
@@ -47,7 +48,7 @@
 use std::collections::{HashMap, HashSet};
 
 use crate::graph::shapes::{Dim, Shapes};
-use crate::graph::{fold, free_values, Graph, Scope};
+use crate::graph::{fold, Graph, Scope};
 use crate::onnx::{display_name, AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, FUSED_KEY, RUNS_KEY};
 use crate::rewrite::unused_name;
 
@@ -258,6 +259,7 @@ impl Run {
                         *v = to.clone();
                     }
                 }
+                node.subgraphs_mut().for_each(|body| read_instead(body, &renamed));
                 graph.node.push(node);
             }
             let gone_values: HashSet<&String> = renamed.keys().collect();
@@ -477,11 +479,10 @@ fn twins(
         }
         let inputs: Vec<String> =
             node.input.iter().map(|v| renamed.get(v).cloned().unwrap_or_else(|| v.clone())).collect();
-        // Its values must be free to take another name.
-        let escapes = node.output.iter().filter(|o| !o.is_empty()).any(|o| {
-            g.is_graph_output(o)
-                || g.consumers(o).iter().any(|&c| g.node(c).subgraphs().any(|b| free_values(b).contains(o)))
-        });
+        // Its values must be free to take another name: a graph output's
+        // is not. A body that reads one reads the kept value instead
+        // (`apply`; a name a body defines again is no node's here: `ours`).
+        let escapes = node.output.iter().any(|o| !o.is_empty() && g.is_graph_output(o));
         let key = computation(node, inputs);
         if let Some(kept) = first.get(&key) {
             if escapes {
@@ -594,6 +595,25 @@ fn computation(node: &NodeProto, inputs: Vec<String>) -> Vec<u8> {
         metadata_props: vec![],
         ..node.clone()
     })
+}
+
+/// A body, at any depth, reads `renamed[v]` where it read `v` (a name no
+/// body defines again: `twins`).
+fn read_instead(body: &mut GraphProto, renamed: &HashMap<String, String>) {
+    let rename = |v: &mut String| {
+        if let Some(to) = renamed.get(v.as_str()) {
+            *v = to.clone();
+        }
+    };
+    for node in &mut body.node {
+        node.input.iter_mut().for_each(rename);
+        node.subgraphs_mut().for_each(|sub| read_instead(sub, renamed));
+    }
+    for out in &mut body.output {
+        let mut name = out.name().to_string();
+        rename(&mut name);
+        out.name = Some(name);
+    }
 }
 
 fn constant_node(name: &str, value: &str, t: TensorProto) -> NodeProto {
