@@ -611,6 +611,8 @@ pub fn rms(rng: &mut Rng) -> Case {
                 if !declared {
                     c.breaks("the core alone on x of no declared shape");
                 }
+                // The core's output may be read anywhere: the op writes it.
+                c.aside.push(normalized.clone());
                 alone = true;
             }
             x_elem
