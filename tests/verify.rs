@@ -49,7 +49,7 @@ fn fp16_nodes_are_judged_at_f16_tolerance_when_outputs_are_f32() {
 }
 
 /// Where the graph outputs decide (the models differ outside the fused
-/// nodes: here the weight of ones made for an f16 norm without weight), an
+/// nodes: here twins the cleanup made one), an
 /// f32 output computed from an f16 fused node carries its rounding and is
 /// judged at f16's tolerance; one that no fused node computes stays at f32's.
 #[test]
@@ -65,11 +65,15 @@ fn an_f32_output_computed_from_an_f16_fused_node_is_judged_at_f16_tolerance() {
     let n = b.node("Div", &[&h, &r], vec![]);
     let out = b.node("Cast", &[&n], vec![attr_int("to", FLOAT as i64)]);
     b.output(&out, FLOAT, None);
-    let plain = b.node("Neg", &[&x], vec![]);
+    // Twins outside the norm, which the cleanup makes one: the models
+    // differ there, and the graph outputs decide.
+    let (neg, twin) = (b.node("Neg", &[&x], vec![]), b.node("Neg", &[&x], vec![]));
+    let plain = b.node("Add", &[&neg, &twin], vec![]);
     b.output(&plain, FLOAT, None);
     let original = b.model(17);
-    let (fused, outcome) = fuse_model(&original, &["rms-norm"]);
+    let (mut fused, outcome) = fuse_model(&original, &["rms-norm"]);
     assert_eq!(outcome.fused.len(), 1, "{:?}", outcome.declined);
+    onnx_fuse::cleanup::clean(&mut fused);
     let v = verify_models(&original, &fused);
     assert!(v.outputs_decide && v.passed, "{}", v.text());
     let (norm, plain) = (&v.outputs[0], &v.outputs[1]);
@@ -569,4 +573,26 @@ fn an_f16_output_is_judged_again_with_every_f16_value_rounded() {
     // A real difference still fails, rounded or not.
     let v = verify_models(&f16_softmax_chain(false, 3.0), &f16_softmax_chain(true, 3.1));
     assert!(!v.passed && v.outputs[0].rounded.is_none(), "{}", v.text());
+}
+
+#[test]
+fn a_new_initializer_the_original_never_names_leaves_the_nodes_alone_to_decide() {
+    // The f16 core of an f32 x, taken alone, reads a weight of ones the
+    // original does not have; nothing else outside it changed. The graph
+    // outputs are reported, the nodes alone decide.
+    let (original, fused, _) = fuse_with("fuzz/rms_narrowing_casts.onnx", &["rms-norm"]);
+    let names = |m: &ModelProto| -> Vec<String> {
+        m.graph.as_ref().unwrap().initializer.iter().map(|t| t.name().to_string()).collect()
+    };
+    let before = names(&original);
+    assert!(names(&fused).iter().any(|n| !before.contains(n)), "a new initializer: {:?}", names(&fused));
+    let v = verify_models(&original, &fused);
+    assert!(v.passed && !v.outputs_decide && !v.outputs.is_empty(), "{}", v.text());
+    // An initializer the original has, changed: the outputs decide.
+    let mut changed = fused.clone();
+    let w = changed.graph.as_mut().unwrap().initializer.iter_mut().find(|t| t.name() == "w").unwrap();
+    w.raw_data = None;
+    w.float_data = vec![2.0; w.dims.iter().product::<i64>() as usize];
+    let v = verify_models(&original, &changed);
+    assert!(v.outputs_decide && !v.passed, "{}", v.text());
 }

@@ -606,8 +606,15 @@ fn same_outside_fused(original: &ModelProto, rewritten: &ModelProto) -> bool {
         .collect();
     let fused_view = |n: &NodeProto| n.input.iter().any(|v| by_fused.contains(v.as_str()));
     let outside = |n: &&NodeProto| n.metadata(FUSED_KEY).is_none() && !new(n) && !fused_view(n);
-    b.node.iter().filter(outside).all(|n| nodes.contains(&n.encode_to_vec()))
-        && b.initializer.iter().all(|t| initializers.get(t.name()).is_some_and(|o| *o == t))
+    // An initializer of a name the original does not use at all (a norm's
+    // weight of ones) changes nothing it computes: a node outside reading
+    // it stands in the original with other inputs.
+    let used = |name: &str| computed.contains(name) || a.input.iter().any(|i| i.name() == name);
+    let kept = |t: &crate::onnx::TensorProto| match initializers.get(t.name()) {
+        Some(o) => *o == t,
+        None => !used(t.name()),
+    };
+    b.node.iter().filter(outside).all(|n| nodes.contains(&n.encode_to_vec())) && b.initializer.iter().all(kept)
 }
 
 /// The fused nodes of `fused` (main graph) that the value `out` of the
