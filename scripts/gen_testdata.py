@@ -140,6 +140,9 @@ def configs():
         "cohere": t.CohereConfig(**SMALL, num_key_value_heads=2),
         "glm": t.GlmConfig(**SMALL, num_key_value_heads=2, head_dim=8, pad_token_id=0),
         # Soft-capped attention scores (and logits), sliding-window layers.
+        # Each head's q and k normalized (RMSNorm over the head's 8 values,
+        # on [b, s, h, d] before the heads' Transpose) ahead of rotary.
+        "qwen3": t.Qwen3Config(**SMALL, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6),
         "gemma2": t.Gemma2Config(**SMALL, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6,
                                  attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
                                  query_pre_attn_scalar=8, sliding_window=4),
@@ -1022,6 +1025,7 @@ def main():
         # computes in f32 and casts to f16 before its weight.
         ("llama_optimum_past_fp16.onnx",
          lambda n: export_optimum(n, "llama", "text-generation-with-past", fp16=True)),
+        ("qwen3_optimum_past.onnx", lambda n: export_optimum(n, "qwen3", "text-generation-with-past")),
         ("convbert_ts_op14.onnx", lambda n: export_torch(n, "convbert", opset=14)),
         ("funnel_ts_op14.onnx", lambda n: export_torch(n, "funnel", opset=14)),
         ("longt5_ts_op17.onnx", lambda n: export_torch(n, "longt5", opset=17)),

@@ -107,6 +107,9 @@ pub const EXPORTS: &[(&str, &[(&str, usize)], f32)] = &[
     // f16 with the residual stream in f32: each norm's f32 core alone, the
     // Cast to f16 and the weight's Mul after it stay (tests/forms.rs).
     ("llama_optimum_past_fp16.onnx", &[("rms-norm", 5), ("attention", 2)], 1e-6),
+    // Each head's q and k normalized over its 8 values on [b, s, h, d]
+    // before the heads' Transpose: 4 norms more than Llama's.
+    ("qwen3_optimum_past.onnx", &[("rms-norm", 9), ("attention", 2)], 1e-6),
     // Relative attention, its scores a sum of three terms: the position
     // term cut from `seq + 7` relative positions (`arange(7, -seq, -1)`,
     // its bounds `pos[0]` and `pos[-1]` of `arange(seq)` cast to float):
