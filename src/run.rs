@@ -158,8 +158,12 @@ fn fuse_loaded(
             let added = upgrade.as_ref().map(|u| u.added.clone()).unwrap_or_default();
             let mut outcome =
                 rewrite::run_reading(&mut loaded.model, &settings.pipeline, settings.target, added, &held);
-            if let Some(KernelTrial::Declined(tried)) = &trial {
-                noted_from_trial(&mut outcome, tried, loaded.model.default_opset());
+            match &trial {
+                Some(KernelTrial::Declined(tried)) => {
+                    noted_from_trial(&mut outcome, tried, loaded.model.default_opset())
+                }
+                Some(KernelTrial::Refused(why)) => noted_refused(&mut outcome, why, loaded.model.default_opset()),
+                _ => {}
             }
             (outcome, upgrade)
         }
@@ -229,10 +233,12 @@ pub const KERNEL_OPSET: i64 = 23;
 /// passes did. `Declined` with what they did at that opset where no pass
 /// wrote such a kernel (the cores then stay `AttentionCore`, as at the
 /// model's own opset, and the report says why each is not the kernel);
-/// None where no trial was made (or the model has no exact upgrade).
+/// `Refused` with why where the model has no exact upgrade to it; None
+/// where no trial was made.
 enum KernelTrial {
     Taken(crate::onnx::ModelProto, crate::upgrade::Upgrade, rewrite::Outcome),
     Declined(rewrite::Outcome),
+    Refused(String),
 }
 
 fn kernel_upgrade(
@@ -250,7 +256,10 @@ fn kernel_upgrade(
     if !wanted {
         return None;
     }
-    let (mut model, upgrade) = crate::upgrade::upgrade(model, KERNEL_OPSET).ok()?;
+    let (mut model, upgrade) = match crate::upgrade::upgrade(model, KERNEL_OPSET) {
+        Ok(upgraded) => upgraded,
+        Err(why) => return Some(KernelTrial::Refused(why.to_string())),
+    };
     let outcome = rewrite::run_reading(&mut model, &settings.pipeline, settings.target, upgrade.added.clone(), held);
     let needs = outcome.fused.iter().any(|f| f.opset.is_some_and(|o| o > from));
     Some(if needs { KernelTrial::Taken(model, upgrade, outcome) } else { KernelTrial::Declined(outcome) })
@@ -268,6 +277,16 @@ fn noted_from_trial(outcome: &mut rewrite::Outcome, trial: &rewrite::Outcome, op
                 "not ONNX Attention (tried at opset {KERNEL_OPSET}; the model keeps opset {opset}): {why}"
             ));
         }
+    }
+}
+
+/// Where the model has no exact upgrade to `KERNEL_OPSET`, each attention
+/// core says so (`why`, the upgrade's refusal); `opset` is the one the
+/// model keeps.
+fn noted_refused(outcome: &mut rewrite::Outcome, why: &str, opset: i64) {
+    let cores = outcome.fused.iter_mut().filter(|f| f.note.is_none() && f.op_type == "AttentionCore");
+    for f in cores {
+        f.note = Some(format!("not ONNX Attention (the model keeps opset {opset}): {why}"));
     }
 }
 

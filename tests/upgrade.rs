@@ -5,10 +5,11 @@
 
 mod common;
 
-use common::build::{attr_graph, attr_int, attr_ints, tensor, value_info, Builder, D};
+use common::build::{attr_float, attr_graph, attr_int, attr_ints, tensor, value_info, Builder, D};
 use common::*;
 use onnx_fuse::onnx::{
-    AttributeProto, FunctionProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, BOOL, FLOAT, INT64,
+    AttributeProto, FunctionProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, ValueInfoProto, BOOL, FLOAT,
+    INT64,
 };
 use onnx_fuse::upgrade::{self, Upgrade};
 use onnx_fuse::verify;
@@ -578,4 +579,114 @@ fn a_malformed_node_is_refused_not_adapted() {
     let relu = single("Relu", &["x", "extra"], &["y"], vec![], 11);
     let (up, _) = upgrade::upgrade(&relu, 13).unwrap();
     assert_eq!(up.graph, relu.graph, "no change reaches Relu between 11 and 13");
+}
+
+/// Whether ONNX Runtime loads and runs `model` (on inputs of its own).
+fn onnx_runtime_runs(model: &ModelProto) -> Result<(), String> {
+    let dir = std::env::temp_dir();
+    let (a, b) = ((model, dir.as_path()), (model, dir.as_path()));
+    verify::verify(a, b, &verify::Options::default()).map(|_| ()).map_err(|e| format!("{e:#}"))
+}
+
+/// The versions the upgrade refuses because the pinned ONNX Runtime's CPU
+/// provider has no kernel for them (src/upgrade/changes.rs), each with a
+/// node ONNX Runtime runs at opset 21 (some random ops made certain: a
+/// range of 0, probabilities 0, one logit): the kernel fact (at
+/// opset 22 it does not load) and the refusal. When a release of ONNX
+/// Runtime adds one, this test fails and the refusal goes.
+#[test]
+fn versions_onnx_runtime_cannot_run_are_not_written() {
+    type Build = fn(&mut Builder, &str);
+    let cases: [(&str, Build); 9] = [
+        ("RandomUniformLike", |b, x| {
+            b.node_to("RandomUniformLike", &[x], &["y"], vec![attr_float("low", 0.0), attr_float("high", 0.0)])
+        }),
+        ("RandomNormalLike", |b, x| b.node_to("RandomNormalLike", &[x], &["y"], vec![])),
+        ("RandomUniform", |b, _| {
+            let attributes = vec![attr_ints("shape", &[2, 3]), attr_float("low", 0.0), attr_float("high", 0.0)];
+            b.node_to("RandomUniform", &[], &["y"], attributes)
+        }),
+        ("RandomNormal", |b, _| b.node_to("RandomNormal", &[], &["y"], vec![attr_ints("shape", &[2, 3])])),
+        ("Bernoulli", |b, _| b.node_to("Bernoulli", &["never"], &["y"], vec![])),
+        ("Multinomial", |b, _| b.node_to("Multinomial", &["one_logit"], &["y"], vec![])),
+        ("RoiAlign", |b, x| b.node_to("RoiAlign", &[x, "rois", "batch_indices"], &["y"], vec![])),
+        ("MaxRoiPool", |b, x| b.node_to("MaxRoiPool", &[x, "rois5"], &["y"], vec![attr_ints("pooled_shape", &[2, 2])])),
+        ("GlobalLpPool", |b, x| b.node_to("GlobalLpPool", &[x], &["y"], vec![])),
+    ];
+    for (op, build) in cases {
+        let mut b = Builder::default();
+        let x = b.input("x", FLOAT, Some(&dims(&[1, 1, 4, 4])));
+        b.init("never", tensor(FLOAT, &[2, 3], &[0.0; 6]));
+        b.init("one_logit", tensor(FLOAT, &[1, 3], &[0.0, -1e30, -1e30]));
+        b.init("rois", tensor(FLOAT, &[1, 4], &[0.0, 0.0, 2.0, 2.0]));
+        b.init("batch_indices", tensor(INT64, &[1], &[0.0]));
+        b.init("rois5", tensor(FLOAT, &[1, 5], &[0.0, 0.0, 0.0, 2.0, 2.0]));
+        build(&mut b, &x);
+        b.graph.output.push(ValueInfoProto { name: Some("y".into()), ..Default::default() });
+        let mut model = b.model(21);
+        model.ir_version = Some(10);
+        // (The random ones run, and differ from run to run.)
+        let ran = onnx_runtime_runs(&model).map_or_else(|e| e.contains("gives other values when run again"), |()| true);
+        assert!(ran, "{op} at opset 21: {:?}", onnx_runtime_runs(&model));
+        let mut at_22 = model.clone();
+        at_22.opset_import[0].version = Some(22);
+        let e = onnx_runtime_runs(&at_22).expect_err(op);
+        assert!(e.contains("Could not find an implementation"), "{op}: {e}");
+        let e = refused(&model, 23);
+        assert!(e.contains(&format!("{op} ")) && e.contains("has no kernel for this version"), "{e}");
+    }
+}
+
+/// ONNX Runtime aborts the process on a normal distribution of spread 0:
+/// `--verify` refuses the model with an error before any session.
+#[test]
+fn a_normal_distribution_of_no_spread_is_refused_before_onnx_runtime_aborts() {
+    for scale in [0.0, -1.0] {
+        let mut b = Builder::default();
+        let x = b.input("x", FLOAT, Some(&dims(&[2, 3])));
+        b.node_to("RandomNormalLike", &[&x], &["y"], vec![attr_float("scale", scale)]);
+        b.output("y", FLOAT, None);
+        let e = onnx_runtime_runs(&b.model(17)).expect_err("refused");
+        assert!(e.contains("has scale") && e.contains("ONNX Runtime aborts"), "{e}");
+    }
+}
+
+/// A model the upgrade to opset 23 is refused for keeps its opset, its
+/// cores `AttentionCore`, each saying why: it loads where the original
+/// does (a RandomUniformLike-22 would not).
+#[test]
+fn where_the_kernel_upgrade_is_refused_each_core_says_why() {
+    let mut model = load("llama_ts_op14.onnx");
+    let g = model.graph.as_mut().unwrap();
+    let ids = g.input[0].name().to_string();
+    g.node.push(NodeProto {
+        op_type: Some("RandomUniformLike".into()),
+        name: Some("noise".into()),
+        input: vec![ids],
+        output: vec!["noise".into()],
+        attribute: vec![attr_int("dtype", FLOAT as i64)],
+        ..Default::default()
+    });
+    g.output.push(ValueInfoProto { name: Some("noise".into()), ..Default::default() });
+    let dir = tempdir();
+    let (input, out, json) = (dir.path().join("in.onnx"), dir.path().join("out.onnx"), dir.path().join("r.json"));
+    std::fs::write(&input, model.encode_to_vec()).unwrap();
+    let r = run(&[input.to_str().unwrap(), "-o", out.to_str().unwrap(), "--report-json", json.to_str().unwrap()]);
+    assert!(r.status.success(), "{}", stderr(&r));
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let cores: Vec<&serde_json::Value> =
+        report["fused"].as_array().unwrap().iter().filter(|f| f["pass"] == "attention").collect();
+    assert_eq!(cores.len(), 2);
+    for core in cores {
+        assert_eq!(core["op_type"], "AttentionCore");
+        let note = core["note"].as_str().unwrap();
+        assert!(
+            note.starts_with("not ONNX Attention (the model keeps opset 14): cannot upgrade to opset 23: ")
+                && note.contains("RandomUniformLike noise (main), version 1 to 22")
+                && note.contains("has no kernel for this version"),
+            "{note}"
+        );
+    }
+    let written = onnx_fuse::io::load(&out, Default::default()).unwrap().model;
+    assert_eq!(written.default_opset(), 14);
 }

@@ -91,7 +91,22 @@ pub const CHANGES: &[(&str, i64, Change)] = &[
     ("GroupNormalization", 21, Change::Refused("GroupNormalization-21 scales per channel, 18 per group")),
     ("DFT", 20, Change::Refused("DFT-20 reads its axis as an input with another default; no adapter written")),
     ("Scan", 9, Change::Refused("Scan-8's batch axis and sequence_lens have no adapter")),
+    // Version 22 (bf16 added) of these has no kernel in the pinned ONNX
+    // Runtime's CPU provider, f32 included (tests/upgrade.rs runs each):
+    // the model would no longer load where the original does.
+    ("RandomUniformLike", 22, Change::Refused(NO_KERNEL)),
+    ("RandomNormalLike", 22, Change::Refused(NO_KERNEL)),
+    ("RandomUniform", 22, Change::Refused(NO_KERNEL)),
+    ("RandomNormal", 22, Change::Refused(NO_KERNEL)),
+    ("Bernoulli", 22, Change::Refused(NO_KERNEL)),
+    ("Multinomial", 22, Change::Refused(NO_KERNEL)),
+    ("RoiAlign", 22, Change::Refused(NO_KERNEL)),
+    ("MaxRoiPool", 22, Change::Refused(NO_KERNEL)),
+    ("GlobalLpPool", 22, Change::Refused(NO_KERNEL)),
 ];
+
+/// Why a version ONNX Runtime cannot run is not written.
+const NO_KERNEL: &str = "ONNX Runtime 1.31.1's CPU provider has no kernel for this version";
 
 /// The change of `op` at `version`, if it is not the same for every node.
 pub fn change(op: &str, version: i64) -> Option<&'static Change> {

@@ -165,6 +165,9 @@ pub fn verify(
     options: &Options,
 ) -> Result<Verification> {
     let started = std::time::Instant::now();
+    for model in [original.0, rewritten.0] {
+        model.graph.as_ref().map_or(Ok(()), normal_spreads_positive)?;
+    }
     let env = environment(&find_library(options.library.as_deref())?)?;
     let (fused, not_isolated) = fused_nodes(rewritten.0);
     let model_inputs: std::collections::HashSet<&str> =
@@ -546,6 +549,26 @@ fn einsum_operands_fit(model: &ModelProto, inputs: &[Input]) -> Result<()> {
         }
     }
     einsums_fit(&fed, model.default_opset(), &crate::graph::Scope::default())
+}
+
+/// ONNX Runtime (1.31.1, measured) aborts the process on a `RandomNormal`
+/// or `RandomNormalLike` whose `scale` is not above 0 (its C++ library's
+/// normal distribution asserts a positive spread). Such a model is refused
+/// with an error before any session is made.
+fn normal_spreads_positive(graph: &crate::onnx::GraphProto) -> Result<()> {
+    for node in &graph.node {
+        node.subgraphs().try_for_each(normal_spreads_positive)?;
+        let random = node.is("RandomNormal") || node.is("RandomNormalLike");
+        let scale = node.attr_float("scale").unwrap_or(1.0);
+        if random && crate::onnx::is_default_domain(node.domain()) && !(scale > 0.0) {
+            bail!(
+                "{} {} has scale {scale}, and ONNX Runtime aborts on a normal distribution whose spread is not above 0",
+                node.op_type(),
+                node.name()
+            );
+        }
+    }
+    Ok(())
 }
 
 fn has_einsum(g: &crate::onnx::GraphProto) -> bool {
