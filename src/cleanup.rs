@@ -254,12 +254,7 @@ impl Run {
                 if let Some(c) = before.remove(&i) {
                     graph.node.push(c);
                 }
-                for v in node.input.iter_mut() {
-                    if let Some(to) = renamed.get(v.as_str()) {
-                        *v = to.clone();
-                    }
-                }
-                node.subgraphs_mut().for_each(|body| read_instead(body, &renamed));
+                read_instead(&mut node, &renamed);
                 graph.node.push(node);
             }
             let gone_values: HashSet<&String> = renamed.keys().collect();
@@ -597,22 +592,22 @@ fn computation(node: &NodeProto, inputs: Vec<String>) -> Vec<u8> {
     })
 }
 
-/// A body, at any depth, reads `renamed[v]` where it read `v` (a name no
-/// body defines again: `twins`).
-fn read_instead(body: &mut GraphProto, renamed: &HashMap<String, String>) {
+/// The node, and its bodies at any depth, read `renamed[v]` where they
+/// read `v` (a name no body defines again: `twins`).
+fn read_instead(node: &mut NodeProto, renamed: &HashMap<String, String>) {
     let rename = |v: &mut String| {
         if let Some(to) = renamed.get(v.as_str()) {
             *v = to.clone();
         }
     };
-    for node in &mut body.node {
-        node.input.iter_mut().for_each(rename);
-        node.subgraphs_mut().for_each(|sub| read_instead(sub, renamed));
-    }
-    for out in &mut body.output {
-        let mut name = out.name().to_string();
-        rename(&mut name);
-        out.name = Some(name);
+    node.input.iter_mut().for_each(rename);
+    for body in node.subgraphs_mut() {
+        body.node.iter_mut().for_each(|n| read_instead(n, renamed));
+        for out in &mut body.output {
+            let mut name = out.name().to_string();
+            rename(&mut name);
+            out.name = Some(name);
+        }
     }
 }
 
