@@ -8,7 +8,7 @@ mod common;
 
 use common::build::*;
 use common::*;
-use onnx_fuse::onnx::{AttributeProto, GraphProto, ModelProto, NodeProto, BOOL, FLOAT, INT64, RUNS_KEY};
+use onnx_fuse::onnx::{AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, BOOL, FLOAT, INT64, RUNS_KEY};
 use onnx_fuse::{rewrite, upgrade, verify};
 
 /// A power of two: scaling the transposed key by it scales every score
@@ -1702,4 +1702,81 @@ fn every_layers_guard_reads_its_sizes_from_one_graph_input() {
         assert_eq!((guards(&fused).len(), conditions.len()), (2, expected), "{name}: two layers' guards");
         onnx_fuse::validate::model(&fused).unwrap_or_else(|e| panic!("{name}: {e}"));
     }
+}
+
+/// `core(4)` with its scores viewed as `view` and back to `[b, 4, 3, 3]`,
+/// the pair around the softmax (`around_softmax`) or before it, and the
+/// input `m` of shape `m_dims` added to the view.
+fn viewed_core(view: &[f64], around_softmax: bool, m_dims: &[i64]) -> ModelProto {
+    let mut model = core(4);
+    let g = model.graph.as_mut().unwrap();
+    let dims: Vec<D> = m_dims.iter().map(|&d| D::N(d)).collect();
+    g.input.push(value_info("m", FLOAT, Some(&dims)));
+    g.initializer.push(TensorProto { name: Some("view_shape".into()), ..tensor(INT64, &[view.len() as i64], view) });
+    g.initializer.push(TensorProto { name: Some("back_shape".into()), ..tensor(INT64, &[4], &[-1.0, 4.0, 3.0, 3.0]) });
+    let softmax = g.node.iter().position(|n| n.op_type() == "Softmax").unwrap();
+    let scores = g.node[softmax].input[0].clone();
+    let probabilities = g.node[softmax].output[0].clone();
+    let reshape = |input: &str, shape: &str, output: &str| NodeProto {
+        op_type: Some("Reshape".into()),
+        name: Some(output.into()),
+        input: vec![input.into(), shape.into()],
+        output: vec![output.into()],
+        ..Default::default()
+    };
+    let add = NodeProto {
+        op_type: Some("Add".into()),
+        name: Some("view_masked".into()),
+        input: vec!["view".into(), "m".into()],
+        output: vec!["view_masked".into()],
+        ..Default::default()
+    };
+    if around_softmax {
+        g.node[softmax].input[0] = "view_masked".into();
+        g.node[softmax].output[0] = "viewed_probabilities".into();
+        let back = reshape("viewed_probabilities", "back_shape", &probabilities);
+        let nodes = [reshape(&scores, "view_shape", "view"), add, g.node[softmax].clone(), back];
+        g.node.splice(softmax..softmax + 1, nodes);
+    } else {
+        g.node[softmax].input[0] = "view_back".into();
+        let nodes = [reshape(&scores, "view_shape", "view"), add, reshape("view_masked", "back_shape", "view_back")];
+        g.node.splice(softmax..softmax, nodes);
+    }
+    model
+}
+
+/// Scores viewed as rows of their last axis around the softmax (and a
+/// mask varying along that axis alone added to the view) are the scores
+/// themselves to the kernel: it is written, and computes the core. Viewed
+/// so that the rows of the last axis are cut, a mask of the view's last
+/// axis is added elsewhere than to the scores' keys: the core stays
+/// AttentionCore.
+#[test]
+fn scores_viewed_by_rows_and_back_are_the_kernels_and_a_view_that_cuts_the_rows_stays_the_core() {
+    let dir = tempdir();
+    let feeds = |m_dims: &[i64]| {
+        let n: i64 = m_dims.iter().product();
+        let m: Vec<f32> = values(n as usize, 7).into_iter().map(|x| x * 4.0).collect();
+        let mut arrays = scaled_arrays(1.0, vec![("mask", vec![0.0; 18])]);
+        arrays.push(("m", m_dims.iter().map(|&d| d as u64).collect(), m));
+        let path = dir.path().join(format!("viewed_{m_dims:?}.npz"));
+        npz(&path, &arrays, &[]);
+        path
+    };
+    for (around, m_dims) in [(true, vec![1, 3]), (false, vec![3])] {
+        let model = viewed_core(&[-1.0, 3.0], around, &m_dims);
+        let fused = fused(&model);
+        assert_eq!(guards(&fused).len(), 1, "around the softmax {around}: the kernel is written");
+        let v = compare(&model, &fused, &feeds(&m_dims)).unwrap();
+        assert!(v.passed, "{}", v.text());
+    }
+    // [b, 4, 3, 3] viewed as [3b, 3, 4]: a mask of 4 values per row of the
+    // view falls across the keys of different queries.
+    let model = viewed_core(&[-1.0, 3.0, 4.0], false, &[4]);
+    let fused = fused(&model);
+    assert!(guards(&fused).is_empty(), "no kernel");
+    let cores = fused.graph.as_ref().unwrap().node.iter().filter(|n| n.op_type() == "AttentionCore").count();
+    assert_eq!(cores, 1, "the core stays");
+    let v = compare(&model, &fused, &feeds(&[4])).unwrap();
+    assert!(v.passed, "{}", v.text());
 }

@@ -990,6 +990,20 @@ pub fn attention(rng: &mut Rng) -> Case {
             };
         }
     }
+    if declare && rng.chance(0.06) {
+        // The scores viewed as rows of their last axis and back, a term
+        // of that axis alone added to the view: the term of the scores.
+        let lead: &[D] = if rng.chance(0.5) { &[D::N(1)] } else { &[] };
+        c.ort_only(format!("a term of [{}t] added to the scores viewed as [-1, last axis]", "1, ".repeat(lead.len())));
+        let shape = b.node("Shape", &[&s], vec![]);
+        let (rows, start, end) = (b.ints(&[-1]), b.ints(&[-1]), b.ints(&[i64::MAX]));
+        let last = b.node("Slice", &[&shape, &start, &end], vec![]);
+        let view = b.node("Concat", &[&rows, &last], vec![attr_int("axis", 0)]);
+        let viewed = b.node("Reshape", &[&s, &view], vec![]);
+        let term = b.input("m_view", s_elem, Some(&[lead, &[sym("t")]].concat()));
+        let added = commuted(rng, &mut b, "Add", &viewed, &term);
+        s = b.node("Reshape", &[&added, &shape], vec![]);
+    }
     // OPT's and BART's eager attention (before transformers 4.36) clamp the
     // masked scores at the float's lowest.
     match rng.below(12) {

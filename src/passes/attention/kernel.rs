@@ -70,6 +70,9 @@ struct Call<'a> {
     masks: Vec<(Step, usize)>,
     nan_guard: bool,
     softcap: Option<f64>,
+    /// The scores' Reshapes where they fold the heads into the batch
+    /// (`folding`), else none.
+    views: Vec<usize>,
 }
 
 /// The element types a lowering's `Attention` is written for, and their
@@ -80,7 +83,8 @@ const PORTABLE_ELEMS: Elems = (&[FLOAT, FLOAT16, DOUBLE], "f32, f16 and f64");
 
 /// The one reading of a core's steps as ONNX `Attention` (`Call`), for
 /// cores of the element types `elems`. A step it does not name is
-/// declined (`Step::not_in_attention`).
+/// declined (`Step::not_in_attention`). `views`: the scores' Reshapes.
+#[allow(clippy::too_many_arguments)]
 fn read<'a>(
     g: &Graph<'a>,
     shapes: &Shapes,
@@ -88,6 +92,7 @@ fn read<'a>(
     [q, k]: [&'a str; 2],
     form: &Scores,
     steps: &[Step],
+    views: &[usize],
     elems: Elems,
 ) -> Check<Call<'a>> {
     match form {
@@ -161,7 +166,36 @@ fn read<'a>(
         "the scale {scale} is no positive normal f32"
     );
     let key_scaled_at_run_time = ck != 1.0 && scaled_at_run_time(g, k, unscaled_k);
-    Ok(Call { elem, q, k: unscaled_k, key_scaled_at_run_time, scale, masks, nan_guard, softcap })
+    let views = folding(g, shapes, views, &mut masks)?;
+    Ok(Call { elem, q, k: unscaled_k, key_scaled_at_run_time, scale, masks, nan_guard, softcap, views })
+}
+
+/// The scores' Reshapes `views` where the first folds the heads into the
+/// batch: it reads 3-D scores `[b·h, s, t]` and writes them 4-D (BART's
+/// and BLOOM's eager attention). Any other views are a pair that gives the
+/// scores back as they were (`reshapes_give_back_shapes`, a softmax over
+/// the last axis they keep): the kernel reads past them where each mask
+/// added between the two is added alike to the scores themselves (it
+/// varies along the last axis alone), and the masks then read the scores
+/// (`masks`' counts of views before them become 0).
+fn folding(g: &Graph, shapes: &Shapes, views: &[usize], masks: &mut [(Step, usize)]) -> Check<Vec<usize>> {
+    let Some(&first) = views.first() else { return Ok(Vec::new()) };
+    let view = g.node(first);
+    if shapes.rank(&view.input[0]) == Some(3) && shapes.rank(&view.output[0]) == Some(4) {
+        return Ok(views.to_vec());
+    }
+    require!(views.len() == 2, "a Reshape of the scores that neither folds their heads nor is given back");
+    // (A view keeps each row of the last axis whole where it keeps its length.)
+    let last = |x: &str| shapes.shape(x).and_then(|s| s.last().cloned());
+    let rows_kept = last(&view.input[0]).is_some_and(|t| last(&view.output[0]) == Some(t));
+    let along_the_last_axis = |step: &Step| match step {
+        Step::Mask(m) => shapes.shape(m).is_some_and(|s| s.iter().rev().skip(1).all(|d| d.value() == Some(1))),
+        _ => false,
+    };
+    let alike = masks.iter().all(|(step, viewed)| *viewed != 1 || (rows_kept && along_the_last_axis(step)));
+    require!(alike, "a mask added to a view of the scores varies along more than their last axis");
+    masks.iter_mut().for_each(|(_, viewed)| *viewed = 0);
+    Ok(Vec::new())
 }
 
 /// The ONNX `Attention` of the `ort` target for a matched core, guarded
@@ -184,14 +218,18 @@ pub(super) fn ort(
     merge: Merge,
 ) -> Check<Rewrite> {
     g.require_opset(23, "Attention")?;
-    let call = read(g, shapes, g.node(anchor), [q, k], form, steps, ORT_ELEMS)?;
+    let call = read(g, shapes, g.node(anchor), [q, k], form, steps, views, ORT_ELEMS)?;
     // Heads folded into the batch (BART's and BLOOM's eager attention):
     // the masks are added to the scores' 4-D view, the first Reshape's,
     // or before it to the folded scores (BLOOM's ALiBi, `in_the_view`).
+    let views = call.views.as_slice();
     require!(views.len() <= 2, "{} Reshapes of the scores and probabilities", views.len());
     let at = |s: fn(&Step) -> bool| steps.iter().position(s);
     let first_view = at(|s| matches!(s, Step::Reshape { .. }));
-    require!(first_view < at(|s| matches!(s, Step::Softmax)), "a Reshape of the probabilities alone");
+    require!(
+        views.is_empty() || first_view < at(|s| matches!(s, Step::Softmax)),
+        "a Reshape of the probabilities alone"
+    );
     let in_view = |viewed: usize| views.is_empty() || viewed == 1;
     let mut before_view: Vec<usize> = Vec::new();
     for (i, (mask, viewed)) in call.masks.iter().enumerate() {
@@ -784,8 +822,8 @@ pub(super) fn portable(
     views: &[usize],
 ) -> Check<Rewrite> {
     let anchor = m.anchor();
-    let Call { elem, q: call_q, k: call_k, key_scaled_at_run_time, scale, masks, nan_guard, softcap } =
-        read(g, shapes, g.node(anchor), [q, k], form, steps, PORTABLE_ELEMS)?;
+    let Call { elem, q: call_q, k: call_k, key_scaled_at_run_time, scale, masks, nan_guard, softcap, views } =
+        read(g, shapes, g.node(anchor), [q, k], form, steps, views, PORTABLE_ELEMS)?;
     require!(!nan_guard, "a NaN guard: Attention does not zero NaN rows");
     require!(softcap.is_none(), "a soft-cap: not handed to Attention's softcap (not measured to round alike)");
     let mut mask = None;
@@ -799,7 +837,7 @@ pub(super) fn portable(
         mask = Some(handed_over_mask(g, value, elem)?);
     }
     let merge = Merge::default();
-    let ops = operands(g, shapes, (anchor, merge), [call_q, call_k, v], key_scaled_at_run_time, views, &ANY_RUNTIME)?;
+    let ops = operands(g, shapes, (anchor, merge), [call_q, call_k, v], key_scaled_at_run_time, &views, &ANY_RUNTIME)?;
     let key = match &ops.key_perm {
         // Attention reads the key before its Transpose, transposed anew
         // where that Transpose also moved other axes.
