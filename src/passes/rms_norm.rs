@@ -105,9 +105,9 @@ fn without_weight(g: &Graph, index: usize) -> Check<Rewrite> {
 /// weighted form folds it (`fold_casts`): the core's own type, and the type
 /// an f32 core's x was widened from.
 fn folded_casts(g: &Graph, core: &RmsCore) -> Vec<i32> {
-    let widened_from = g.produced_by(core.x, "Cast").ok().and_then(|c| g.elem_type(&g.node(c).input[0]));
-    let back = widened_from.filter(|&t| core.elem_type == FLOAT && matches!(t, FLOAT16 | BFLOAT16));
-    [core.elem_type].into_iter().chain(back).collect()
+    let mut types = vec![core.elem_type];
+    types.extend([FLOAT16, BFLOAT16].into_iter().filter(|&to| to != core.elem_type && fold_casts(g, core, to).is_ok()));
+    types
 }
 
 /// The op the target allows: ONNX Runtime's `SimplifiedLayerNormalization`
