@@ -10,9 +10,11 @@
 //! Every node of every export is about 35,000 nodes and 120,000 runs: 40
 //! minutes of a release build on two cores. `ONNX_FUSE_MUTATION_STRIDE=N`
 //! mutates every Nth node of each export only, from an offset of its own
-//! (default: 1, every node, in a release build; 1009 in a debug build, so
-//! `cargo test` stays quick; CI runs a release build at 23);
-//! `ONNX_FUSE_MUTATION_EXPORTS=a,b` limits the exports.
+//! that `ONNX_FUSE_MUTATION_ROUND=r` moves (default: 1, every node, in a
+//! release build; 1009 in a debug build, so `cargo test` stays quick; CI
+//! runs a release build at 31, its round the commit, so that each commit
+//! mutates other nodes); `ONNX_FUSE_MUTATION_EXPORTS=a,b` limits the
+//! exports.
 
 mod common;
 
@@ -143,17 +145,19 @@ fn survives(what: &str, f: impl FnOnce()) {
     }
 }
 
-/// Every mutation of every `stride`-th node of `name`: (loadable runs, refused).
-fn mutate_export(name: &str, stride: usize, pipeline: &[&rewrite::Pass]) -> (usize, usize) {
+/// Every mutation of every `stride`-th node of `name` from an offset of
+/// its own in `round`: (loadable runs, refused).
+fn mutate_export(name: &str, (stride, round): (usize, &str), pipeline: &[&rewrite::Pass]) -> (usize, usize) {
     let mut model = load(name);
     let count = node_count(&mut model);
     if std::env::var_os("ONNX_FUSE_MUTATION_PROGRESS").is_some() {
         eprintln!("{name}: {count} nodes, {} panics so far", PANICS.lock().unwrap().len());
     }
     let (mut runs, mut refused) = (0, 0);
-    // Each export starts at its own offset, so a stride covers other
-    // positions in each.
-    let offset = name.bytes().fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(b.into())) % stride;
+    // Each export starts at its own offset in each round, so a stride
+    // covers other positions in each.
+    let offset =
+        name.bytes().chain(round.bytes()).fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(b.into())) % stride;
     for target in (offset..count).step_by(stride) {
         for &mutation in MUTATIONS {
             let Some(broken) = mutated(&model, target, mutation) else { continue };
@@ -189,12 +193,16 @@ fn no_malformed_node_of_any_export_makes_the_tool_panic() {
     let pipeline = passes::pipeline(&every, &[]).unwrap();
     std::panic::set_hook(Box::new(|info| LOCATION.with(|l| *l.borrow_mut() = Some(info.to_string()))));
     let names: Vec<String> = exports().into_iter().filter(|n| only.as_ref().is_none_or(|o| o.contains(n))).collect();
-    let done = in_parallel(&names, |name| mutate_export(name, stride, &pipeline));
+    let round = std::env::var("ONNX_FUSE_MUTATION_ROUND").unwrap_or_default();
+    let done = in_parallel(&names, |name| mutate_export(name, (stride, &round), &pipeline));
     let (runs, refused) = done.into_iter().fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
     let _ = std::panic::take_hook();
     let panics = PANICS.lock().unwrap();
-    eprintln!("mutations: {runs} loadable runs, {refused} refused as invalid, {} panics", panics.len());
-    assert!(panics.is_empty(), "{} panics:\n{}", panics.len(), panics.join("\n"));
+    eprintln!(
+        "mutations: {runs} loadable runs, {refused} refused as invalid, {} panics (round {round:?})",
+        panics.len()
+    );
+    assert!(panics.is_empty(), "{} panics (ONNX_FUSE_MUTATION_ROUND={round:?}):\n{}", panics.len(), panics.join("\n"));
     // Limited to some exports, fewer run.
     assert!(only.is_some() || runs * stride > 50_000, "only {runs} mutated models ran (every {stride}th node)");
 }
