@@ -155,9 +155,13 @@ fn mutate_export(name: &str, (stride, round): (usize, &str), pipeline: &[&rewrit
     }
     let (mut runs, mut refused) = (0, 0);
     // Each export starts at its own offset in each round, so a stride
-    // covers other positions in each.
-    let offset =
-        name.bytes().chain(round.bytes()).fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(b.into())) % stride;
+    // covers other positions in each (FNV-1a: a multiplier of 31 made
+    // every offset at a stride of 31 the last byte's).
+    let hash = name
+        .bytes()
+        .chain(round.bytes())
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3));
+    let offset = (hash % stride as u64) as usize;
     for target in (offset..count).step_by(stride) {
         for &mutation in MUTATIONS {
             let Some(broken) = mutated(&model, target, mutation) else { continue };
