@@ -2,7 +2,8 @@
 //! norm, attention core and residual norm that stays in the output has a
 //! declined entry of its pass, which `--explain` prints and the JSON report
 //! lists. Candidates are found here by their structure, not by the passes:
-//! a variance mean (`ReduceMean` of a square), a `Softmax`, and a fused
+//! a variance mean (`ReduceMean` of a square), a `Softmax` a product reads
+//! (through ops that move, cut or cast values), and a fused
 //! norm whose input is computed by an `Add` (through Casts or not) or is
 //! the sum another norm's kernel computed.
 
@@ -59,6 +60,29 @@ impl<'a> Index<'a> {
         seen
     }
 
+    /// Whether a MatMul or an Einsum reads `node`'s output, through ops
+    /// that only move, cut or cast values (a MoE router's softmax, whose
+    /// weights a ScatterElements spreads, is no attention's).
+    fn read_by_a_product(&self, node: &'a NodeProto) -> bool {
+        const MOVES: &[&str] = &["Cast", "Reshape", "Transpose", "Slice", "Where", "Identity", "Dropout"];
+        let mut front = vec![node];
+        for _ in 0..REACH {
+            let mut next = vec![];
+            for n in front {
+                for r in n.output.iter().flat_map(|o| self.readers.get(o.as_str()).into_iter().flatten()) {
+                    if matches!(r.op_type(), "MatMul" | "Einsum") {
+                        return true;
+                    }
+                    if MOVES.contains(&r.op_type()) {
+                        next.push(*r);
+                    }
+                }
+            }
+            front = next;
+        }
+        false
+    }
+
     /// The node computing `value` through any Casts, if it is `op`.
     fn through_casts(&self, value: &str, op: &str) -> Option<&'a NodeProto> {
         let mut n = *self.producer.get(value)?;
@@ -93,7 +117,7 @@ fn unexplained(name: &str) -> (usize, Vec<String>) {
     for n in &before.node {
         let passes: &[&str] = if variance_mean(&index, n) {
             &["layer-norm", "rms-norm"]
-        } else if n.op_type() == "Softmax" {
+        } else if n.op_type() == "Softmax" && index.read_by_a_product(n) {
             &["attention"]
         } else {
             continue;

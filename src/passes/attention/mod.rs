@@ -269,7 +269,16 @@ fn matched<'a>(g: &Graph<'a>, shapes: &Shapes, index: usize) -> Check<Core<'a>> 
                 value = input;
                 continue;
             }
-            let (step, input) = probs_step(g, p)?;
+            let (step, input) = match probs_step(g, p) {
+                // GPT-OSS's attention sinks: a softmax over the scores and
+                // a sink column, the column cut off after it.
+                Err(Miss::NotCandidate) if g.node(p).is("Slice") && sliced_from_a_softmax(g, p) => {
+                    decline!(
+                        "the probabilities are a Slice of the Softmax's output (attention sinks?): no step of the core"
+                    )
+                }
+                step => step?,
+            };
             after.push((p, step));
             value = input;
         }
@@ -551,6 +560,20 @@ fn probs_step<'a>(g: &Graph<'a>, p: usize) -> Check<(Step, &'a str)> {
         return Ok((Step::NanGuard, guarded));
     }
     no_candidate!()
+}
+
+/// Whether Slice `p` reads a Softmax's output (through up to two Casts).
+fn sliced_from_a_softmax(g: &Graph, p: usize) -> bool {
+    let mut value = g.node(p).input.first().map(String::as_str);
+    for _ in 0..3 {
+        let Some(n) = value.and_then(|v| g.computing(v).ok()).map(|n| g.node(n)) else { return false };
+        match n.op_type() {
+            "Softmax" => return true,
+            "Cast" => value = n.input.first().map(String::as_str),
+            _ => return false,
+        }
+    }
+    false
 }
 
 fn reshape(g: &Graph, node: &NodeProto) -> Step {
