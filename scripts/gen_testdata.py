@@ -143,6 +143,12 @@ def configs():
         # Each head's q and k normalized (RMSNorm over the head's 8 values,
         # on [b, s, h, d] before the heads' Transpose) ahead of rotary.
         "qwen3": t.Qwen3Config(**SMALL, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6),
+        # Rotary with the halves turned and written apart
+        # (`_apply_rotary_emb`: cat(x1·cos − x2·sin, x2·cos + x1·sin) with
+        # tables of half a head); attention sinks (the softmax over the
+        # scores and a sink column, no attention core); experts.
+        "gpt_oss": t.GptOssConfig(**SMALL, num_key_value_heads=2, head_dim=8, num_local_experts=4,
+                                  num_experts_per_tok=2, sliding_window=8),
         "gemma2": t.Gemma2Config(**SMALL, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6,
                                  attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
                                  query_pre_attn_scalar=8, sliding_window=4),
@@ -1026,6 +1032,7 @@ def main():
         ("llama_optimum_past_fp16.onnx",
          lambda n: export_optimum(n, "llama", "text-generation-with-past", fp16=True)),
         ("qwen3_optimum_past.onnx", lambda n: export_optimum(n, "qwen3", "text-generation-with-past")),
+        ("gpt_oss_optimum_past.onnx", lambda n: export_optimum(n, "gpt_oss", "text-generation-with-past")),
         ("convbert_ts_op14.onnx", lambda n: export_torch(n, "convbert", opset=14)),
         ("funnel_ts_op14.onnx", lambda n: export_torch(n, "funnel", opset=14)),
         ("longt5_ts_op17.onnx", lambda n: export_torch(n, "longt5", opset=17)),

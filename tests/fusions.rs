@@ -110,6 +110,10 @@ pub const EXPORTS: &[(&str, &[(&str, usize)], f32)] = &[
     // Each head's q and k normalized over its 8 values on [b, s, h, d]
     // before the heads' Transpose: 4 norms more than Llama's.
     ("qwen3_optimum_past.onnx", &[("rms-norm", 9), ("attention", 2)], 1e-6),
+    // Attention sinks: the softmax over the scores and a sink column, cut
+    // off after it, is no attention core; its rotary written apart
+    // (tests/rotary.rs).
+    ("gpt_oss_optimum_past.onnx", &[("rms-norm", 5)], 1e-5),
     // Relative attention, its scores a sum of three terms: the position
     // term cut from `seq + 7` relative positions (`arange(7, -seq, -1)`,
     // its bounds `pos[0]` and `pos[-1]` of `arange(seq)` cast to float):

@@ -151,6 +151,7 @@ const GENERATORS: &[(&str, Generator)] = &[
     ("attention:decoder", forms::decoder_attention),
     ("rotary", forms::rotary),
     ("rotary:interleaved", forms::interleaved_rotary),
+    ("rotary:apart", forms::rotary_apart),
     ("pack-matmul", forms::pack_matmul),
 ];
 

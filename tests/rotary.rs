@@ -692,3 +692,142 @@ fn constant_tables_in_external_data_are_read_for_the_proof() {
         assert!(tables.into_iter().all(|t| t.is_external()), "the tables stay in external data");
     }
 }
+
+/// Which precondition a hand-made rotary of halves written apart breaks.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Apart {
+    None,
+    /// No break: every product and the sum the other order round.
+    Swapped,
+    /// No break: the halves are the two parts of a Split of x.
+    Split,
+    /// No break: heads third, x `[b, s, 4, 8]`, the tables unsqueezed at axis 2.
+    HeadsThird,
+    /// The first half `x₂·s − x₁·c`: the other way round.
+    Turned,
+    /// The second half `x₂·s + x₁·c`: the tables crossed.
+    Crossed,
+    /// x₁ the second half and x₂ the first.
+    HalvesSwapped,
+    /// x₂ a half of another value.
+    OtherX,
+    /// The tables' batch is 2 where x's is b.
+    Batch,
+}
+
+/// GPT-OSS's rotary as Optimum exports it (`_apply_rotary_emb`): x `[b,
+/// 4, s, 8]`, its halves x₁ and x₂, the tables of half a head `[1, s, 4]`
+/// unsqueezed at the heads axis, `Concat(x₁·c − x₂·s, x₂·c + x₁·s)`.
+fn halves_apart_model(broken: Apart) -> ModelProto {
+    let mut b = Builder::default();
+    let heads_third = broken == Apart::HeadsThird;
+    let dims =
+        if heads_third { [sym("b"), sym("s"), D::N(4), D::N(8)] } else { [sym("b"), D::N(4), sym("s"), D::N(8)] };
+    let x = b.input("x", FLOAT, Some(&dims));
+    let other = b.input("other", FLOAT, Some(&dims));
+    let batch = if broken == Apart::Batch { D::N(2) } else { D::N(1) };
+    let f = b.input("freqs", FLOAT, Some(&[batch, sym("s"), D::N(4)]));
+    let heads = b.ints(&[if heads_third { 2 } else { 1 }]);
+    let cos = b.node("Cos", &[&f], vec![]);
+    let sin = b.node("Sin", &[&f], vec![]);
+    let c = b.node("Unsqueeze", &[&cos, &heads], vec![]);
+    let s = b.node("Unsqueeze", &[&sin, &heads], vec![]);
+    let (zero, half, end, last) = (b.ints(&[0]), b.ints(&[4]), b.ints(&[i64::MAX]), b.ints(&[-1]));
+    let (x1, x2) = if broken == Apart::Split {
+        let sizes = b.ints(&[4, 4]);
+        b.node_to("Split", &[&x, &sizes], &["x_first_half", "x_second_half"], vec![attr_int("axis", -1)]);
+        ("x_first_half".to_string(), "x_second_half".to_string())
+    } else {
+        let second_of = if broken == Apart::OtherX { &other } else { &x };
+        (b.node("Slice", &[&x, &zero, &half, &last], vec![]), b.node("Slice", &[second_of, &half, &end, &last], vec![]))
+    };
+    let (x1, x2) = if broken == Apart::HalvesSwapped { (x2, x1) } else { (x1, x2) };
+    let swapped = broken == Apart::Swapped;
+    let mul = |b: &mut Builder, p: &str, q: &str| match swapped {
+        true => b.node("Mul", &[q, p], vec![]),
+        false => b.node("Mul", &[p, q], vec![]),
+    };
+    let (x1c, x2s, x2c, x1s) = (mul(&mut b, &x1, &c), mul(&mut b, &x2, &s), mul(&mut b, &x2, &c), mul(&mut b, &x1, &s));
+    let first = match broken {
+        Apart::Turned => b.node("Sub", &[&x2s, &x1c], vec![]),
+        _ => b.node("Sub", &[&x1c, &x2s], vec![]),
+    };
+    let second = match broken {
+        Apart::Crossed => {
+            let (x2s, x1c) = (mul(&mut b, &x2, &s), mul(&mut b, &x1, &c));
+            b.node("Add", &[&x2s, &x1c], vec![])
+        }
+        Apart::Swapped => b.node("Add", &[&x1s, &x2c], vec![]),
+        _ => b.node("Add", &[&x2c, &x1s], vec![]),
+    };
+    b.node_to("Concat", &[&first, &second], &["y"], vec![attr_int("axis", -1)]);
+    b.output("y", FLOAT, None);
+    b.model(23)
+}
+
+/// GPT-OSS's form: x's halves each times tables of half a head, written
+/// apart. RotaryEmbedding computes just these (`cos·x₁ − sin·x₂`,
+/// `sin·x₁ + cos·x₂`) and reads the tables' rows as its caches, whole.
+#[test]
+fn halves_turned_and_written_apart_are_one_rotary_embedding() {
+    for form in [Apart::None, Apart::Swapped, Apart::Split, Apart::HeadsThird] {
+        let model = halves_apart_model(form);
+        let fused = fused_once(&model);
+        let nodes = all_nodes(&fused);
+        let node = nodes.iter().find(|n| n.op_type() == "RotaryEmbedding").expect("the op");
+        assert_eq!(node.domain(), "", "{form:?}: ONNX's own op");
+        if form == Apart::HeadsThird {
+            assert_eq!(integers(node), [("num_heads", 4)]);
+            let back = nodes.iter().find(|n| n.input.contains(&node.output[0])).expect("the view back");
+            assert_eq!((back.op_type(), back.output[0].as_str()), ("Reshape", "y"));
+        } else {
+            assert!(node.attribute.is_empty(), "{form:?}: halves, the whole head");
+            assert_eq!((node.input[0].as_str(), node.output[0].as_str()), ("x", "y"), "{form:?}");
+        }
+        // The caches: the tables' rows themselves (no half cut), repeated
+        // over x's batch.
+        for (cache, table) in node.input[1..].iter().zip(["cos_", "sin_"]) {
+            let expand = nodes.iter().find(|n| &n.output[0] == cache).unwrap();
+            assert_eq!(expand.op_type(), "Expand", "{form:?}");
+            assert!(expand.input[0].starts_with(table), "{form:?}: {:?}", expand.input);
+        }
+        let list = fused_list(node);
+        assert!(list[0].starts_with("Concat "), "{form:?}: the anchor first: {list:?}");
+        for op in ["Mul", "Sub", "Add", if form == Apart::Split { "Split" } else { "Slice" }] {
+            assert!(list.iter().any(|e| e.starts_with(op)), "{form:?}: {op} replaced: {list:?}");
+        }
+        assert_eq!(count_op(&fused, "Unsqueeze"), 0, "{form:?}: the tables' Unsqueezes go too");
+        assert_equivalent(&model, &fused, "rotary, halves written apart");
+    }
+}
+
+/// GPT-OSS's export by Optimum: q's and k's rotaries of both layers.
+#[test]
+fn gpt_oss_rotaries_written_apart_become_rotary_embeddings_and_compute_the_same() {
+    let name = "gpt_oss_optimum_past.onnx";
+    let (original, model) = four_rotaries(name);
+    for (name, attributes) in rotary_attributes(&model) {
+        assert!(attributes.is_empty(), "{name}: halves, the whole head: {attributes:?}");
+    }
+    assert_equivalent(&original, &model, name);
+}
+
+#[test]
+fn halves_written_apart_near_misses_do_not_fuse_and_say_why() {
+    let turned = "the products are not x₁·c − x₂·s and x₂·c + x₁·s of x's halves";
+    for (broken, why) in [
+        // x₂·s − x₁·c reads as x₁·c − x₂·s of x₁ the second half (and
+        // the tables the other way round).
+        (Apart::Turned, "does not cut [0, 4) of the last axis of 8"),
+        (Apart::Crossed, turned),
+        (Apart::OtherX, turned),
+        (Apart::HalvesSwapped, "does not cut [0, 4) of the last axis of 8"),
+        // Broadcast to a batch of 2, the result is not x's shape.
+        (Apart::Batch, "the rotated halves are not proved to be put back in x's shape"),
+    ] {
+        let (fused, outcome) = fuse(&halves_apart_model(broken));
+        assert_eq!(count_op(&fused, "RotaryEmbedding"), 0, "{broken:?}");
+        let said: Vec<&str> = outcome.declined.iter().map(|d| d.reason.as_str()).collect();
+        assert!(said.iter().any(|r| r.contains(why)), "{broken:?}, {why}: {said:?}");
+    }
+}

@@ -24,6 +24,10 @@
 //!                                           general repeat_interleave: `gathered_in_pairs`),
 //!                                           cos = every second value of g(p)
 //!   → RotaryEmbedding(x, cos, sin, interleaved = 1)
+//! halves written apart (GPT-OSS's `_apply_rotary_emb`):
+//!   out  = Concat(Sub(Mul(x₁, c), Mul(x₂, s)), Add(Mul(x₂, c), Mul(x₁, s)), axis −1)
+//!   c    = Unsqueeze(cos, heads axis)       cos [b or 1, s, d/2]: half a head, the cache
+//!   → RotaryEmbedding(x, cos, sin)
 //! ```
 //!
 //! The tables' heads axis says how x is laid out: `[b, heads, s, d]` is
@@ -38,11 +42,11 @@
 
 use crate::graph::fold::values_held;
 use crate::graph::shapes::Dim;
-use crate::graph::{Check, Graph, IntsArgument};
+use crate::graph::{Check, Graph, IntsArgument, Stop};
 use crate::onnx::{type_text, AttributeProto, NodeProto, TensorProto, BFLOAT16, FLOAT, FLOAT16};
 use crate::pattern;
 use crate::rewrite::{ints_constant, node, writing, Kept, Match, Pass, Portable, Rewrite};
-use crate::{decline, no_candidate, require};
+use crate::{candidate, decline, no_candidate, require};
 
 pub const PASS: Pass = Pass {
     name: "rotary",
@@ -58,11 +62,13 @@ pub const PASS: Pass = Pass {
 /// What `--target portable` writes (the same op as for ONNX Runtime).
 const PORTABLE: Portable = Portable { op: "RotaryEmbedding", since: 23 };
 
-/// How x is turned: its two halves, or each pair of neighbours.
+/// How x is turned: its two halves, or each pair of neighbours; or its
+/// halves each times tables of half a head, written apart.
 #[derive(Clone, Copy, PartialEq)]
 enum Turn {
     Halves,
     Pairs,
+    HalfTables,
 }
 
 /// A table the rotary reads: the value whose rows are the cache (`[b or
@@ -80,6 +86,28 @@ struct Table {
 }
 
 fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
+    let found = match g.node(index).op_type() {
+        "Concat" => halves_apart(g, index)?,
+        _ => turned(g, index)?,
+    };
+    rotary(g, index, found)
+}
+
+/// A rotary matched, before its shapes are proved: x (its widening read
+/// where `widen`), how it is turned, the parts of x cut for it (x₁ or xₑ
+/// kept, x₂ or x₀ negated), the value to be proved of x's shape where
+/// there is one, and the values c and s multiplied in.
+struct Found<'a> {
+    x: &'a str,
+    widen: bool,
+    form: Turn,
+    parts: (Part, Part),
+    of_x_shape: Option<&'a str>,
+    tables: [&'a str; 2],
+}
+
+/// `Add(Mul(x, c), Mul(r, s))`, r a turn of x.
+fn turned<'a>(g: &Graph<'a>, index: usize) -> Check<Found<'a>> {
     let add = pattern::anchor(g, index, "Add")?;
     let (a, b) = (add.input[0].as_str(), add.input[1].as_str());
     // Which product holds turn(x) says which is which. The turn may be
@@ -100,8 +128,8 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     };
     let form = turn(g, r).ok_or(crate::graph::Miss::NotCandidate)?;
     let (kept, negated) = match form {
-        Turn::Halves => halves_turned(g, r)?,
         Turn::Pairs => pairs_turned(g, r)?,
+        _ => halves_turned(g, r)?,
     };
     let (x1, x2) = (g.node(kept.0).input[0].as_str(), g.node(negated.0).input[0].as_str());
     require!(g.same_value(x1, x2).is_some(), "the parts turned are not of one value");
@@ -115,7 +143,67 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
         "the value whose parts are turned"
     };
     let (x, c) = product_with(g, plain, what, of_x)?;
+    // The pairs, stacked [..., d/2, 2], merge back in x's shape.
+    let of_x_shape = (form == Turn::Pairs).then_some(r);
+    Ok(Found { x, widen, form, parts: (kept, negated), of_x_shape, tables: [c, s] })
+}
 
+/// The halves turned and written apart (GPT-OSS's `_apply_rotary_emb`):
+/// `Concat(x₁·c − x₂·s, x₂·c + x₁·s, axis −1)`, each product and the sum
+/// either order, c and s tables of half a head. RotaryEmbedding computes
+/// just these, `cos·x₁ − sin·x₂` and `sin·x₁ + cos·x₂`, and reads such
+/// tables as its caches as they are.
+fn halves_apart<'a>(g: &Graph<'a>, index: usize) -> Check<Found<'a>> {
+    let two = g.node(index).input.len() == 2;
+    let read = |i: usize, op: &str| g.node(index).input.get(i).and_then(|v| g.produced_by(v, op).ok());
+    let (Some(sub), Some(add)) = (read(0, "Sub"), read(1, "Add")) else { no_candidate!() };
+    candidate!(two);
+    let concat = pattern::anchor(g, index, "Concat")?;
+    let product = |v: &str| -> Option<[&'a str; 2]> {
+        let m = g.node(g.produced_by(v, "Mul").ok()?);
+        (m.input.len() == 2).then(|| [m.input[0].as_str(), m.input[1].as_str()])
+    };
+    let (sub, add) = (g.node(sub), g.node(add));
+    let [Some(first), Some(second), Some(p), Some(q)] =
+        [&sub.input[0], &sub.input[1], &add.input[0], &add.input[1]].map(|v| product(v))
+    else {
+        no_candidate!()
+    };
+    let same = |a: &str, b: &str| g.same_value(a, b).is_some();
+    let pair = |m: [&str; 2], a: &str, b: &str| (same(m[0], a) && same(m[1], b)) || (same(m[0], b) && same(m[1], a));
+    let part = |v: &str| -> Option<(Part, &'a str)> {
+        let p = g.produced_by(v, "Slice").or_else(|_| g.produced_by(v, "Split")).ok()?;
+        Some(((p, g.node(p).output.iter().position(|o| o == v)?), g.node(p).input.first()?.as_str()))
+    };
+    // x₁·c and x₂·s, each either order, x₁ and x₂ parts of one x; the
+    // sum's products then x₂·c and x₁·s.
+    let orders = |[a, b]: [&'a str; 2]| [[a, b], [b, a]];
+    let found = orders(first)
+        .into_iter()
+        .flat_map(|[x1, c]| orders(second).map(move |[x2, s]| [x1, c, x2, s]))
+        .find_map(|[x1, c, x2, s]| {
+            let ((kept, x), (negated, y)) = (part(x1)?, part(x2)?);
+            let sum = (pair(p, x2, c) && pair(q, x1, s)) || (pair(q, x2, c) && pair(p, x1, s));
+            (sum && same(x, y)).then_some(Found {
+                x,
+                widen: false,
+                form: Turn::HalfTables,
+                parts: (kept, negated),
+                of_x_shape: Some(&concat.output[0]),
+                tables: [c, s],
+            })
+        });
+    let found = found.or_decline(|| "the products are not x₁·c − x₂·s and x₂·c + x₁·s of x's halves".into())?;
+    require!(
+        on_last_axis(g, concat.attr_int("axis").unwrap_or(0), &concat.output[0]),
+        "the rotated halves are not concatenated on the last axis"
+    );
+    Ok(found)
+}
+
+/// The rotary `found` at node `index`, its shapes proved.
+fn rotary(g: &Graph, index: usize, found: Found) -> Check<Rewrite> {
+    let Found { x, widen, form, parts: (kept, negated), of_x_shape, tables: [c, s] } = found;
     let shapes = g.shapes();
     let elem = g.elem_type(x);
     require!(
@@ -127,24 +215,27 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     let d = sx[3].value().filter(|d| d % 2 == 0 && *d > 0);
     let d = d.ok_or_else(|| miss(&format!("the last axis of x ({}) is not a known even number", sx[3])))?;
     match form {
-        Turn::Halves => {
-            half(g, kept, 0, d)?;
-            half(g, negated, 1, d)?;
-        }
         Turn::Pairs => {
             cut(g, kept.0, 0, d, d, 2)?;
             cut(g, negated.0, 1, d, d, 2)?;
-            // The pairs, stacked [..., d/2, 2], merge back in x's shape.
-            require!(
-                shapes.shape(r).as_ref() == Some(&sx),
-                "the turned pairs are not proved to be viewed in x's shape"
-            );
         }
+        _ => {
+            half(g, kept, 0, d)?;
+            half(g, negated, 1, d)?;
+        }
+    }
+    if let Some(v) = of_x_shape {
+        let what = if form == Turn::Pairs {
+            "turned pairs are not proved to be viewed"
+        } else {
+            "rotated halves are not proved to be put back"
+        };
+        require!(shapes.shape(v).as_ref() == Some(&sx), "the {what} in x's shape");
     }
     let table = |v: &str, what: &str| -> Check<Table> {
         let t = match form {
-            Turn::Halves => proved_table(g, v, what, &sx, d, form)?,
             Turn::Pairs => repeated_table(g, v, what, &sx, d)?,
+            _ => proved_table(g, v, what, &sx, d, form)?,
         };
         require!(g.elem_type(&t.rows) == elem, "the {what} table is not of x's type");
         Ok(t)
@@ -207,7 +298,7 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
         };
         let rows = match form {
             Turn::Pairs if t.every_second => cut(prelude, &rows, "pairs", d, Some(2)),
-            Turn::Pairs => rows,
+            Turn::Pairs | Turn::HalfTables => rows,
             Turn::Halves => cut(prelude, &rows, "half", d / 2, None),
         };
         if !t.one {
@@ -238,7 +329,7 @@ fn rule(g: &Graph, index: usize) -> Check<Rewrite> {
     prelude.push(writing(&merged, node("Reshape", &[&x_read, &shape], vec![])));
     attributes.push(AttributeProto::int("num_heads", h));
     let rotary = node("RotaryEmbedding", &[&merged, &cos_cache, &sin_cache], attributes);
-    let inner = format!("{}/merged_heads", add.output[0]);
+    let inner = format!("{}/merged_heads", g.node(index).output[0]);
     Ok(m.replace_with(rotary).after(prelude).needing_opset(23).viewed_as(&inner, &[0, 0, h, d]))
 }
 
@@ -273,18 +364,22 @@ fn proved_table(g: &Graph, v: &str, what: &str, sx: &[Dim], d: i64, form: Turn) 
         };
         Some((g.node(u).input[0].as_str(), heads))
     });
+    // (Tables of half a head are the caches themselves.)
+    let (k, last) = if form == Turn::HalfTables { (d / 2, "d/2") } else { (d, "d") };
     let (rows, heads, squeezed) = match unsqueezed {
         Some((t, heads)) => (t, heads, false),
-        None => (v, heads_of(shapes.shape(v), sx, d).map_or(1, |(heads, _)| heads), true),
+        None => (v, heads_of(shapes.shape(v), sx, k).map_or(1, |(heads, _)| heads), true),
     };
-    let one = without_heads(shapes.shape(rows), squeezed, heads).and_then(|rows| rows_fit(&rows, sx, heads, d));
-    let one = one.ok_or_else(|| miss(&format!("the {what} table is not proved [b or 1, s, d] of x's b, s and d")))?;
-    let (proved, unread) = (rows_proved(g, rows, form, 16), unread(g, rows));
+    let one = without_heads(shapes.shape(rows), squeezed, heads).and_then(|rows| rows_fit(&rows, sx, heads, k));
+    let one =
+        one.ok_or_else(|| miss(&format!("the {what} table is not proved [b or 1, s, {last}] of x's b, s and d")))?;
+    let (proved, unread) = (|| rows_proved(g, rows, form, 16), unread(g, rows));
     match form {
-        Turn::Halves => require!(proved, "the two halves of the {what} table are not proved equal{unread}"),
+        Turn::Halves => require!(proved(), "the two halves of the {what} table are not proved equal{unread}"),
         Turn::Pairs => {
-            require!(proved, "the {what} table is not proved a repeat of each value twice on the last axis{unread}")
+            require!(proved(), "the {what} table is not proved a repeat of each value twice on the last axis{unread}")
         }
+        Turn::HalfTables => {}
     }
     Ok(Table { rows: rows.to_string(), one, heads, squeezed, every_second: form == Turn::Pairs })
 }
@@ -541,6 +636,7 @@ fn rows_proved(g: &Graph, value: &str, form: Turn, depth: usize) -> bool {
         return match form {
             Turn::Halves => rows_alike(g, t, |row| row[..row.len() / 2] == row[row.len() / 2..]),
             Turn::Pairs => rows_alike(g, t, |row| row.chunks(2).all(|pair| pair[0] == pair[1])),
+            Turn::HalfTables => true,
         };
     }
     let Some(p) = g.producer(value) else { return false };

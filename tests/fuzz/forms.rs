@@ -2553,6 +2553,115 @@ pub fn rotary(rng: &mut Rng) -> Case {
     rotary_sum(rng, c, b, [&x, &cos, &turned, &sin], before, opset, tables)
 }
 
+/// rotary with the halves turned and written apart (GPT-OSS's
+/// `_apply_rotary_emb`): `Concat(x₁·c − x₂·s, x₂·c + x₁·s)`, the tables
+/// `[b or 1, s, d/2]` unsqueezed at x's heads axis; every product and the
+/// sum either order.
+pub fn rotary_apart(rng: &mut Rng) -> Case {
+    let mut c = Ctx::new();
+    let mut b = Builder::default();
+    let opset = rng.pick(&[18i64, 18, 23, 23]);
+    if opset < 23 {
+        c.unsure("opset 18: RotaryEmbedding is written from 23 (after an upgrade)");
+    }
+    let elem = kernel_elem(rng, &mut c);
+    let d = rng.pick(&[4i64, 8]);
+    let last = match rng.below(12) {
+        0 => {
+            c.breaks("x's last axis is symbolic");
+            sym("d")
+        }
+        _ => D::N(d),
+    };
+    let heads_third = rng.chance(0.3);
+    let dims = if heads_third {
+        c.note("heads third ([b, s, h, d]): the 3-D kernel");
+        [sym("b"), sym("s"), D::N(2), last]
+    } else {
+        [sym("b"), D::N(2), sym("s"), last]
+    };
+    let x = b.input("x", elem, Some(&dims));
+    let batch = match rng.below(8) {
+        0 => {
+            c.note("tables of x's batch");
+            sym("b")
+        }
+        1 => {
+            c.unsure("tables of batch 2 where x's is b");
+            D::N(2)
+        }
+        _ => D::N(1),
+    };
+    let freqs = b.input("freqs", elem, Some(&[batch, sym("s"), D::N(d / 2)]));
+    let cos = b.node("Cos", &[&freqs], vec![]);
+    let one_table = rng.chance(0.05);
+    let sin = if one_table {
+        c.note("the sin table is the cos table");
+        cos.clone()
+    } else {
+        b.node("Sin", &[&freqs], vec![])
+    };
+    let heads = if heads_third { 2 } else { 1 };
+    let at = if rng.chance(0.08) {
+        c.unsure("the tables unsqueezed at the other heads axis");
+        3 - heads
+    } else {
+        heads
+    };
+    let axis = b.ints(&[at]);
+    let cos = b.node("Unsqueeze", &[&cos, &axis], vec![]);
+    let sin = b.node("Unsqueeze", &[&sin, &axis], vec![]);
+    let before = b.graph.node.len();
+    let half = if rng.chance(0.06) {
+        c.breaks("the halves cut one early");
+        d / 2 - 1
+    } else {
+        d / 2
+    };
+    let (x1, x2) = if rng.chance(0.25) {
+        c.note("the halves a Split by sizes");
+        let parts = ["x_first_half".to_string(), "x_second_half".to_string()];
+        let sizes = b.ints(&[half, d - half]);
+        b.node_to("Split", &[&x, &sizes], &[&parts[0], &parts[1]], vec![attr_int("axis", rng.pick(&[-1, 3]))]);
+        let [x1, x2] = parts;
+        (x1, x2)
+    } else {
+        let second_of = if rng.chance(0.06) {
+            c.breaks("x₂ a half of another value");
+            b.input("other", elem, Some(&dims))
+        } else {
+            x.clone()
+        };
+        let (zero, cut, end, last) = (b.ints(&[0]), b.ints(&[half]), b.ints(&[i64::MAX]), b.ints(&[-1]));
+        (b.node("Slice", &[&x, &zero, &cut, &last], vec![]), b.node("Slice", &[&second_of, &cut, &end, &last], vec![]))
+    };
+    // The halves swapped and the first half turned the other way is the
+    // rotary of the tables swapped (sin for cos); either alone, or with
+    // the second half's tables crossed, is none.
+    let (swapped, turned, crossed) = (rng.chance(0.06), rng.chance(0.06), rng.chance(0.06) && !one_table);
+    match (swapped, turned, crossed) {
+        (true, true, false) => c.note("the halves swapped and the first half turned: sin and cos swapped"),
+        (false, false, false) => {}
+        _ => c.breaks(format!("halves swapped {swapped}, first half turned {turned}, second half crossed {crossed}")),
+    }
+    let (x1, x2) = if swapped { (x2, x1) } else { (x1, x2) };
+    let x1c = commuted(rng, &mut b, "Mul", &x1, &cos);
+    let x2s = commuted(rng, &mut b, "Mul", &x2, &sin);
+    let first = match turned {
+        true => b.node("Sub", &[&x2s, &x1c], vec![]),
+        false => b.node("Sub", &[&x1c, &x2s], vec![]),
+    };
+    let (c2, s1) = if crossed { (sin.clone(), cos.clone()) } else { (cos.clone(), sin.clone()) };
+    let x2c = commuted(rng, &mut b, "Mul", &x2, &c2);
+    let x1s = commuted(rng, &mut b, "Mul", &x1, &s1);
+    let second = commuted(rng, &mut b, "Add", &x2c, &x1s);
+    let inner = computed_since(&b, before);
+    let out = b.node("Concat", &[&first, &second], vec![attr_int("axis", rng.pick(&[-1, 3]))]);
+    b.output(&out, elem, None);
+    leak(rng, &mut c, &mut b, &inner, elem);
+    finish(rng, c, b, opset, elem)
+}
+
 /// pack-matmul: MatMuls of one x by constant weights of its last axis's
 /// rows, each read as it was. Members that are no constant weight (an
 /// input, a weight of other rows or rank, x as the right operand) stay
