@@ -211,7 +211,9 @@ impl<'g, 'a> Shapes<'g, 'a> {
                         }
                         pairs.extend(self.min_beside_its_e(&shapes));
                         let out = node.output.first().and_then(|o| self.shape(o));
-                        pairs.extend(out.as_ref().map(|out| self.broadcasts_met_again(&shapes, out)).unwrap_or_default());
+                        pairs.extend(
+                            out.as_ref().map(|out| self.broadcasts_met_again(&shapes, out)).unwrap_or_default(),
+                        );
                         pairs.extend(out.map(|out| self.never_one_is_the_result(&shapes, &out)).unwrap_or_default());
                     }
                 }
@@ -253,7 +255,10 @@ impl<'g, 'a> Shapes<'g, 'a> {
                 let (Some(data), Some(indices)) = (data, indices) else { return vec![] };
                 let axis = normalize(node.attr_int("axis").unwrap_or(0), data.len());
                 let Some(len) = axis.map(|a| data[a].clone()) else { return vec![] };
-                indices.iter().map(|&i| (len.clone(), if i >= 0 { i.saturating_add(1) } else { i.saturating_neg() })).collect()
+                indices
+                    .iter()
+                    .map(|&i| (len.clone(), if i >= 0 { i.saturating_add(1) } else { i.saturating_neg() }))
+                    .collect()
             }
             _ => vec![],
         }
@@ -686,6 +691,9 @@ impl<'g, 'a> Shapes<'g, 'a> {
         if node.is("Split") {
             return self.split_part(node, value, input(0)?);
         }
+        if node.is("TopK") {
+            return self.top_k(node, input(0)?);
+        }
         if node.is("If") {
             return self.if_output(node, value);
         }
@@ -825,7 +833,9 @@ impl<'g, 'a> Shapes<'g, 'a> {
                 }
                 let spatial = (2..x.len()).map(|i| {
                     w[i].value()
-                        .and_then(|k| conv_length(node, i - 2, x.len() - 2, (&x[i], self.least_of(&x[i])), k, &self.memo.floors))
+                        .and_then(|k| {
+                            conv_length(node, i - 2, x.len() - 2, (&x[i], self.least_of(&x[i])), k, &self.memo.floors)
+                        })
                         .unwrap_or_else(|| Dim::atom(format!("{value}#{i}")))
                 });
                 [x[0].clone(), w[0].clone()].into_iter().chain(spatial).collect()
@@ -839,8 +849,15 @@ impl<'g, 'a> Shapes<'g, 'a> {
                     return None;
                 }
                 let spatial = (2..x.len()).map(|i| {
-                    conv_length(node, i - 2, x.len() - 2, (&x[i], self.least_of(&x[i])), kernel[i - 2], &self.memo.floors)
-                        .unwrap_or_else(|| Dim::atom(format!("{value}#{i}")))
+                    conv_length(
+                        node,
+                        i - 2,
+                        x.len() - 2,
+                        (&x[i], self.least_of(&x[i])),
+                        kernel[i - 2],
+                        &self.memo.floors,
+                    )
+                    .unwrap_or_else(|| Dim::atom(format!("{value}#{i}")))
                 });
                 [x[0].clone(), x[1].clone()].into_iter().chain(spatial).collect()
             }
@@ -1430,6 +1447,23 @@ impl<'g, 'a> Shapes<'g, 'a> {
         Some(shape)
     }
 
+    /// The shape of TopK's values and of its indices alike: x's with the
+    /// axis K long (K an attribute before opset 10, else a one-element
+    /// tensor of a size `shape_tensor` knows; otherwise one unknown size
+    /// both outputs share).
+    fn top_k(&self, node: &crate::onnx::NodeProto, mut x: Vec<Dim>) -> Option<Vec<Dim>> {
+        let axis = normalize(node.attr_int("axis").unwrap_or(-1), x.len())?;
+        let k = match self.g.opset {
+            opset if opset < 10 => node.attr_int("k").map(Dim::known),
+            _ => match self.shape_tensor(node.input.get(1)?).as_deref() {
+                Some([Some(k)]) => Some(k.clone()),
+                _ => None,
+            },
+        };
+        x[axis] = k.unwrap_or_else(|| Dim::atom(format!("{}#k", node.output[0])));
+        Some(x)
+    }
+
     /// The elements of a 1-D integer tensor that holds a shape: known where
     /// they are constants or dimensions read by `Shape`, or computed from
     /// those, None where they are computed otherwise (such an element may
@@ -1453,9 +1487,7 @@ impl<'g, 'a> Shapes<'g, 'a> {
                 self.elements(value, 0)?
                     .into_iter()
                     .map(|d| {
-                        d.filter(|d| {
-                            d.value().is_some() || self.never_negative(d) || self.upstream_length(value, d)
-                        })
+                        d.filter(|d| d.value().is_some() || self.never_negative(d) || self.upstream_length(value, d))
                     })
                     .collect(),
             ),
@@ -1636,7 +1668,10 @@ impl<'g, 'a> Shapes<'g, 'a> {
             }
             // Of integers by a positive number, the remainder with the
             // divisor's sign (fmod 0): a − c·floor(a / c).
-            "Mod" if node.attr_int("fmod").unwrap_or(0) == 0 && g.elem_type(value).is_some_and(crate::onnx::is_integer) => {
+            "Mod"
+                if node.attr_int("fmod").unwrap_or(0) == 0
+                    && g.elem_type(value).is_some_and(crate::onnx::is_integer) =>
+            {
                 elementwise(&[arg(0)?, arg(1)?], |e| match e {
                     [Some(a), Some(c)] => {
                         let c = c.value().filter(|&c| c > 0)?;
