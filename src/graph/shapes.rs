@@ -1460,6 +1460,8 @@ impl<'g, 'a> Shapes<'g, 'a> {
                 _ => None,
             },
         };
+        // (A negative K is no length: the run fails.)
+        let k = k.filter(|k| k.value().is_none_or(|n| n >= 0));
         x[axis] = k.unwrap_or_else(|| Dim::atom(format!("{}#k", node.output[0])));
         Some(x)
     }
