@@ -147,6 +147,9 @@ def configs():
         # (`_apply_rotary_emb`: cat(x1·cos − x2·sin, x2·cos + x1·sin) with
         # tables of half a head); attention sinks (the softmax over the
         # scores and a sink column, no attention core); experts.
+        # Protein language model (ESM-2): q scaled twice before its
+        # product (by 1/√d, then by the eager path's scaling of 1).
+        "esm": t.EsmConfig(**SMALL, pad_token_id=1, mask_token_id=2),
         "gpt_oss": t.GptOssConfig(**SMALL, num_key_value_heads=2, head_dim=8, num_local_experts=4,
                                   num_experts_per_tok=2, sliding_window=8),
         "gemma2": t.Gemma2Config(**SMALL, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6,
@@ -362,6 +365,8 @@ def export_optimum(name, kind, task, *, opset=None, fp16=False, file="model.onnx
             transformers.BertModel(cfg).save_pretrained(src)
         elif kind == "t5":
             transformers.T5ForConditionalGeneration(cfg).save_pretrained(src)
+        elif kind == "esm":
+            transformers.EsmModel(cfg).save_pretrained(src)
         else:
             transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(src)
         kw = dict(opset=opset) if opset else {}
@@ -1033,6 +1038,7 @@ def main():
          lambda n: export_optimum(n, "llama", "text-generation-with-past", fp16=True)),
         ("qwen3_optimum_past.onnx", lambda n: export_optimum(n, "qwen3", "text-generation-with-past")),
         ("gpt_oss_optimum_past.onnx", lambda n: export_optimum(n, "gpt_oss", "text-generation-with-past")),
+        ("esm_optimum.onnx", lambda n: export_optimum(n, "esm", "feature-extraction")),
         ("convbert_ts_op14.onnx", lambda n: export_torch(n, "convbert", opset=14)),
         ("funnel_ts_op14.onnx", lambda n: export_torch(n, "funnel", opset=14)),
         ("longt5_ts_op17.onnx", lambda n: export_torch(n, "longt5", opset=17)),

@@ -114,6 +114,8 @@ pub const EXPORTS: &[(&str, &[(&str, usize)], f32)] = &[
     // off after it, is no attention core; its rotary written apart
     // (tests/rotary.rs).
     ("gpt_oss_optimum_past.onnx", &[("rms-norm", 5)], 1e-5),
+    // q scaled twice before its product; the exporter writes LayerNormalization.
+    ("esm_optimum.onnx", &[("attention", 2)], 1e-5),
     // Relative attention, its scores a sum of three terms: the position
     // term cut from `seq + 7` relative positions (`arange(7, -seq, -1)`,
     // its bounds `pos[0]` and `pos[-1]` of `arange(seq)` cast to float):

@@ -1015,6 +1015,25 @@ fn encoder_cores_read_and_write_merged_heads_and_a_row_padded_whole_runs_the_ker
     assert!(runs_the_kernel(&fused, &inputs), "the row padded whole is lifted");
 }
 
+/// ESM scales q twice before its product (by 1/√d, then by the eager
+/// path's scaling of 1) and the transposed key once (by 1): each is a
+/// scale of the scores, so its encoder's cores are the merged 3-D kernel,
+/// reading the projections, with the product of the scales; a row padded
+/// whole runs it lifted.
+#[test]
+fn q_scaled_twice_is_read_before_both_scales() {
+    let dir = tempdir();
+    let inputs = token_feeds(dir.path(), [0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 0, 0]);
+    let (original, fused) = fused_at_23("esm_optimum.onnx", "attention");
+    let kernels = kernels(&fused);
+    assert_eq!(kernels.len(), 2);
+    let projections = ["query", "key", "value"].map(|p| format!("/encoder/layer.0/attention/self/{p}/Add_output_0"));
+    assert_eq!(kernels[0].input[..3], projections[..], "the kernel reads the projections, not their scaled heads");
+    assert_eq!(kernels[0].attr_float("scale"), Some((1.0 / 8f64.sqrt()) as f32), "1/√8 · 1 · 1");
+    the_guard_decides(&original, &fused, &inputs, "a row padded whole is expected to be fully masked");
+    assert!(runs_the_kernel(&fused, &inputs), "the row padded whole is lifted");
+}
+
 /// A cache without grouped heads whose key the export only transposes:
 /// T5's decoder with past, its self-attention's cache and its
 /// cross-attention's encoder key and value, which the caller passes back

@@ -1981,7 +1981,14 @@ pub fn decoder_attention(rng: &mut Rng) -> Case {
     let (q, s_scale) = if sdpa {
         let rank = rng.pick(&[0, 1]);
         let c_q = one_value(rng, &mut b, "sqrt_scale_q", elem, rank, 0.7071067811865476);
-        (b.node("Mul", &[&q, &c_q], vec![]), None)
+        let q = b.node("Mul", &[&q, &c_q], vec![]);
+        if rng.chance(0.3) {
+            c.note("q scaled a second time (ESM)");
+            let again = one_value(rng, &mut b, "second_scale_q", elem, rank, 1.0);
+            (b.node("Mul", &[&q, &again], vec![]), None)
+        } else {
+            (q, None)
+        }
     } else {
         (q, Some(one_value(rng, &mut b, "scale", elem, 0, 0.5)))
     };
@@ -2126,8 +2133,8 @@ pub fn decoder_attention(rng: &mut Rng) -> Case {
     // What the core reads is computed by now: a second definition of one
     // of its constants, or another reader of the q and key it reads, leaves
     // the core as it is (the kernel falls back to it).
-    c.aside.extend(["visible", "sqrt_scale_q", "sqrt_scale_k"].map(String::from));
-    c.portable_reads.extend(["sqrt_scale_q", "sqrt_scale_k"].map(String::from));
+    c.aside.extend(["visible", "sqrt_scale_q", "second_scale_q", "sqrt_scale_k"].map(String::from));
+    c.portable_reads.extend(["sqrt_scale_q", "second_scale_q", "sqrt_scale_k"].map(String::from));
     if replaced.is_none() {
         // (A fill the core's own Where reads is the core's.)
         c.aside.push("hidden".into());

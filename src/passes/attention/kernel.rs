@@ -18,7 +18,7 @@
 //! kernel's 3-D form, reading the `[b, s, h·d]` values its heads are split
 //! from and writing the merged output (`merged_heads`). A cache without
 //! grouped heads is written where the export scales its transposed key by a
-//! value computed at run time (`scaled_at_run_time`); elsewhere ONNX
+//! value computed at run time (`scaled_by_one_values`); elsewhere ONNX
 //! Runtime's own MatMuls are faster, and it stays `AttentionCore`. A `Where` mask is
 //! the kernel's boolean mask, the keys kept, where a bound on the scores
 //! proves the fill gives hidden keys no weight.
@@ -64,7 +64,7 @@ struct Call<'a> {
     elem: i32,
     q: &'a str,
     k: &'a str,
-    /// The key is scaled by a value computed at run time (`scaled_at_run_time`).
+    /// The key is scaled by a value computed at run time (`scaled_by_one_values`).
     key_scaled_at_run_time: bool,
     scale: f64,
     masks: Vec<(Step, usize)>,
@@ -150,14 +150,14 @@ fn read<'a>(
             step => decline!("{}", step.not_in_attention()),
         }
     }
-    // A one-value scale of q or of the transposed key (SDPA exports scale
-    // each by √scale; DistilBERT divides q by √d) is a scale of the
-    // scores: in f32, where Attention computes as the core does (an f16
+    // One-value scales of q or of the transposed key (SDPA exports scale
+    // each by √scale; DistilBERT divides q by √d; ESM scales q twice) are
+    // a scale of the scores: in f32, where Attention computes as the core does (an f16
     // product that the core rounds, or overflows, before its MatMul is
     // not handed over).
-    let ((q, cq), (unscaled_k, ck)) = match elem {
-        FLOAT => (scaled_by_one_value(g, shapes, q, elem), scaled_by_one_value(g, shapes, k, elem)),
-        _ => ((q, 1.0), (k, 1.0)),
+    let ((q, cq, _), (unscaled_k, ck, computed)) = match elem {
+        FLOAT => (scaled_by_one_values(g, shapes, q, elem), scaled_by_one_values(g, shapes, k, elem)),
+        _ => ((q, 1.0, false), (k, 1.0, false)),
     };
     scale *= cq * ck;
     // ONNX Runtime refuses an Attention whose scale is not positive.
@@ -165,7 +165,7 @@ fn read<'a>(
         scale.is_finite() && (scale as f32).is_normal() && scale > 0.0,
         "the scale {scale} is no positive normal f32"
     );
-    let key_scaled_at_run_time = ck != 1.0 && scaled_at_run_time(g, k, unscaled_k);
+    let key_scaled_at_run_time = ck != 1.0 && computed;
     let views = folding(g, shapes, views, &mut masks)?;
     Ok(Call { elem, q, k: unscaled_k, key_scaled_at_run_time, scale, masks, nan_guard, softcap, views })
 }
@@ -894,26 +894,33 @@ fn key_before_transpose<'a>(g: &Graph<'a>, k: &str, rank: usize) -> Check<(&'a s
     Ok((g.node(transpose).input[0].as_str(), (!identity).then_some(key_perm)))
 }
 
-/// `value` as `Mul(x, c)` (either order) or `Div(x, c)` with `c` a constant
-/// of one value of type `elem` that raises no rank (SDPA exports scale q
-/// and the transposed key each by √scale; DistilBERT divides q by √d):
-/// `(x, c)`, or `(x, 1/c)` for the Div; `(value, 1)` otherwise. A scale of q
-/// or k is a scale of the scores, which Attention takes as `scale`.
-fn scaled_by_one_value<'a>(g: &Graph<'a>, shapes: &Shapes, value: &'a str, elem: i32) -> (&'a str, f64) {
-    let found = g.produced_by(value, "Mul").or_else(|_| g.produced_by(value, "Div"));
-    let Ok(op) = found else { return (value, 1.0) };
-    let node = g.node(op);
-    let divides = node.is("Div");
-    let one_value = |i: usize| {
-        let c = crate::graph::fold::fold(g, shapes, &node.input[i])?;
-        let rank = shapes.rank(&node.input[1 - i]).unwrap_or(0);
-        (c.elem == elem && c.dims.len() <= rank.max(1)).then(|| c.scalar()).flatten()
-    };
-    let sides = if divides { 1..2 } else { 0..2 };
-    match sides.into_iter().find_map(|i| Some((i, one_value(i)?))) {
-        Some((at, c)) => (node.input[1 - at].as_str(), if divides { 1.0 / c } else { c }),
-        None => (value, 1.0),
+/// `value` as a chain of up to four products `Mul(x, c)` (either order)
+/// or `Div(x, c)`, each `c` a constant of one value of type `elem` that
+/// raises no rank (SDPA exports scale q and the transposed key each by
+/// √scale; DistilBERT divides q by √d; ESM scales q twice): x, the
+/// product of the factors (1/c for a Div), and whether a factor is
+/// computed at run time (GPT-2's `1/√√d` from the key's shape), which
+/// ONNX Runtime cannot fold into its MatMul, as it folds a constant
+/// scale. A scale of q or k is a scale of the scores, which Attention
+/// takes as `scale`.
+fn scaled_by_one_values<'a>(g: &Graph<'a>, shapes: &Shapes, value: &'a str, elem: i32) -> (&'a str, f64, bool) {
+    let (mut x, mut by, mut at_run_time) = (value, 1.0, false);
+    for _ in 0..4 {
+        let Ok(op) = g.produced_by(x, "Mul").or_else(|_| g.produced_by(x, "Div")) else { break };
+        let node = g.node(op);
+        let divides = node.is("Div");
+        let one_value = |i: usize| {
+            let c = crate::graph::fold::fold(g, shapes, &node.input[i])?;
+            let rank = shapes.rank(&node.input[1 - i]).unwrap_or(0);
+            (c.elem == elem && c.dims.len() <= rank.max(1)).then(|| c.scalar()).flatten()
+        };
+        let sides = if divides { 1..2 } else { 0..2 };
+        let Some((at, c)) = sides.into_iter().find_map(|i| Some((i, one_value(i)?))) else { break };
+        at_run_time |= g.constant(&node.input[at]).is_none();
+        by *= if divides { 1.0 / c } else { c };
+        x = node.input[1 - at].as_str();
     }
+    (x, by, at_run_time)
 }
 
 /// Why a mask that may hold the fills exports write is not handed over.
@@ -1142,15 +1149,6 @@ fn in_the_view(shapes: &Shapes, m: &str, sq: &[Dim], prelude: &mut Nodes) -> Che
     let target = prelude.op(&of("view"), "Concat", &[&batch, &heads, &rest], vec![int("axis", 0)]);
     let x = prelude.op(&of("viewed"), "Reshape", &[m, &target], vec![]);
     Ok(Some((x, vec![sq[0].clone(), sq[1].clone(), sm[1].clone(), sm[2].clone()])))
-}
-
-/// Whether `k`, the transposed key `unscaled` times one value
-/// (`scaled_by_one_value`), is scaled by a value the export computes at run
-/// time (GPT-2's `1/√√d` from the key's shape), which ONNX Runtime cannot
-/// fold into its MatMul, as it folds a constant scale.
-fn scaled_at_run_time(g: &Graph, k: &str, unscaled: &str) -> bool {
-    let scale = g.producer(k).and_then(|p| g.node(p).input.iter().find(|i| i.as_str() != unscaled));
-    unscaled != k && scale.is_some_and(|s| g.constant(s).is_none())
 }
 
 /// Whether `value` is a key or value the model keeps whole from call to
