@@ -2418,27 +2418,24 @@ fn leading_then_merged(b: &mut Builder, v: &str, end: i64) -> String {
     b.node("Concat", &[&lead, &minus_one], vec![attr_int("axis", 0)])
 }
 
-/// rotary: `x·cos + rotate_half(x)·sin` with tables `[b or 1, s, d]`
-/// unsqueezed at x's heads axis (second, or third: the 3-D kernel), each
-/// the `cat(freqs, freqs)` of Hugging Face's exports through elementwise
-/// steps; every operand either order.
-pub fn rotary(rng: &mut Rng) -> Case {
-    let mut c = Ctx::new();
-    let mut b = Builder::default();
+/// A rotary's x, `[b, 2, s, d]` or heads third `[b, s, 2, d]` (the 3-D
+/// kernel), d 4 or 8 (symbolic now and then: no kernel), and the batch
+/// of its tables: one row, x's, or 2 (unsure).
+struct RotaryX {
+    x: String,
+    dims: [D; 4],
+    d: i64,
+    heads_third: bool,
+    batch: D,
+}
+
+/// The opset (18 or 23), the element type and the x of a rotary case.
+fn rotary_x(rng: &mut Rng, c: &mut Ctx, b: &mut Builder) -> (i64, i32, RotaryX) {
     let opset = rng.pick(&[18i64, 18, 23, 23]);
     if opset < 23 {
         c.unsure("opset 18: RotaryEmbedding is written from 23 (after an upgrade)");
     }
-    let elem = kernel_elem(rng, &mut c);
-    // OLMo 2's f16 export: x and its turn widened to f32 before the
-    // products, the tables f32.
-    let widen = elem == FLOAT16 && rng.chance(0.4);
-    let tables = if widen {
-        c.note("x and its turn widened to f32 before the products");
-        FLOAT
-    } else {
-        elem
-    };
+    let elem = kernel_elem(rng, c);
     let d = rng.pick(&[4i64, 8]);
     let last = match rng.below(12) {
         0 => {
@@ -2465,6 +2462,26 @@ pub fn rotary(rng: &mut Rng) -> Case {
             D::N(2)
         }
         _ => D::N(1),
+    };
+    (opset, elem, RotaryX { x, dims, d, heads_third, batch })
+}
+
+/// rotary: `x·cos + rotate_half(x)·sin` with tables `[b or 1, s, d]`
+/// unsqueezed at x's heads axis (second, or third: the 3-D kernel), each
+/// the `cat(freqs, freqs)` of Hugging Face's exports through elementwise
+/// steps; every operand either order.
+pub fn rotary(rng: &mut Rng) -> Case {
+    let mut c = Ctx::new();
+    let mut b = Builder::default();
+    let (opset, elem, RotaryX { x, d, heads_third, batch, .. }) = rotary_x(rng, &mut c, &mut b);
+    // OLMo 2's f16 export: x and its turn widened to f32 before the
+    // products, the tables f32.
+    let widen = elem == FLOAT16 && rng.chance(0.4);
+    let tables = if widen {
+        c.note("x and its turn widened to f32 before the products");
+        FLOAT
+    } else {
+        elem
     };
     let freqs = b.input("freqs", tables, Some(&[batch.clone(), sym("s"), D::N(d / 2)]));
     let other = if rng.chance(0.08) {
@@ -2567,38 +2584,7 @@ pub fn rotary(rng: &mut Rng) -> Case {
 pub fn rotary_apart(rng: &mut Rng) -> Case {
     let mut c = Ctx::new();
     let mut b = Builder::default();
-    let opset = rng.pick(&[18i64, 18, 23, 23]);
-    if opset < 23 {
-        c.unsure("opset 18: RotaryEmbedding is written from 23 (after an upgrade)");
-    }
-    let elem = kernel_elem(rng, &mut c);
-    let d = rng.pick(&[4i64, 8]);
-    let last = match rng.below(12) {
-        0 => {
-            c.breaks("x's last axis is symbolic");
-            sym("d")
-        }
-        _ => D::N(d),
-    };
-    let heads_third = rng.chance(0.3);
-    let dims = if heads_third {
-        c.note("heads third ([b, s, h, d]): the 3-D kernel");
-        [sym("b"), sym("s"), D::N(2), last]
-    } else {
-        [sym("b"), D::N(2), sym("s"), last]
-    };
-    let x = b.input("x", elem, Some(&dims));
-    let batch = match rng.below(8) {
-        0 => {
-            c.note("tables of x's batch");
-            sym("b")
-        }
-        1 => {
-            c.unsure("tables of batch 2 where x's is b");
-            D::N(2)
-        }
-        _ => D::N(1),
-    };
+    let (opset, elem, RotaryX { x, dims, d, heads_third, batch }) = rotary_x(rng, &mut c, &mut b);
     let freqs = b.input("freqs", elem, Some(&[batch, sym("s"), D::N(d / 2)]));
     let cos = b.node("Cos", &[&freqs], vec![]);
     let one_table = rng.chance(0.05);
