@@ -211,9 +211,7 @@ impl<'g, 'a> Shapes<'g, 'a> {
                         }
                         pairs.extend(self.min_beside_its_e(&shapes));
                         let out = node.output.first().and_then(|o| self.shape(o));
-                        pairs.extend(
-                            out.as_ref().map(|out| self.broadcasts_met_again(&shapes, out)).unwrap_or_default(),
-                        );
+                        pairs.extend(out.as_ref().map(|out| self.broadcasts_met_again(&shapes, out)).unwrap_or_default());
                         pairs.extend(out.map(|out| self.never_one_is_the_result(&shapes, &out)).unwrap_or_default());
                     }
                 }
@@ -255,10 +253,7 @@ impl<'g, 'a> Shapes<'g, 'a> {
                 let (Some(data), Some(indices)) = (data, indices) else { return vec![] };
                 let axis = normalize(node.attr_int("axis").unwrap_or(0), data.len());
                 let Some(len) = axis.map(|a| data[a].clone()) else { return vec![] };
-                indices
-                    .iter()
-                    .map(|&i| (len.clone(), if i >= 0 { i.saturating_add(1) } else { i.saturating_neg() }))
-                    .collect()
+                indices.iter().map(|&i| (len.clone(), if i >= 0 { i.saturating_add(1) } else { i.saturating_neg() })).collect()
             }
             _ => vec![],
         }
@@ -833,9 +828,7 @@ impl<'g, 'a> Shapes<'g, 'a> {
                 }
                 let spatial = (2..x.len()).map(|i| {
                     w[i].value()
-                        .and_then(|k| {
-                            conv_length(node, i - 2, x.len() - 2, (&x[i], self.least_of(&x[i])), k, &self.memo.floors)
-                        })
+                        .and_then(|k| conv_length(node, i - 2, x.len() - 2, (&x[i], self.least_of(&x[i])), k, &self.memo.floors))
                         .unwrap_or_else(|| Dim::atom(format!("{value}#{i}")))
                 });
                 [x[0].clone(), w[0].clone()].into_iter().chain(spatial).collect()
@@ -849,15 +842,8 @@ impl<'g, 'a> Shapes<'g, 'a> {
                     return None;
                 }
                 let spatial = (2..x.len()).map(|i| {
-                    conv_length(
-                        node,
-                        i - 2,
-                        x.len() - 2,
-                        (&x[i], self.least_of(&x[i])),
-                        kernel[i - 2],
-                        &self.memo.floors,
-                    )
-                    .unwrap_or_else(|| Dim::atom(format!("{value}#{i}")))
+                    conv_length(node, i - 2, x.len() - 2, (&x[i], self.least_of(&x[i])), kernel[i - 2], &self.memo.floors)
+                        .unwrap_or_else(|| Dim::atom(format!("{value}#{i}")))
                 });
                 [x[0].clone(), x[1].clone()].into_iter().chain(spatial).collect()
             }
@@ -1489,7 +1475,9 @@ impl<'g, 'a> Shapes<'g, 'a> {
                 self.elements(value, 0)?
                     .into_iter()
                     .map(|d| {
-                        d.filter(|d| d.value().is_some() || self.never_negative(d) || self.upstream_length(value, d))
+                        d.filter(|d| {
+                            d.value().is_some() || self.never_negative(d) || self.upstream_length(value, d)
+                        })
                     })
                     .collect(),
             ),
@@ -1670,10 +1658,7 @@ impl<'g, 'a> Shapes<'g, 'a> {
             }
             // Of integers by a positive number, the remainder with the
             // divisor's sign (fmod 0): a − c·floor(a / c).
-            "Mod"
-                if node.attr_int("fmod").unwrap_or(0) == 0
-                    && g.elem_type(value).is_some_and(crate::onnx::is_integer) =>
-            {
+            "Mod" if node.attr_int("fmod").unwrap_or(0) == 0 && g.elem_type(value).is_some_and(crate::onnx::is_integer) => {
                 elementwise(&[arg(0)?, arg(1)?], |e| match e {
                     [Some(a), Some(c)] => {
                         let c = c.value().filter(|&c| c > 0)?;
