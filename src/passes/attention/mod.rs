@@ -620,7 +620,7 @@ fn scores_chain<'a>(
     value: &'a str,
     depth: usize,
 ) -> Check<(usize, Vec<(usize, Step)>)> {
-    require!(depth < 8, "no MatMul within 8 steps before the Softmax");
+    require!(depth < 12, "no MatMul within 12 steps before the Softmax");
     let p = g.computing(value)?;
     let node = g.node(p);
     let step = |steps: Check<(usize, Vec<(usize, Step)>)>, s: Step| {
