@@ -2466,6 +2466,19 @@ fn rotary_x(rng: &mut Rng, c: &mut Ctx, b: &mut Builder) -> (i64, i32, RotaryX) 
     (opset, elem, RotaryX { x, dims, d, heads_third, batch })
 }
 
+/// The tables cos and sin unsqueezed at x's heads axis `heads` (1 or 2),
+/// now and then at the other one (unsure).
+fn at_heads_axis(rng: &mut Rng, c: &mut Ctx, b: &mut Builder, heads: i64, [cos, sin]: [&str; 2]) -> (String, String) {
+    let at = if rng.chance(0.08) {
+        c.unsure("the tables unsqueezed at the other heads axis");
+        3 - heads
+    } else {
+        heads
+    };
+    let axis = b.constant(tensor(INT64, &[1], &[at as f64]));
+    (b.node("Unsqueeze", &[cos, &axis], vec![]), b.node("Unsqueeze", &[sin, &axis], vec![]))
+}
+
 /// rotary: `x·cos + rotate_half(x)·sin` with tables `[b or 1, s, d]`
 /// unsqueezed at x's heads axis (second, or third: the 3-D kernel), each
 /// the `cat(freqs, freqs)` of Hugging Face's exports through elementwise
@@ -2510,15 +2523,7 @@ pub fn rotary(rng: &mut Rng) -> Case {
     };
     let ints = |b: &mut Builder, v: i64| b.constant(tensor(INT64, &[1], &[v as f64]));
     let heads = if heads_third { 2 } else { 1 };
-    let at = if rng.chance(0.08) {
-        c.unsure("the tables unsqueezed at the other heads axis");
-        3 - heads
-    } else {
-        heads
-    };
-    let axis = ints(&mut b, at);
-    let cos = b.node("Unsqueeze", &[&cos, &axis], vec![]);
-    let sin = b.node("Unsqueeze", &[&sin, &axis], vec![]);
+    let (cos, sin) = at_heads_axis(rng, &mut c, &mut b, heads, [&cos, &sin]);
     // ESM's tables: the 4-D table sliced on the sequence axis to x's
     // length (a Slice of another axis keeps its rows whole).
     let (cos, sin) = if rng.chance(0.2) {
@@ -2594,16 +2599,7 @@ pub fn rotary_apart(rng: &mut Rng) -> Case {
     } else {
         b.node("Sin", &[&freqs], vec![])
     };
-    let heads = if heads_third { 2 } else { 1 };
-    let at = if rng.chance(0.08) {
-        c.unsure("the tables unsqueezed at the other heads axis");
-        3 - heads
-    } else {
-        heads
-    };
-    let axis = b.ints(&[at]);
-    let cos = b.node("Unsqueeze", &[&cos, &axis], vec![]);
-    let sin = b.node("Unsqueeze", &[&sin, &axis], vec![]);
+    let (cos, sin) = at_heads_axis(rng, &mut c, &mut b, if heads_third { 2 } else { 1 }, [&cos, &sin]);
     let before = b.graph.node.len();
     let half = if rng.chance(0.06) {
         c.breaks("the halves cut one early");
