@@ -352,3 +352,30 @@ fn gpt2s_mask_sliced_from_its_table_by_the_scores_shape_fuses() {
         outcome.declined
     );
 }
+
+/// Where neither operand of the scores' `Add` leads back to the product,
+/// the reason told is where the path broke, not that the mask (a graph
+/// input, tried first) is computed by no node.
+#[test]
+fn a_declined_add_tells_where_the_scores_path_broke() {
+    use common::build::*;
+    use onnx_fuse::onnx::FLOAT;
+    let mut b = Builder::default();
+    let x = |n: &str| [D::N(1), D::N(2), sym(n), D::N(4)];
+    let q = b.input("q", FLOAT, Some(&x("s")));
+    let k = b.input("k", FLOAT, Some(&x("t")));
+    let v = b.input("v", FLOAT, Some(&x("t")));
+    let m = b.input("m", FLOAT, Some(&[D::N(1), D::N(1), sym("s"), sym("t")]));
+    let kt = b.node("Transpose", &[&k], vec![attr_ints("perm", &[0, 1, 3, 2])]);
+    let w = b.node("MatMul", &[&q, &kt], vec![]);
+    let odd = b.node("Abs", &[&w], vec![]);
+    let s = b.node("Add", &[&m, &odd], vec![]);
+    let p = b.node("Softmax", &[&s], vec![attr_int("axis", -1)]);
+    b.node_to("MatMul", &[&p, &v], &["y"], vec![]);
+    b.output("y", FLOAT, None);
+    let (fused, outcome) = fuse_model(&b.model(17), &["attention"]);
+    assert!(cores(&fused).is_empty());
+    let said: Vec<&str> = outcome.declined.iter().map(|d| d.reason.as_str()).collect();
+    assert!(said.iter().any(|r| r.contains("Abs") && r.contains("is not a step of the attention core")), "{said:?}");
+    assert!(said.iter().all(|r| !r.contains("not computed by the graph")), "{said:?}");
+}

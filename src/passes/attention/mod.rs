@@ -634,6 +634,19 @@ fn scores_chain<'a>(
         return scores_chain(g, shapes, input, depth + 1);
     }
     let binary = node.input.len() == 2;
+    // The scores through either operand, the other the step's (an added
+    // mask, a run-time multiplier). Where neither leads back to the
+    // MatMul, the miss told is that of an operand a node computes: a
+    // graph input or a constant leads nowhere, and its miss would hide
+    // where the other's path broke.
+    let either = |make: fn(String) -> Step| {
+        let through = |[x, other]: [&'a String; 2]| step(scores_chain(g, shapes, x, depth + 1), make(other.clone()));
+        let [a, b] = [&node.input[0], &node.input[1]];
+        through([a, b]).or_else(|first| {
+            let told_second = g.producer(a).is_none() && g.producer(b).is_some();
+            through([b, a]).map_err(|second| if told_second { second } else { first })
+        })
+    };
     match node.op_type() {
         _ if node.domain() == crate::onnx::MICROSOFT && node.op_type() == "FusedMatMul" && binary => {
             let trans = |a: &str| node.attr_int(a).unwrap_or(0) != 0;
@@ -654,11 +667,7 @@ fn scores_chain<'a>(
             // (SwinV2's Exp(Clip(logit_scale)) per head); the scores are
             // the operand that leads back to the MatMul.
             if node.input.iter().all(|i| g.constant(i).is_none()) {
-                let (a, b) = (&node.input[0], &node.input[1]);
-                let first = step(scores_chain(g, shapes, a, depth + 1), Step::Multiplier(b.clone()));
-                return first.or_else(|miss| {
-                    step(scores_chain(g, shapes, b, depth + 1), Step::Multiplier(a.clone())).map_err(|_| miss)
-                });
+                return either(Step::Multiplier);
             }
             // The scale is the constant operand (either order).
             let (s, c) = if g.constant(&node.input[1]).is_some() { (0, 1) } else { (1, 0) };
@@ -709,13 +718,7 @@ fn scores_chain<'a>(
             let s = Step::Where { keep: node.input[0].clone(), fill, fill_first };
             return step(scores_chain(g, shapes, scores, depth + 1), s);
         }
-        "Add" if binary => {
-            let (a, b) = (&node.input[0], &node.input[1]);
-            let first = step(scores_chain(g, shapes, a, depth + 1), Step::Mask(b.clone()));
-            let found = first
-                .or_else(|miss| step(scores_chain(g, shapes, b, depth + 1), Step::Mask(a.clone())).map_err(|_| miss));
-            return found;
-        }
+        "Add" if binary => return either(Step::Mask),
         "Reshape" if binary => {
             return step(scores_chain(g, shapes, &node.input[0], depth + 1), reshape(g, node));
         }
