@@ -515,7 +515,7 @@ fn compare(a: &Path, b: &Path, args: &VerifyArgs, json: Option<&Path>, options: 
     verify::check_options(&original.model, &args.options()).map_err(Usage)?;
     let progress = Progress::new(false);
     progress.step("verifying through ONNX Runtime".into());
-    let v = verify::verify((&original.model, &io::parent(a)), (&rewritten.model, &io::parent(b)), &args.options())
+    let v = verify::verify_apart((&original.model, &io::parent(a)), (&rewritten.model, &io::parent(b)), &args.options())
         .with_context(|| format!("cannot verify {} against {}", b.display(), a.display()))?;
     progress.finish();
     write_json(json, &v)?;

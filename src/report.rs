@@ -8,7 +8,7 @@ use serde::Serialize;
 use crate::onnx::{display_name, GraphProto, ModelProto, FUSED_KEY};
 use crate::passes::GROUPED_HEADS;
 use crate::rewrite::{body_path, Absorbed, Declined, Fused, Outcome, Pass};
-use crate::verify::Verification;
+use crate::verify::Verified;
 
 #[derive(Debug, Serialize)]
 pub struct Report {
@@ -54,7 +54,7 @@ pub struct Report {
     pub declined: Vec<Declined>,
     /// Filled only with `--verify`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub verification: Option<Verification>,
+    pub verification: Option<Verified>,
     /// What the exact cleanup after the passes removed (absent with
     /// `--no-cleanup`).
     #[serde(skip_serializing_if = "Option::is_none")]

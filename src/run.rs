@@ -11,21 +11,8 @@ use crate::report::{self, Checked, Expectation, Report};
 use crate::rewrite::{self, Pass};
 use crate::verify;
 
-pub use crate::usage::Usage;
-
-/// The message a panic carries.
-pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_default()
-}
-
-/// A panic as an error naming it a bug.
-fn internal_error(payload: &(dyn std::any::Any + Send)) -> anyhow::Error {
-    anyhow::anyhow!("internal error: {} (please report it with the model that caused it)", panic_message(payload))
-}
+use crate::usage::internal_error;
+pub use crate::usage::{panic_message, Usage};
 
 /// Debug builds panic on the model named by `ONNX_FUSE_PANIC_ON` (tests of
 /// what a bug does to a folder run); release builds have no such hook.
@@ -195,7 +182,7 @@ fn fuse_loaded(
     if let (Some(options), Some(original)) = (&settings.verify, &original) {
         progress(format!("verifying {} through ONNX Runtime", input.display()));
         let dir = io::parent(&input);
-        let verified = verify::verify((original, &dir), (&loaded.model, &dir), options);
+        let verified = verify::verify_apart((original, &dir), (&loaded.model, &dir), options);
         report.verification = Some(verified.with_context(|| format!("{}: cannot verify", input.display()))?);
     }
     drop(original);

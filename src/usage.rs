@@ -18,3 +18,17 @@ impl std::error::Error for Usage {}
 pub fn one_line(message: &str) -> String {
     message.split_whitespace().collect::<Vec<_>>().join(" ")
 }
+
+/// The message a panic carries.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_default()
+}
+
+/// A panic as an error naming it a bug.
+pub fn internal_error(payload: &(dyn std::any::Any + Send)) -> anyhow::Error {
+    anyhow::anyhow!("internal error: {} (please report it with the model that caused it)", panic_message(payload))
+}

@@ -11,7 +11,7 @@ use std::path::Path;
 
 use common::build::{attr_graph, attr_int, tensor, value_info, Builder, D};
 use common::*;
-use onnx_fuse::onnx::{ModelProto, FLOAT};
+use onnx_fuse::onnx::{ModelProto, FLOAT, INT64};
 use prost::Message;
 
 fn s(p: &Path) -> &str {
@@ -600,4 +600,41 @@ fn models_onnx_runtime_refuses_on_load_are_refused() {
         assert!(e.contains("invalid model: ") && e.contains(why), "{name}: {e}");
         assert!(!out.exists(), "{name}");
     }
+}
+
+/// ONNX Runtime's kernels end the process on some inputs a model does not
+/// define (`Div` of int64's lowest by -1 raises SIGFPE; a Longformer export
+/// at sizes it was not traced for did so in the wild): `--verify` runs them
+/// in a process of its own, so the run ends with one line naming the file
+/// and the signal, exit 1, and nothing written.
+#[test]
+fn a_runtime_that_ends_its_process_fails_the_verification_not_the_tool() {
+    let dir = tempdir();
+    let mut b = Builder::default();
+    let x = b.input("x", INT64, Some(&[D::N(2)]));
+    let minus_one = b.init("minus_one", tensor(INT64, &[], &[-1.0]));
+    let y = b.node("Div", &[&x, &minus_one], vec![]);
+    b.output(&y, INT64, Some(&[D::N(2)]));
+    let model = dir.path().join("div.onnx");
+    fs::write(&model, b.model(17).encode_to_vec()).unwrap();
+    let inputs = dir.path().join("lowest.npz");
+    npz(&inputs, &[], &[("x", vec![2], vec![i64::MIN, 3])]);
+    let out = dir.path().join("out.onnx");
+    let r = run(&[s(&model), "-o", s(&out), "--verify", "--inputs", s(&inputs)]);
+    let e = stderr(&r);
+    assert_eq!(r.status.code(), Some(1), "{e}");
+    assert!(e.starts_with("onnx-fuse: error: ") && e.lines().count() == 1, "{e}");
+    for w in [s(&model), "ended with signal 8 (SIGFPE", "lowest.npz"] {
+        assert!(e.contains(w), "{w:?} in {e}");
+    }
+    assert!(!out.exists());
+    // The verify subcommand alike.
+    let r = run(&["verify", s(&model), s(&model), "--inputs", s(&inputs)]);
+    assert_eq!(r.status.code(), Some(1), "{}", stderr(&r));
+    assert!(stderr(&r).contains("signal 8 (SIGFPE"), "{}", stderr(&r));
+    // Inputs it computes on verify as before.
+    npz(&inputs, &[], &[("x", vec![2], vec![-6, 3])]);
+    let r = run(&[s(&model), "-o", s(&out), "--verify", "--inputs", s(&inputs)]);
+    assert_eq!(r.status.code(), Some(0), "{}", stderr(&r));
+    assert!(stderr(&r).contains("verification passed"), "{}", stderr(&r));
 }

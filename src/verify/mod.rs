@@ -22,6 +22,7 @@ use ort::value::{DynValue, Tensor, TensorElementType, ValueType};
 use prost::Message;
 use serde::Serialize;
 
+mod apart;
 mod compare;
 mod exact;
 mod inputs;
@@ -29,6 +30,7 @@ mod reference;
 mod runtime;
 mod search;
 
+pub use apart::{verify_apart, Verified};
 use compare::*;
 pub use compare::{default_tolerance, Compared, Tolerance};
 pub use exact::Exact;
