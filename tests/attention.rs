@@ -379,3 +379,62 @@ fn a_declined_add_tells_where_the_scores_path_broke() {
     assert!(said.iter().any(|r| r.contains("Abs") && r.contains("is not a step of the attention core")), "{said:?}");
     assert!(said.iter().all(|r| !r.contains("not computed by the graph")), "{said:?}");
 }
+
+/// DeBERTa's XSoftmax (SEW-D): `masked_fill(s, hide, lowest)`, the
+/// softmax, then `masked_fill(p, hide, 0)`, the second condition computed
+/// again alike. A row hidden whole is zeros, not the mean of v; the step
+/// is the core's where its condition is the mask's, read alike, and
+/// declined otherwise.
+fn xsoftmax(zeroing: &str) -> ModelProto {
+    use common::build::*;
+    use onnx_fuse::onnx::{BOOL, FLOAT};
+    let mut b = Builder::default();
+    let x = |n: &str| [D::N(1), D::N(2), sym(n), D::N(4)];
+    let q = b.input("q", FLOAT, Some(&x("s")));
+    let k = b.input("k", FLOAT, Some(&x("t")));
+    let v = b.input("v", FLOAT, Some(&x("t")));
+    let m = b.input("m", FLOAT, Some(&[D::N(1), D::N(1), D::N(1), sym("t")]));
+    let other = b.input("other", FLOAT, Some(&[D::N(1), D::N(1), D::N(1), sym("t")]));
+    let kt = b.node("Transpose", &[&k], vec![attr_ints("perm", &[0, 1, 3, 2])]);
+    let w = b.node("MatMul", &[&q, &kt], vec![]);
+    let hide = b.node("Cast", &[&m], vec![attr_int("to", BOOL as i64)]);
+    let lowest = b.init("lowest", tensor(FLOAT, &[], &[f64::from(f32::MIN)]));
+    let s = b.node("Where", &[&hide, &lowest, &w], vec![]);
+    let p = b.node("Softmax", &[&s], vec![attr_int("axis", -1)]);
+    let zero = b.init("zero", tensor(FLOAT, &[], &[0.0]));
+    let half = b.init("half", tensor(FLOAT, &[], &[0.5]));
+    let again = b.node("Cast", &[&m], vec![attr_int("to", BOOL as i64)]);
+    let elsewhere = b.node("Cast", &[&other], vec![attr_int("to", BOOL as i64)]);
+    let zeroed = match zeroing {
+        "again" => b.node("Where", &[&again, &zero, &p], vec![]),
+        "same" => b.node("Where", &[&hide, &zero, &p], vec![]),
+        "elsewhere" => b.node("Where", &[&elsewhere, &zero, &p], vec![]),
+        "visible" => b.node("Where", &[&hide, &p, &zero], vec![]),
+        "half" => b.node("Where", &[&hide, &half, &p], vec![]),
+        _ => unreachable!(),
+    };
+    b.node_to("MatMul", &[&zeroed, &v], &["y"], vec![]);
+    b.output("y", FLOAT, None);
+    b.model(17)
+}
+
+#[test]
+fn xsoftmax_zeroing_the_hidden_keys_after_the_softmax_fuses() {
+    for zeroing in ["again", "same"] {
+        let original = xsoftmax(zeroing);
+        let (fused, outcome) = fuse_model(&original, &["attention"]);
+        assert_eq!(cores(&fused).len(), 1, "{zeroing}: {:?}", outcome.declined);
+        assert_eq!(cores(&fused)[0].overload(), "masked_fill.softmax.zeroed");
+        assert_equivalent(&original, &fused, zeroing);
+    }
+    for (zeroing, reason) in [
+        ("elsewhere", "not by the mask's condition"),
+        ("visible", "not by the mask's condition"),
+        ("half", "writes 0.5, not 0"),
+    ] {
+        let (fused, outcome) = fuse_model(&xsoftmax(zeroing), &["attention"]);
+        assert!(cores(&fused).is_empty(), "{zeroing}");
+        let said: Vec<&str> = outcome.declined.iter().map(|d| d.reason.as_str()).collect();
+        assert!(said.iter().any(|r| r.contains(reason)), "{zeroing}: {said:?}");
+    }
+}

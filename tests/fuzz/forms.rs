@@ -902,6 +902,8 @@ pub fn attention(rng: &mut Rng) -> Case {
         s_elem = FLOAT;
     }
     let megatron = rng.chance(0.1);
+    // The Where mask's condition, where there is one, and its hide (masked_fill).
+    let mut masked_by: Option<(String, Option<String>)> = None;
     if rng.chance(0.3) && !megatron {
         let fill = if rng.chance(0.2) {
             c.breaks("fill -100");
@@ -929,8 +931,10 @@ pub fn attention(rng: &mut Rng) -> Case {
             c.note("masked_fill: Where(hide, fill, scores)");
             let hide = b.node("Not", &[&keep], vec![]);
             c.aside.push(hide.clone());
+            masked_by = Some((keep.clone(), Some(hide.clone())));
             b.node("Where", &[&hide, &f, &s], vec![])
         } else {
+            masked_by = Some((keep.clone(), None));
             b.node("Where", &[&keep, &s, &f], vec![])
         };
     }
@@ -1060,6 +1064,31 @@ pub fn attention(rng: &mut Rng) -> Case {
         let r = scalar_rank(rng, &mut c, "the NaN guard's 0", declare.then_some(rank));
         let z = one_value(rng, &mut b, "nan_zero", elem, r, 0.0);
         p = b.node("Where", &[&nan, &z, &p], vec![]);
+    }
+    if let Some((keep, hide)) = masked_by.filter(|_| rng.chance(0.3)) {
+        // DeBERTa's XSoftmax: the keys the mask hides zeroed after the
+        // Softmax, by its condition (the same value or computed again).
+        let r = scalar_rank(rng, &mut c, "the zeroing Where's 0", declare.then_some(rank));
+        let z = one_value(rng, &mut b, "zeroed", elem, r, 0.0);
+        let crossed = rng.chance(0.15);
+        let hides = hide.is_some() != crossed;
+        if crossed {
+            c.breaks("the probabilities zeroed where the mask keeps keys");
+        } else {
+            c.ort_only("the hidden keys' probabilities zeroed after the Softmax");
+        }
+        let condition = match hide {
+            Some(hide) if rng.chance(0.5) => hide,
+            Some(_) => b.node("Not", &[&keep], vec![]),
+            None if rng.chance(0.5) => keep,
+            None => b.node("Identity", &[&keep], vec![]),
+        };
+        c.aside.push(condition.clone());
+        p = if hides {
+            b.node("Where", &[&condition, &z, &p], vec![])
+        } else {
+            b.node("Where", &[&condition, &p, &z], vec![])
+        };
     }
     match rng.below(10) {
         0 => {

@@ -28,6 +28,8 @@
 //! p = Softmax(s)                   over the last axis only
 //!     Cast(p, to = float type)     (up to two)
 //!     Where(IsNaN(p), 0, p)        the SDPA export's NaN guard   → `nan_guard`
+//!     Where(hide, 0, p)            the masked_fill's keys zeroed (XSoftmax), by its
+//!                                  condition → `zeroed` (`zeroed_kept`: Where(keep, p, 0)), input `hide` / `keep`
 //!     Reshape(Reshape(p, a), b)    giving back the shape of p    → `probs_shape`
 //! out = MatMul(p, v)
 //!   | Einsum(p, v)                 contracting p's last axis with v → token `einsum_v`
@@ -103,6 +105,14 @@ enum Step {
     },
     Softmax,
     NanGuard,
+    /// `Where(hide, 0, p)`, or with `keep` `Where(keep, p, 0)`: the
+    /// probabilities of the keys the mask's Where hides zeroed after the
+    /// Softmax (DeBERTa's XSoftmax, SEW-D), the condition proved that
+    /// Where's: a row it hides whole becomes zeros.
+    Zeroed {
+        condition: String,
+        keep: bool,
+    },
 }
 
 impl Step {
@@ -114,6 +124,8 @@ impl Step {
             Step::Multiplier(d) => Some((d, "multiplier")),
             Step::Where { keep, fill_first: false, .. } => Some((keep, "keep")),
             Step::Where { keep: hide, .. } => Some((hide, "hide")),
+            Step::Zeroed { condition, keep: true } => Some((condition, "keep")),
+            Step::Zeroed { condition, .. } => Some((condition, "hide")),
             Step::Mask(d) | Step::Subtract(d) => Some((d, "mask")),
             Step::Megatron(m) => Some((m, "keep_mask")),
             Step::Reshape { shape: Side::Input(d), .. } => {
@@ -151,6 +163,8 @@ impl Step {
             Step::Max => "max",
             Step::Softmax => "softmax",
             Step::NanGuard => "nan_guard",
+            Step::Zeroed { keep: true, .. } => "zeroed_kept",
+            Step::Zeroed { .. } => "zeroed",
             Step::Reshape { shape, allowzero } => {
                 let token = match shape {
                     Side::Constant => "reshape",
@@ -340,6 +354,7 @@ fn matched<'a>(g: &Graph<'a>, shapes: &Shapes, index: usize) -> Check<Core<'a>> 
     require!(count(&before, |s| matches!(s, Step::Cast(_))) <= 2, "more than two Casts before the Softmax");
     require!(count(&after, |s| matches!(s, Step::Cast(_))) <= 2, "more than two Casts after the Softmax");
     require!(count(&after, |s| matches!(s, Step::NanGuard)) <= 1, "more than one NaN guard");
+    zeroed_as_hidden(g, shapes, &before, &after)?;
     reshapes_give_back_shapes(g, &shapes, &before, &after, v)?;
     // A Reshape's shape computed from the shapes of the core's own values
     // is part of the match (it would otherwise be computed from nodes the
@@ -549,6 +564,16 @@ fn probs_step<'a>(g: &Graph<'a>, p: usize) -> Check<(Step, &'a str)> {
         return Ok((reshape(g, node), &node.input[0]));
     }
     if node.is("Where") && node.input.len() == 3 {
+        // Where(hide, 0, p) or Where(keep, p, 0), the condition no IsNaN:
+        // the hidden keys' probabilities zeroed (proved the mask's own
+        // condition in `zeroed_as_hidden`).
+        if g.produced_by(&node.input[0], "IsNaN").is_err() {
+            let Some(zero_at) = (1..3).find(|&i| g.constant(&node.input[i]).is_some()) else { no_candidate!() };
+            let read = &node.input[3 - zero_at];
+            let zero = pattern::scalar(g, &node.input[zero_at], read, "the zeroing Where's value")?;
+            require!(zero == 0.0, "the Where after the Softmax writes {zero}, not 0");
+            return Ok((Step::Zeroed { condition: node.input[0].clone(), keep: zero_at == 2 }, read));
+        }
         // Where(IsNaN(p), 0, p): rows that were all -inf become zeros.
         let guarded = node.input[2].as_str();
         let isnan = g.produced_by(&node.input[0], "IsNaN").or_no_candidate()?;
@@ -891,6 +916,36 @@ fn reshapes_give_back_shapes(
             Ok(())
         }
     }
+}
+
+/// A `Zeroed` step after the Softmax zeroes the keys the mask's Where
+/// before it hides, no other: its condition is that Where's (the same
+/// value, or computed alike, `Graph::same_value`), read the same way
+/// (hide, or keep), on the same view of the scores (no Reshape between
+/// the two, or what it zeroes proved of the shape the mask's Where
+/// wrote). Hidden keys have no weight already (the fill is at most
+/// -1e4), so it changes only a row hidden whole: zeros, not the mean of v.
+fn zeroed_as_hidden(g: &Graph, shapes: &Shapes, before: &[(usize, Step)], after: &[(usize, Step)]) -> Check<()> {
+    let Some(at) = after.iter().position(|(_, s)| matches!(s, Step::Zeroed { .. })) else { return Ok(()) };
+    let Step::Zeroed { condition, keep } = &after[at].1 else { return Ok(()) };
+    let masked = before.iter().rposition(|(_, s)| matches!(s, Step::Where { .. }));
+    let masked = masked.or_decline(|| "a Where zeroes the probabilities, and no Where masks the scores".into())?;
+    let Step::Where { keep: hide, fill_first, .. } = &before[masked].1 else { return Ok(()) };
+    require!(
+        g.same_value(hide, condition).is_some() && *fill_first != *keep,
+        "the Where after the Softmax zeroes by {condition}, not by the mask's condition {hide} read alike"
+    );
+    let views = |steps: &[(usize, Step)]| steps.iter().filter(|(_, s)| matches!(s, Step::Reshape { .. })).count();
+    let zeroing = g.node(after[at].0);
+    let read = &zeroing.input[if *keep { 1 } else { 2 }];
+    let masked_shape = shapes.shape(&g.node(before[masked].0).output[0]);
+    require!(
+        views(&before[masked..]) + views(&after[..at]) == 0 || (masked_shape.is_some() && shapes.shape(read) == masked_shape),
+        "a Reshape between the mask's Where and the Where that zeroes the probabilities, the shapes they read not proved equal"
+    );
+    let zeroed = after.iter().filter(|(_, s)| matches!(s, Step::Zeroed { .. })).count();
+    require!(zeroed == 1, "more than one Where after the Softmax");
+    Ok(())
 }
 
 /// The AttentionCore node of the form: q, k, v and the side values the
