@@ -101,10 +101,12 @@ pub fn malformed(node: &NodeProto, opset: i64) -> Option<String> {
 /// (no randomness, no state): two such nodes that agree are one value.
 #[rustfmt::skip]
 pub const DETERMINISTIC: &[&str] = &[
-    "Abs", "Add", "Cast", "CastLike", "Concat", "Cos", "Div", "Equal", "Erf", "Exp", "Expand", "Gather", "Identity",
-    "Log", "MatMul", "Mul", "Neg", "Pow", "Reciprocal", "ReduceMax", "ReduceMean", "ReduceMin", "ReduceSum", "Relu",
-    "Reshape", "Shape", "Sigmoid", "Sin", "Slice", "Softmax", "Sqrt", "Squeeze", "Sub", "Tanh", "Transpose",
-    "Unsqueeze", "Where",
+    "Abs", "Add", "And", "Cast", "CastLike", "Ceil", "Clip", "Concat", "ConstantOfShape", "Cos", "Div", "Equal", "Erf",
+    "Exp", "Expand", "Flatten", "Floor", "Gather", "Greater", "GreaterOrEqual", "Identity", "IsInf", "IsNaN", "Less",
+    "LessOrEqual", "Log", "MatMul", "Max", "Min", "Mod", "Mul", "Neg", "Not", "Or", "Pow", "Range", "Reciprocal",
+    "ReduceMax", "ReduceMean", "ReduceMin", "ReduceSum", "Relu", "Reshape", "Round", "Shape", "Sigmoid", "Sign", "Sin",
+    "Size", "Slice", "Softmax", "Sqrt", "Squeeze", "Sub", "Tanh", "Tile", "Transpose", "Trilu", "Unsqueeze", "Where",
+    "Xor",
 ];
 
 /// Ops whose first output has the element type of their first input.
