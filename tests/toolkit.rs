@@ -605,6 +605,24 @@ fn a_broadcast_met_again_by_one_of_its_dimensions_is_that_dimension() {
 }
 
 #[test]
+fn a_broadcast_broadcast_again_with_what_it_was_made_of_is_itself() {
+    // SEW-D: the scores' length is an Add of two convolved lengths (j, k:
+    // the result is j, k, or 1 where both are), and the mask of length j
+    // meets it again: j is the result or 1, so the result stands.
+    let mut b = Builder::default();
+    let x = b.input("x", FLOAT, Some(&[sym("n"), sym("j")]));
+    let y = b.input("y", FLOAT, Some(&[sym("n"), sym("k")]));
+    let m = b.input("m", FLOAT, Some(&[D::N(1), sym("j")]));
+    let other = b.input("other", FLOAT, Some(&[D::N(1), sym("i")]));
+    let s = b.node("Add", &[&x, &y], vec![]);
+    let again = b.node("Add", &[&s, &m], vec![]);
+    let beside = b.node("Add", &[&s, &other], vec![]);
+    assert_eq!(shape(&b, 14, &again).unwrap(), ["n", format!("{s}#1").as_str()]);
+    // Near-miss: i is not among what s was made of.
+    assert_eq!(shape(&b, 14, &beside).unwrap(), ["n", format!("{beside}#1").as_str()]);
+}
+
+#[test]
 fn torch_expand_of_minus_one_keeps_the_sizes_it_names() {
     // mask.expand(batch, -1, -1, -1): Expand(m, Where(Equal(s, -1), ones, s))
     // with s = [batch, -1, -1, -1]; a dimension is never -1.
@@ -1556,4 +1574,24 @@ fn constants_of_equal_bits_are_one_value() {
     for other in [&minus_zero, &other_type, &other_shape] {
         assert!(g.same_value(&zero, other).is_none(), "{other}");
     }
+}
+
+/// Logic, comparisons and the other pure ops are one value where they read
+/// one value alike (an XSoftmax computes its mask's `Not` twice); ops that
+/// draw at random are not.
+#[test]
+fn pure_ops_that_read_one_value_alike_are_one_value() {
+    let mut b = Builder::default();
+    let keep = b.input("keep", BOOL, Some(&[D::N(2), D::N(3)]));
+    let x = b.input("x", FLOAT, Some(&[D::N(2), D::N(3)]));
+    let (hide, again) = (b.node("Not", &[&keep], vec![]), b.node("Not", &[&keep], vec![]));
+    let (less, less_again) = (b.node("Less", &[&x, &x], vec![]), b.node("Less", &[&x, &x], vec![]));
+    let (both, both_again) = (b.node("And", &[&hide, &less], vec![]), b.node("And", &[&again, &less_again], vec![]));
+    let (r, r_again) = (b.node("RandomUniformLike", &[&x], vec![]), b.node("RandomUniformLike", &[&x], vec![]));
+    let model = b.model(18);
+    let scope = Scope::default();
+    let g = Graph::new(model.graph.as_ref().unwrap(), 18, &scope);
+    assert!(g.same_value(&hide, &again).is_some());
+    assert!(g.same_value(&both, &both_again).is_some(), "And of twins");
+    assert!(g.same_value(&r, &r_again).is_none(), "two draws");
 }

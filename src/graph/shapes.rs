@@ -1836,11 +1836,23 @@ impl Shapes<'_, '_> {
         let mut known: Vec<i64> = not_one.iter().filter_map(|d| d.value()).collect();
         known.sort_unstable();
         known.dedup();
+        // A broadcast met again by what it was made of: each of those is
+        // it or 1 (a model that runs), so it is the result. (SEW-D: the
+        // scores' length, an Add of two convolved lengths, beside the
+        // mask's, one of them.)
+        let broadcasts = self.memo.broadcasts.borrow();
+        let made_of_the_rest = not_one.iter().find(|d| {
+            let met = d.single_atom().filter(|(_, c)| *c == 1).and_then(|(atom, _)| broadcasts.get(atom));
+            let resolved = |x: &Dim| self.resolve(x.clone());
+            met.is_some_and(|met| not_one.iter().all(|x| x == *d || met.iter().any(|m| resolved(m) == resolved(x))))
+        });
         match (not_one.split_first(), known.as_slice()) {
             (None, _) => Dim::known(1),
             (Some((first, rest)), _) if rest.iter().all(|d| d == first) => (*first).clone(),
             (_, [n]) => Dim::known(*n),
+            _ if made_of_the_rest.is_some() => made_of_the_rest.map(|d| (*d).clone()).unwrap_or(Dim::known(1)),
             _ => {
+                drop(broadcasts);
                 let met = dims.iter().map(|&d| d.clone()).collect();
                 self.memo.broadcasts.borrow_mut().insert(unknown.to_string(), met);
                 Dim::atom(unknown.to_string())
