@@ -399,7 +399,19 @@ fn xsoftmax(zeroing: &str) -> ModelProto {
     let w = b.node("MatMul", &[&q, &kt], vec![]);
     let hide = b.node("Cast", &[&m], vec![attr_int("to", BOOL as i64)]);
     let lowest = b.init("lowest", tensor(FLOAT, &[], &[f64::from(f32::MIN)]));
-    let s = b.node("Where", &[&hide, &lowest, &w], vec![]);
+    let mut s = b.node("Where", &[&hide, &lowest, &w], vec![]);
+    if zeroing == "viewed" {
+        // The scores viewed as rows of their last axis, a term added, and
+        // back (the pair between the two Wheres gives back the shape).
+        let shape = b.node("Shape", &[&s], vec![]);
+        let (rows, start, end) = (b.ints(&[-1]), b.ints(&[-1]), b.ints(&[i64::MAX]));
+        let last = b.node("Slice", &[&shape, &start, &end], vec![]);
+        let view = b.node("Concat", &[&rows, &last], vec![attr_int("axis", 0)]);
+        let viewed = b.node("Reshape", &[&s, &view], vec![]);
+        let term = b.input("term", FLOAT, Some(&[sym("t")]));
+        let added = b.node("Add", &[&viewed, &term], vec![]);
+        s = b.node("Reshape", &[&added, &shape], vec![]);
+    }
     let p = b.node("Softmax", &[&s], vec![attr_int("axis", -1)]);
     let zero = b.init("zero", tensor(FLOAT, &[], &[0.0]));
     let half = b.init("half", tensor(FLOAT, &[], &[0.5]));
@@ -407,7 +419,7 @@ fn xsoftmax(zeroing: &str) -> ModelProto {
     let elsewhere = b.node("Cast", &[&other], vec![attr_int("to", BOOL as i64)]);
     let zeroed = match zeroing {
         "again" => b.node("Where", &[&again, &zero, &p], vec![]),
-        "same" => b.node("Where", &[&hide, &zero, &p], vec![]),
+        "same" | "viewed" => b.node("Where", &[&hide, &zero, &p], vec![]),
         "elsewhere" => b.node("Where", &[&elsewhere, &zero, &p], vec![]),
         "visible" => b.node("Where", &[&hide, &p, &zero], vec![]),
         "half" => b.node("Where", &[&hide, &half, &p], vec![]),
@@ -420,11 +432,15 @@ fn xsoftmax(zeroing: &str) -> ModelProto {
 
 #[test]
 fn xsoftmax_zeroing_the_hidden_keys_after_the_softmax_fuses() {
-    for zeroing in ["again", "same"] {
+    for (zeroing, form) in [
+        ("again", "masked_fill.softmax.zeroed"),
+        ("same", "masked_fill.softmax.zeroed"),
+        ("viewed", "masked_fill.reshape_computed.add.reshape_computed.softmax.zeroed"),
+    ] {
         let original = xsoftmax(zeroing);
         let (fused, outcome) = fuse_model(&original, &["attention"]);
         assert_eq!(cores(&fused).len(), 1, "{zeroing}: {:?}", outcome.declined);
-        assert_eq!(cores(&fused)[0].overload(), "masked_fill.softmax.zeroed");
+        assert_eq!(cores(&fused)[0].overload(), form);
         assert_equivalent(&original, &fused, zeroing);
     }
     for (zeroing, reason) in [

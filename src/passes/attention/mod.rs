@@ -921,10 +921,13 @@ fn reshapes_give_back_shapes(
 /// A `Zeroed` step after the Softmax zeroes the keys the mask's Where
 /// before it hides, no other: its condition is that Where's (the same
 /// value, or computed alike, `Graph::same_value`), read the same way
-/// (hide, or keep), on the same view of the scores (no Reshape between
-/// the two, or what it zeroes proved of the shape the mask's Where
-/// wrote). Hidden keys have no weight already (the fill is at most
-/// -1e4), so it changes only a row hidden whole: zeros, not the mean of v.
+/// (hide, or keep), on the same view of the scores: no Reshape between
+/// the two, or both on the scores' own shape (the Reshapes before each a
+/// whole number of pairs, each giving back the shape it viewed,
+/// `reshapes_give_back_shapes`), or what it zeroes proved of the shape
+/// the mask's Where wrote. Hidden keys have no weight already (the fill is
+/// at most -1e4), so it changes only a row hidden whole: zeros, not the
+/// mean of v.
 fn zeroed_as_hidden(g: &Graph, shapes: &Shapes, before: &[(usize, Step)], after: &[(usize, Step)]) -> Check<()> {
     let Some(at) = after.iter().position(|(_, s)| matches!(s, Step::Zeroed { .. })) else { return Ok(()) };
     let Step::Zeroed { condition, keep } = &after[at].1 else { return Ok(()) };
@@ -939,8 +942,11 @@ fn zeroed_as_hidden(g: &Graph, shapes: &Shapes, before: &[(usize, Step)], after:
     let zeroing = g.node(after[at].0);
     let read = &zeroing.input[if *keep { 1 } else { 2 }];
     let masked_shape = shapes.shape(&g.node(before[masked].0).output[0]);
+    let between = views(&before[masked..]) + views(&after[..at]);
     require!(
-        views(&before[masked..]) + views(&after[..at]) == 0 || (masked_shape.is_some() && shapes.shape(read) == masked_shape),
+        between == 0
+            || (views(&before[..masked]) % 2 == 0 && between % 2 == 0)
+            || (masked_shape.is_some() && shapes.shape(read) == masked_shape),
         "a Reshape between the mask's Where and the Where that zeroes the probabilities, the shapes they read not proved equal"
     );
     let zeroed = after.iter().filter(|(_, s)| matches!(s, Step::Zeroed { .. })).count();
