@@ -354,6 +354,7 @@ fn matched<'a>(g: &Graph<'a>, shapes: &Shapes, index: usize) -> Check<Core<'a>> 
     require!(count(&before, |s| matches!(s, Step::Cast(_))) <= 2, "more than two Casts before the Softmax");
     require!(count(&after, |s| matches!(s, Step::Cast(_))) <= 2, "more than two Casts after the Softmax");
     require!(count(&after, |s| matches!(s, Step::NanGuard)) <= 1, "more than one NaN guard");
+    require!(count(&after, |s| matches!(s, Step::Zeroed { .. })) <= 1, "more than one Where after the Softmax");
     zeroed_as_hidden(g, shapes, &before, &after)?;
     reshapes_give_back_shapes(g, &shapes, &before, &after, v)?;
     // A Reshape's shape computed from the shapes of the core's own values
@@ -929,11 +930,17 @@ fn reshapes_give_back_shapes(
 /// at most -1e4), so it changes only a row hidden whole: zeros, not the
 /// mean of v.
 fn zeroed_as_hidden(g: &Graph, shapes: &Shapes, before: &[(usize, Step)], after: &[(usize, Step)]) -> Check<()> {
-    let Some(at) = after.iter().position(|(_, s)| matches!(s, Step::Zeroed { .. })) else { return Ok(()) };
-    let Step::Zeroed { condition, keep } = &after[at].1 else { return Ok(()) };
-    let masked = before.iter().rposition(|(_, s)| matches!(s, Step::Where { .. }));
-    let masked = masked.or_decline(|| "a Where zeroes the probabilities, and no Where masks the scores".into())?;
-    let Step::Where { keep: hide, fill_first, .. } = &before[masked].1 else { return Ok(()) };
+    let zeroed = after.iter().enumerate().find_map(|(i, (_, s))| match s {
+        Step::Zeroed { condition, keep } => Some((i, condition, keep)),
+        _ => None,
+    });
+    let Some((at, condition, keep)) = zeroed else { return Ok(()) };
+    let masked = before.iter().enumerate().rev().find_map(|(i, (_, s))| match s {
+        Step::Where { keep: hide, fill_first, .. } => Some((i, hide, fill_first)),
+        _ => None,
+    });
+    let (masked, hide, fill_first) =
+        masked.or_decline(|| "a Where zeroes the probabilities, and no Where masks the scores".into())?;
     require!(
         g.same_value(hide, condition).is_some() && *fill_first != *keep,
         "the Where after the Softmax zeroes by {condition}, not by the mask's condition {hide} read alike"
@@ -949,8 +956,6 @@ fn zeroed_as_hidden(g: &Graph, shapes: &Shapes, before: &[(usize, Step)], after:
             || (masked_shape.is_some() && shapes.shape(read) == masked_shape),
         "a Reshape between the mask's Where and the Where that zeroes the probabilities, the shapes they read not proved equal"
     );
-    let zeroed = after.iter().filter(|(_, s)| matches!(s, Step::Zeroed { .. })).count();
-    require!(zeroed == 1, "more than one Where after the Softmax");
     Ok(())
 }
 
